@@ -1,0 +1,38 @@
+# gpuhook: `make demo` shows what gpuhook does on this machine, `make test` runs the suite.
+# Both set up what they need (Debian/Ubuntu packages when root, a venv in .venv).
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+APT_PACKAGES := runc crun containerd podman busybox-static gcc libc-bin python3-venv
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test deps venv bench clean
+
+# System packages the end-to-end tests and the demo use; only as root, only what is missing.
+deps:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	  if [ -n "$$missing" ]; then echo "installing:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi; \
+	else echo "not root or no apt-get: system packages not installed; end-to-end tests will be skipped"; fi
+
+$(STAMP): pyproject.toml $(shell find gpuhook -type f -not -name '*.pyc' 2>/dev/null)
+	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/pip install -q --upgrade pip >/dev/null 2>&1 || true
+	@$(BIN)/pip install -q '.[test]'
+	@touch $@
+
+venv: $(STAMP)
+
+demo: deps venv
+	@$(BIN)/python -m gpuhook.demo
+
+test: deps venv
+	@$(BIN)/python -m pytest -q tests
+
+bench: deps venv
+	@$(BIN)/python tests/perf/bench.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

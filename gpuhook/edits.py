@@ -1,0 +1,91 @@
+"""Container edits: one CDI-shaped vocabulary (CDI's containerEdits) for every front end.
+
+The planner produces Edits, spec.apply() writes them into an OCI spec, and the CDI
+generator writes them into a CDI document. Immutable records (see record.py
+for why not dataclasses).
+"""
+
+from __future__ import annotations
+
+from .record import Record
+
+BIND_RO = ("ro", "nosuid", "nodev", "rbind", "rprivate")
+
+
+class DeviceNode(Record, fields="path type major minor permissions file_mode uid gid",
+                            defaults=("rwm", None, None, None)):
+    """A node to create in the container and allow in its device cgroup."""
+
+    __slots__ = ()
+
+    def to_cdi(self) -> dict:
+        d = {"path": self.path, "type": self.type, "major": self.major, "minor": self.minor,
+             "permissions": self.permissions}
+        if self.file_mode is not None:
+            d["fileMode"] = self.file_mode
+        if self.uid is not None:
+            d["uid"] = self.uid
+        if self.gid is not None:
+            d["gid"] = self.gid
+        return d
+
+
+class Mount(Record, fields="host_path container_path type options",
+                       defaults=("bind", BIND_RO)):
+    __slots__ = ()
+
+    def to_cdi(self) -> dict:
+        return {"hostPath": self.host_path, "containerPath": self.container_path,
+                "type": self.type, "options": list(self.options)}
+
+
+class Hook(Record, fields="hook_name path args env timeout", defaults=((), (), None)):
+    """An OCI hook. env is always explicit: a hook must never inherit the container's."""
+
+    __slots__ = ()
+
+    def to_cdi(self) -> dict:
+        d = {"hookName": self.hook_name, "path": self.path, "args": list(self.args),
+             "env": list(self.env)}
+        if self.timeout is not None:
+            d["timeout"] = self.timeout
+        return d
+
+
+class Edits(Record, fields="env device_nodes mounts hooks additional_gids",
+                       defaults=((), (), (), (), ())):
+    """env: "KEY=value" strings. Everything is a tuple, in the order it is applied."""
+
+    __slots__ = ()
+
+    def __bool__(self) -> bool:
+        return any(self)
+
+    def merge(self, other: Edits) -> Edits:
+        def union(a: tuple, b: tuple) -> tuple:
+            return a + tuple(x for x in b if x not in a)
+
+        env = {e.partition("=")[0]: e for e in self.env}
+        env.update({e.partition("=")[0]: e for e in other.env})
+        return Edits(
+            env=tuple(env.values()),
+            device_nodes=union(self.device_nodes, other.device_nodes),
+            mounts=union(self.mounts, other.mounts),
+            hooks=union(self.hooks, other.hooks),
+            additional_gids=union(self.additional_gids, other.additional_gids),
+        )
+
+    def to_cdi(self) -> dict:
+        """CDI containerEdits (only the keys that have something)."""
+        d: dict = {}
+        if self.env:
+            d["env"] = list(self.env)
+        if self.device_nodes:
+            d["deviceNodes"] = [n.to_cdi() for n in self.device_nodes]
+        if self.mounts:
+            d["mounts"] = [m.to_cdi() for m in self.mounts]
+        if self.hooks:
+            d["hooks"] = [h.to_cdi() for h in self.hooks]
+        if self.additional_gids:
+            d["additionalGids"] = list(self.additional_gids)
+        return d

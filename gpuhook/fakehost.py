@@ -1,0 +1,241 @@
+"""Build fake GPU hosts: a directory laid out like a node's `/` (proc, sys, dev, libraries).
+
+Used by `make demo` (the built-in simulated GPU node), by `gpuhook plan --simulate`, and by
+the tests. The layouts follow the kernel's and the drivers' real ones:
+
+- NVIDIA: /proc/driver/nvidia/{version,gpus/<bdf>/information}, /proc/devices majors,
+  /dev/nvidia<minor>, /dev/nvidiactl, libraries with real sonames and an ld.so.cache.
+- DRM: /sys/devices/pci0000:00/<bdf>/{vendor,device,class,uevent,driver->,drm/<card|renderD>/dev}
+  with /sys/class/drm/<name> -> ../../devices/..., and /dev/dri/<name>.
+- KFD: /sys/class/kfd/kfd/topology/nodes/<n>/properties, /dev/kfd.
+
+Device nodes are real (mknod) when `mknod=True` and the caller may create them, else empty
+regular files (what captured fixtures use; the probe then takes the driver's numbers).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+DRM_MAJOR = 226
+NVIDIA_MAJOR = 195
+
+
+class FakeHost:
+    def __init__(self, root: str, mknod: bool = False) -> None:
+        self.root = os.path.abspath(root)
+        self.mknod = mknod
+        os.makedirs(self.root, exist_ok=True)
+        self.majors: dict[str, int] = {}
+
+    def p(self, path: str) -> str:
+        return os.path.join(self.root, path.lstrip("/"))
+
+    def file(self, path: str, content: str | bytes = "", mode: int = 0o644) -> str:
+        full = self.p(path)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        with open(full, "wb") as f:
+            f.write(content.encode() if isinstance(content, str) else content)
+        os.chmod(full, mode)
+        return full
+
+    def symlink(self, path: str, target: str) -> None:
+        full = self.p(path)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        if os.path.lexists(full):
+            os.unlink(full)
+        os.symlink(target, full)
+
+    def chardev(self, path: str, major: int, minor: int, mode: int = 0o666, gid: int = 0) -> None:
+        full = self.p(path)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        if os.path.lexists(full):
+            os.unlink(full)
+        if self.mknod:
+            os.mknod(full, 0o020000 | mode, os.makedev(major, minor))
+            os.chmod(full, mode)
+            if gid:
+                os.chown(full, 0, gid)
+        else:
+            self.file(path, "", 0o644)
+
+    def proc_devices(self, extra: dict[str, int] | None = None) -> None:
+        majors = {"mem": 1, "tty": 4, "misc": 10, **self.majors, **(extra or {})}
+        lines = ["Character devices:"] + [f"{m:3d} {n}" for n, m in sorted(majors.items(), key=lambda x: x[1])]
+        lines += ["", "Block devices:", "  7 loop", "259 blkext", ""]
+        self.file("/proc/devices", "\n".join(lines))
+
+    # -- PCI / DRM -----------------------------------------------------------
+    def pci_device(self, bdf: str, vendor: int, device: int, driver: str | None,
+                   pci_class: int = 0x030000) -> str:
+        """A PCI function under /sys/devices; returns its node path."""
+        path = f"/sys/devices/pci0000:00/{bdf}"
+        self.file(path + "/vendor", f"0x{vendor:04x}\n")
+        self.file(path + "/device", f"0x{device:04x}\n")
+        self.file(path + "/class", f"0x{pci_class:06x}\n")
+        ev = [f"PCI_ID={vendor:04X}:{device:04X}", f"PCI_SLOT_NAME={bdf}"]
+        if driver:
+            ev.insert(0, f"DRIVER={driver}")
+            self.file(f"/sys/bus/pci/drivers/{driver}/.keep", "")
+            self.symlink(path + "/driver", f"../../../bus/pci/drivers/{driver}")
+        self.file(path + "/uevent", "\n".join(ev) + "\n")
+        return path
+
+    def drm(self, device_path: str, name: str, minor: int) -> None:
+        """A DRM node (card<N> or renderD<N>) of the device at `device_path`."""
+        self.file(f"{device_path}/drm/{name}/dev", f"{DRM_MAJOR}:{minor}\n")
+        self.symlink(f"{device_path}/drm/{name}/device", "../../../" + os.path.basename(device_path))
+        rel = os.path.relpath(self.p(f"{device_path}/drm/{name}"), self.p("/sys/class/drm"))
+        self.symlink(f"/sys/class/drm/{name}", rel)
+        self.chardev(f"/dev/dri/{name}", DRM_MAJOR, minor, 0o660, gid=_group_gid("render" if name.startswith("render") else "video"))
+        bdf = os.path.basename(device_path)
+        kind = "render" if name.startswith("render") else "card"
+        if ":" in bdf:
+            self.symlink(f"/dev/dri/by-path/pci-{bdf}-{kind}", f"../{name}")
+
+    def drm_gpu(self, bdf: str, vendor: int, device: int, driver: str | None, card: int,
+                render: int | None, pci_class: int = 0x030000) -> str:
+        path = self.pci_device(bdf, vendor, device, driver, pci_class)
+        self.drm(path, f"card{card}", card)
+        if render is not None:
+            self.drm(path, f"renderD{render}", render)
+        return path
+
+    # -- libraries -----------------------------------------------------------
+    def library(self, libdir: str, soname: str, version: str, real_elf: bool = True) -> str:
+        """libX.so.<version> with soname link libX.so.N; a real ELF when gcc is there."""
+        stem = soname.split(".so")[0]
+        real = f"{libdir}/{stem}.so.{version}"
+        full = self.p(real)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        if real_elf and shutil.which("gcc"):
+            src = full + ".c"
+            with open(src, "w") as f:
+                f.write(f'const char *gpuhook_fake_{stem.replace("-", "_")}(void) {{ return "{version}"; }}\n')
+            subprocess.run(["gcc", "-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", full, src],
+                           check=True, capture_output=True)
+            os.unlink(src)
+        else:
+            self.file(real, b"\x7fELF fake\n")
+        self.symlink(f"{libdir}/{soname}", os.path.basename(real))
+        return real
+
+    def ldconfig(self, dirs: list[str]) -> bool:
+        """Write etc/ld.so.cache with the real ldconfig; False when there is none."""
+        ldc = shutil.which("ldconfig") or next((p for p in ("/sbin/ldconfig", "/usr/sbin/ldconfig") if os.path.exists(p)), None)
+        if not ldc:
+            return False
+        self.file("/etc/ld.so.conf", "".join(d + "\n" for d in dirs))
+        subprocess.run([ldc, "-r", self.root, "-X"], check=True, capture_output=True)
+        return True
+
+
+def _group_gid(name: str) -> int:
+    try:
+        import grp
+
+        return grp.getgrnam(name).gr_gid
+    except (KeyError, ImportError):
+        return 0
+
+
+# -- scenarios -----------------------------------------------------------------
+
+NVIDIA_LIBS = {
+    # soname -> capability
+    "libcuda.so.1": "compute",
+    "libnvidia-ptxjitcompiler.so.1": "compute",
+    "libnvidia-nvvm.so.4": "compute",
+    "libnvidia-ml.so.1": "utility",
+    "libnvidia-cfg.so.1": "utility",
+}
+
+
+def nvidia(fh: FakeHost, gpus: int = 8, driver: str = "550.54.14", minors: list[int] | None = None,
+           uvm_node: bool = True, libs: bool = True, model: str = "NVIDIA H100 80GB HBM3") -> None:
+    """An NVIDIA node: `gpus` GPUs whose Device Minors are `minors` (default: reversed, so
+    they differ from the indices), nvidia-uvm present or not yet created."""
+    minors = minors if minors is not None else list(reversed(range(gpus)))
+    fh.majors.update({"nvidia-frontend": NVIDIA_MAJOR, "nvidia-uvm": 510, "nvidia-caps": 235, "nvidia-nvswitch": 511})
+    fh.file("/proc/driver/nvidia/version",
+            f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {driver}  Thu Feb 22 01:44:30 UTC 2024\n"
+            "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")
+    for i in range(gpus):
+        bdf = f"0000:{0x18 + 0x10 * i:02x}:00.0"
+        uuid = f"GPU-{i:08x}-1111-2222-3333-{0x444444444444 + i:012x}"
+        fh.file(f"/proc/driver/nvidia/gpus/{bdf}/information",
+                f"Model: \t\t {model}\nIRQ:   \t\t {100 + i}\nGPU UUID: \t {uuid}\n"
+                f"Video BIOS: \t 96.00.99.00.01\nBus Type: \t PCIe\nDMA Size: \t 52 bits\n"
+                f"DMA Mask: \t 0xfffffffffffff\nBus Location: \t {bdf}\nDevice Minor: \t {minors[i]}\n"
+                "GPU Firmware: \t 550.54.14\nGPU Excluded:\t No\n")
+        fh.pci_device(bdf, 0x10DE, 0x2330, "nvidia", 0x030200)
+        fh.chardev(f"/dev/nvidia{minors[i]}", NVIDIA_MAJOR, minors[i])
+    fh.chardev("/dev/nvidiactl", NVIDIA_MAJOR, 255)
+    if uvm_node:
+        fh.chardev("/dev/nvidia-uvm", 510, 0)
+        fh.chardev("/dev/nvidia-uvm-tools", 510, 1)
+    fh.proc_devices()
+    if libs:
+        libdir = "/usr/lib/x86_64-linux-gnu"
+        for soname in NVIDIA_LIBS:
+            fh.library(libdir, soname, driver)
+        fh.file("/usr/bin/nvidia-smi", "#!/bin/sh\necho fake nvidia-smi\n", 0o755)
+        fh.ldconfig([libdir])
+
+
+def cpu_only(fh: FakeHost) -> None:
+    fh.proc_devices()
+    fh.file("/sys/class/drm/.keep", "")
+    fh.file("/dev/null", "")
+
+
+def bmc_only(fh: FakeHost) -> None:
+    """A server whose only display is the ASPEED BMC (card0, no render node)."""
+    fh.proc_devices({"drm": DRM_MAJOR})
+    fh.drm_gpu("0000:03:00.0", 0x1A03, 0x2000, "ast", card=0, render=None)
+
+
+def amd(fh: FakeHost, gpus: int = 2) -> None:
+    """AMD node: KFD topology with one CPU node and `gpus` GPUs, each with card+render."""
+    fh.majors.update({"kfd": 235, "drm": DRM_MAJOR})
+    fh.chardev("/dev/kfd", 235, 0, 0o660, gid=_group_gid("render"))
+    topo = "/sys/class/kfd/kfd/topology/nodes"
+    fh.file(f"{topo}/0/properties", "cpu_cores_count 64\nsimd_count 0\nvendor_id 0\ndevice_id 0\n"
+            "location_id 0\ndomain 0\ndrm_render_minor 0\n")
+    for i in range(gpus):
+        bus = 0x43 + 0x20 * i
+        bdf = f"0000:{bus:02x}:00.0"
+        fh.drm_gpu(bdf, 0x1002, 0x740F, "amdgpu", card=i + 1, render=128 + i)
+        fh.file(f"{topo}/{i + 1}/properties",
+                f"cpu_cores_count 0\nsimd_count 416\nvendor_id 4098\ndevice_id 29711\n"
+                f"location_id {bus << 8}\ndomain 0\ndrm_render_minor {128 + i}\ngfx_target_version 90010\n")
+    fh.proc_devices()
+
+
+def intel(fh: FakeHost, dgpu: bool = True) -> None:
+    """Intel iGPU (i915 at 00:02.0) plus optionally a discrete GPU (xe)."""
+    fh.majors["drm"] = DRM_MAJOR
+    fh.drm_gpu("0000:00:02.0", 0x8086, 0xA7A0, "i915", card=0, render=128)
+    if dgpu:
+        fh.drm_gpu("0000:03:00.0", 0x8086, 0x56C0, "xe", card=1, render=129)
+    fh.proc_devices()
+
+
+SCENARIOS = {
+    "nvidia": lambda fh: nvidia(fh),
+    "amd": lambda fh: amd(fh),
+    "intel": lambda fh: intel(fh),
+    "nvidia+intel": lambda fh: (nvidia(fh, gpus=2), intel(fh, dgpu=False)),
+    "bmc": bmc_only,
+    "cpu": cpu_only,
+}
+
+
+def build(root: str, scenario: str = "nvidia", mknod: bool | None = None) -> FakeHost:
+    if mknod is None:
+        mknod = os.geteuid() == 0
+    fh = FakeHost(root, mknod=mknod)
+    SCENARIOS[scenario](fh)
+    return fh

@@ -1,0 +1,85 @@
+"""What a node has: small immutable types that the probe returns and the planner reads.
+
+Records (record.py), not dataclasses or namedtuples: these sit on the per-container path.
+"""
+
+from __future__ import annotations
+
+from .record import Record
+
+
+class Node(Record, fields="path type major minor file_mode uid gid present",
+                      defaults=(None, None, None, True)):
+    """A device node as the node sees it; the container gets the same path.
+
+    type is "c" or "b"; file_mode/uid/gid come from the host node when it exists;
+    present is False for a node the driver knows but the host has not created yet
+    (NVIDIA creates its control nodes lazily): runc makes it from type/major/minor.
+    """
+
+    __slots__ = ()
+
+
+class Device(Record, fields="vendor kind index id nodes pci model driver parent",
+                        defaults=(None, None, None, None)):
+    """One GPU, GPU partition or accelerator that a container may be given.
+
+    vendor: nvidia, amd, intel, accel, dxg. kind: gpu, partition, accel, dxg.
+    index: position among this vendor's devices. id: stable id (NVIDIA UUID, PCI
+    address, or node name). parent: a partition's physical GPU (PCI address).
+    """
+
+    __slots__ = ()
+
+
+class Library(Record, fields="path soname capability"):
+    """A driver library: the real (versioned) file on the node, mounted at the same path.
+
+    capability: the NVIDIA driver capability it serves (compute, utility, video, graphics...).
+    """
+
+    __slots__ = ()
+
+
+class VendorInventory(Record, fields="vendor devices control_nodes libraries binaries driver_version",
+                                 defaults=((), (), (), None)):
+    """One vendor's share of the node. control_nodes go with any of its devices."""
+
+    __slots__ = ()
+
+
+class Inventory(Record, fields="root vendors warnings", defaults=((),)):
+    """Everything the probe found under one host root."""
+
+    __slots__ = ()
+
+    @property
+    def devices(self) -> tuple[Device, ...]:
+        return tuple(d for v in self.vendors for d in v.devices)
+
+    def vendor(self, name: str) -> VendorInventory | None:
+        for v in self.vendors:
+            if v.vendor == name:
+                return v
+        return None
+
+    def to_dict(self) -> dict:
+        return {
+            "root": self.root,
+            "vendors": [
+                {
+                    "vendor": v.vendor,
+                    "driver_version": v.driver_version,
+                    "devices": [
+                        {**{k: getattr(d, k) for k in d._fields if k != "nodes"},
+                         "nodes": [n._asdict() for n in d.nodes]}
+                        for d in v.devices
+                    ],
+                    "control_nodes": [n._asdict() for n in v.control_nodes],
+                    "libraries": [lib._asdict() for lib in v.libraries],
+                    "binaries": list(v.binaries),
+                }
+                for v in self.vendors
+            ],
+            "warnings": list(self.warnings),
+        }

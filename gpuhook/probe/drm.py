@@ -1,0 +1,92 @@
+"""DRM: the GPUs behind /sys/class/drm/card<N> and renderD<N>, shared by the AMD and Intel probes.
+
+Each card/render entry's `device` link leads to the device directory (a PCI function, or a
+platform device for simpledrm and partitions); entries with the same device are one DrmDevice.
+Read per device: PCI address (uevent PCI_SLOT_NAME, else the directory name), vendor/device
+(the hex files, else uevent PCI_ID), driver (the `driver` link's basename, else uevent DRIVER).
+Per node: MAJOR:MINOR from the sysfs `dev` file, else 226 and the number in the name; the node
+is /dev/dri/<name>, where a real device node wins. A node the kernel lists but /dev lacks is
+reported with present=False (runc creates it in the container).
+Connectors (card0-DP-1) and anything else in /sys/class/drm are ignored.
+"""
+
+from __future__ import annotations
+
+from ..record import Record
+
+from ..inventory import Node
+from .common import device_node, is_uint, parse_dev, read_hex, uevent
+from .host import Host
+
+DRM_MAJOR = 226
+CLASS_DIR = "/sys/class/drm"
+
+
+class DrmDevice(Record, fields="pci vendor_id device_id driver sysfs card render"):
+    """One DRM device: pci address or None, ids or None, driver or None, the node path of its
+    device directory, and its card / render Node (None when it has none)."""
+
+    __slots__ = ()
+
+
+def node_number(name: str) -> tuple[str, int] | None:
+    """"card0" -> ("card", 0), "renderD128" -> ("render", 128); None for connectors and the rest."""
+    for prefix, kind in (("renderD", "render"), ("card", "card")):
+        num = name[len(prefix):]
+        if name.startswith(prefix) and is_uint(num):
+            return kind, int(num)
+    return None
+
+
+def _pci_ids(host: Host, sysfs: str, ev: dict[str, str]) -> tuple[int | None, int | None]:
+    """vendor/device from the hex files, else from uevent PCI_ID ("1002:687F")."""
+    ids = [read_hex(host, sysfs + "/vendor"), read_hex(host, sysfs + "/device")]
+    for i, text in enumerate(ev.get("PCI_ID", "").partition(":")[::2]):
+        if ids[i] is None and text:
+            try:
+                ids[i] = int(text, 16)
+            except ValueError:
+                host.warn(f"{sysfs}/uevent: malformed PCI_ID {ev['PCI_ID'][:40]!r}")
+    return ids[0], ids[1]
+
+
+def _node(host: Host, name: str, number: int, drm_major: int) -> Node | None:
+    dev = None
+    text = host.read_text(f"{CLASS_DIR}/{name}/dev", quiet=True)
+    if text is not None:
+        dev = parse_dev(text)
+        if dev is None:
+            host.warn(f"{CLASS_DIR}/{name}/dev: malformed {text.strip()[:40]!r}, using {drm_major}:{number}")
+    major, minor = dev or (drm_major, number)
+    return device_node(host, f"/dev/dri/{name}", major, minor, lazy=True)
+
+
+def drm_devices(host: Host, drm_major: int = DRM_MAJOR) -> list[DrmDevice]:
+    """Every DRM device, in card-number order (render-only devices after)."""
+    entries = []
+    for name in host.listdir(CLASS_DIR):
+        num = node_number(name)
+        if num is not None:
+            entries.append((num[0] == "render", num[1], name, num[0]))
+    found: dict[str, dict] = {}
+    for _, number, name, kind in sorted(entries):
+        link = f"{CLASS_DIR}/{name}/device"
+        if not host.is_dir(link):
+            host.warn(f"{link}: missing, {name} skipped")
+            continue
+        sysfs = host.realpath(link)
+        dev = found.setdefault(sysfs, {"card": None, "render": None})
+        if dev[kind] is not None:
+            host.warn(f"{name}: a second {kind} node of {sysfs}, ignored")
+            continue
+        dev[kind] = _node(host, name, number, drm_major)
+    out = []
+    for sysfs, nodes in found.items():
+        ev = uevent(host, sysfs + "/uevent")
+        base = sysfs.rpartition("/")[2]
+        pci = ev.get("PCI_SLOT_NAME") or (base if base.count(":") == 2 and "." in base else None)
+        vendor, device = _pci_ids(host, sysfs, ev)
+        target = host.readlink(sysfs + "/driver")
+        driver = target.rstrip("/").rpartition("/")[2] if target else ev.get("DRIVER")
+        out.append(DrmDevice(pci, vendor, device, driver or None, sysfs, nodes["card"], nodes["render"]))
+    return out

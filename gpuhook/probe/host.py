@@ -1,0 +1,139 @@
+"""Every read of a host file goes through a Host.
+
+A Host is a directory that stands for the node's `/`: the real root in production,
+a fake tree in tests and dry runs. Paths are given as they are seen on the node
+("/proc/devices") and are resolved inside the root, the way chroot would: a symlink
+can never lead out of it. Missing or unreadable files give None (and a warning where
+the file was expected); nothing here raises on bad host content.
+"""
+
+from __future__ import annotations
+
+import os
+import stat as _stat
+
+_MAX_LINKS = 40
+_MAX_READ = 1 << 20
+
+
+class Host:
+    __slots__ = ("root", "warnings")
+
+    def __init__(self, root: str = "/") -> None:
+        self.root = os.path.abspath(root)
+        self.warnings: list[str] = []
+
+    # -- paths ---------------------------------------------------------------
+    def resolve(self, path: str) -> str:
+        """Node path -> real path under root, following links as if chrooted."""
+        if self.root == "/":
+            return os.path.realpath(path)
+        parts = [p for p in path.split("/") if p and p != "."]
+        done: list[str] = []
+        links = 0
+        while parts:
+            name = parts.pop(0)
+            if name == "..":
+                if done:
+                    done.pop()
+                continue
+            cur = self.root + "/" + "/".join(done + [name])
+            try:
+                st = os.lstat(cur)
+            except OSError:
+                done.append(name)
+                done.extend(p for p in parts)
+                # the rest does not exist: keep it literal but normalise '..'
+                return self._join(done)
+            if _stat.S_ISLNK(st.st_mode):
+                links += 1
+                if links > _MAX_LINKS:
+                    return self._join(done + [name] + parts)
+                target = os.readlink(cur)
+                if target.startswith("/"):
+                    done = []
+                parts = [p for p in target.split("/") if p and p != "."] + parts
+                continue
+            done.append(name)
+        return self._join(done)
+
+    def _join(self, parts: list[str]) -> str:
+        out: list[str] = []
+        for p in parts:
+            if p == "..":
+                if out:
+                    out.pop()
+            elif p and p != ".":
+                out.append(p)
+        return (self.root.rstrip("/") + "/" + "/".join(out)) if out else self.root
+
+    def node_path(self, real: str) -> str:
+        """Real path under root -> the path as the node sees it."""
+        if self.root == "/":
+            return real
+        rel = os.path.relpath(real, self.root)
+        return "/" if rel == "." else "/" + rel
+
+    def realpath(self, path: str) -> str:
+        """Node path -> node path with every link resolved (inside root)."""
+        return self.node_path(self.resolve(path))
+
+    # -- reads ---------------------------------------------------------------
+    def warn(self, msg: str) -> None:
+        self.warnings.append(msg)
+
+    def read_bytes(self, path: str, limit: int = _MAX_READ, quiet: bool = False) -> bytes | None:
+        try:
+            with open(self.resolve(path), "rb") as f:
+                data = f.read(limit + 1)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            if not quiet:
+                self.warn(f"cannot read {path}: {e.strerror or e}")
+            return None
+        if len(data) > limit:
+            if not quiet:
+                self.warn(f"{path}: larger than {limit} bytes, ignored")
+            return None
+        return data
+
+    def read_text(self, path: str, limit: int = _MAX_READ, quiet: bool = False) -> str | None:
+        data = self.read_bytes(path, limit, quiet)
+        if data is None:
+            return None
+        return data.decode("utf-8", "replace")
+
+    def listdir(self, path: str) -> list[str]:
+        try:
+            return sorted(os.listdir(self.resolve(path)))
+        except OSError:
+            return []
+
+    def lstat(self, path: str) -> os.stat_result | None:
+        """lstat of the final component (the links before it are resolved)."""
+        parent, _, name = path.rstrip("/").rpartition("/")
+        try:
+            return os.lstat(self.resolve(parent or "/") + "/" + name)
+        except OSError:
+            return None
+
+    def stat(self, path: str) -> os.stat_result | None:
+        try:
+            return os.stat(self.resolve(path))
+        except OSError:
+            return None
+
+    def exists(self, path: str) -> bool:
+        return self.stat(path) is not None
+
+    def is_dir(self, path: str) -> bool:
+        st = self.stat(path)
+        return st is not None and _stat.S_ISDIR(st.st_mode)
+
+    def readlink(self, path: str) -> str | None:
+        parent, _, name = path.rstrip("/").rpartition("/")
+        try:
+            return os.readlink(self.resolve(parent or "/") + "/" + name)
+        except OSError:
+            return None

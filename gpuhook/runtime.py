@@ -1,0 +1,242 @@
+"""gpuhook-runtime: an OCI runtime with runc's command line that edits config.json at create.
+
+containerd's io.containerd.runc.v2 shim (options.BinaryName) and CRI-O (runtime_path) call
+it exactly as they call runc. The POSIX sh front (bin/gpuhook-runtime) execs the real runtime
+itself for every subcommand but create/run, and for create/run on a node with no GPU node
+at all, so Python starts only when there may be something to inject. Here:
+
+    parse argv -> load node config -> read <bundle>/config.json -> probe -> plan -> apply
+    -> write config.json atomically -> one JSON log line -> exec the real runtime
+
+A failure anywhere in gpuhook is logged and the container starts unmodified (fail_mode =
+"open", the default); with fail_mode = "closed" the create fails with one clear line.
+Nothing is ever printed on stdout, which belongs to the real runtime.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+# runc's and crun's global flags that take a value (both "--flag value" and "--flag=value";
+# Go's flag parsing also accepts a single dash).
+GLOBAL_VALUE_FLAGS = frozenset({"root", "log", "log-format", "criu", "rootless", "cgroup-manager"})
+# create/run flags that take a value
+CREATE_VALUE_FLAGS = frozenset({"bundle", "b", "console-socket", "pid-file", "preserve-fds", "pidfd-socket"})
+EDITING_COMMANDS = frozenset({"create", "run"})
+MAX_SPEC_BYTES = 16 << 20
+
+
+class Invocation:
+    __slots__ = ("command", "bundle", "container_id", "log", "log_format")
+
+    def __init__(self, command, bundle, container_id, log, log_format):
+        self.command = command
+        self.bundle = bundle
+        self.container_id = container_id
+        self.log = log
+        self.log_format = log_format
+
+
+def _flag(arg: str) -> tuple[str, str | None]:
+    name, eq, value = arg.lstrip("-").partition("=")
+    return name, (value if eq else None)
+
+
+def parse_args(argv: list[str]) -> Invocation:
+    """Find the subcommand, and for create/run the bundle and container id.
+
+    Flag values are never taken for the subcommand (`--root create create ...` is a create
+    whose state root is "create"). No --bundle means the current directory, as in runc.
+    """
+    i, n = 0, len(argv)
+    log = log_format = None
+    command = None
+    while i < n:
+        arg = argv[i]
+        if arg == "--":
+            i += 1
+            break
+        if arg.startswith("-") and arg != "-":
+            name, value = _flag(arg)
+            if name in GLOBAL_VALUE_FLAGS and value is None:
+                value = argv[i + 1] if i + 1 < n else None
+                i += 1
+            if name == "log":
+                log = value
+            elif name == "log-format":
+                log_format = value
+            i += 1
+            continue
+        break
+    if i < n:
+        command = argv[i]
+        i += 1
+    bundle = container_id = None
+    if command in EDITING_COMMANDS:
+        rest_positional = []
+        while i < n:
+            arg = argv[i]
+            if arg == "--":
+                rest_positional.extend(argv[i + 1:])
+                break
+            if arg.startswith("-") and arg != "-":
+                name, value = _flag(arg)
+                if name in CREATE_VALUE_FLAGS and value is None:
+                    value = argv[i + 1] if i + 1 < n else None
+                    i += 1
+                if name in ("bundle", "b"):
+                    bundle = value
+            else:
+                rest_positional.append(arg)
+            i += 1
+        container_id = rest_positional[0] if rest_positional else None
+        if bundle is None or bundle == "":
+            bundle = os.getcwd()
+        elif not bundle.startswith("/"):
+            bundle = os.path.join(os.getcwd(), bundle)
+    return Invocation(command, bundle, container_id, log, log_format)
+
+
+# -- the create path -------------------------------------------------------------
+
+class Outcome:
+    """What one create did, for the log line."""
+
+    __slots__ = ("decision", "vendors", "nodes", "mounts", "hooks", "error", "warnings")
+
+    def __init__(self):
+        self.decision = "unchanged"
+        self.vendors: list[str] = []
+        self.nodes: list[str] = []
+        self.mounts: list[str] = []
+        self.hooks = 0
+        self.error: str | None = None
+        self.warnings: list[str] = []
+
+
+def edit_bundle(bundle: str, config, out: Outcome) -> None:
+    """Edit <bundle>/config.json in place (atomically); leave it untouched when there is
+    nothing to add. Raises on any problem; the caller applies the fail mode."""
+    from . import fastjson
+    from .plan import find_ldconfig, plan, request_from_spec
+    from .probe import probe
+    from .spec import apply, write_atomic
+
+    path = os.path.join(bundle, "config.json")
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if st.st_size > MAX_SPEC_BYTES:
+            raise ValueError(f"config.json is {st.st_size} bytes, over the {MAX_SPEC_BYTES} limit")
+        raw = os.read(fd, MAX_SPEC_BYTES + 1)
+    finally:
+        os.close(fd)
+    try:
+        spec = fastjson.loads(raw)
+    except ValueError as e:
+        raise ValueError(f"config.json is not valid JSON ({e})") from None
+    if not isinstance(spec, dict):
+        raise ValueError("config.json is not a JSON object")
+    request = request_from_spec(spec, bundle)
+    if request.is_sandbox:
+        out.decision = "sandbox"
+        return
+    inventory = probe(config.host_root)
+    out.warnings = list(inventory.warnings)
+    edits = plan(inventory, request, config.ldconfig or find_ldconfig())
+    if not edits:
+        out.decision = "no-gpu" if not inventory.vendors else "declined"
+        return
+    apply(spec, edits)
+    write_atomic(path, fastjson.dumps(spec).encode(), st.st_mode & 0o7777)
+    out.decision = "injected"
+    out.vendors = [v.vendor for v in inventory.vendors]
+    out.nodes = [n.path for n in edits.device_nodes]
+    out.mounts = [m.container_path for m in edits.mounts]
+    out.hooks = len(edits.hooks)
+
+
+def log_line(config, inv: Invocation, out: Outcome, started: float) -> None:
+    if not config.log_file:
+        return
+    from . import fastjson
+
+    record = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z",
+        "event": "create",
+        "container_id": inv.container_id,
+        "bundle": inv.bundle,
+        "decision": out.decision,
+        "vendors": out.vendors,
+        "nodes": out.nodes,
+        "mounts": out.mounts,
+        "hooks": out.hooks,
+        "duration_ms": round((time.monotonic() - started) * 1000, 2),
+    }
+    if out.error:
+        record["error"] = out.error
+    if out.warnings:
+        record["warnings"] = out.warnings[:20]
+    append_line(config.log_file, fastjson.dumps(record))
+
+
+def append_line(path: str, line: str) -> None:
+    """One write(2) of a whole line with O_APPEND: concurrent creates never interleave."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o640)
+    except OSError:
+        return
+    try:
+        os.write(fd, (line.replace("\n", " ") + "\n").encode("utf-8", "replace"))
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _runtime_error(inv: Invocation, msg: str) -> None:
+    """Tell the caller why the create failed: stderr, and runc's own --log in its format."""
+    sys.stderr.write(f"gpuhook-runtime: {msg}\n")
+    if inv.log:
+        from . import fastjson
+
+        if inv.log_format == "json":
+            line = fastjson.dumps({"level": "error", "msg": f"gpuhook-runtime: {msg}",
+                                   "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        else:
+            line = f"gpuhook-runtime: {msg}"
+        append_line(inv.log, line)
+
+
+def main(argv: list[str] | None = None) -> None:
+    started = time.monotonic()
+    args = list(sys.argv[1:] if argv is None else argv)
+    inv = parse_args(args)
+    from .config import find_runtime, load
+
+    config, config_errors = load()
+    real = find_runtime(config.runtime)
+    if real is None or os.path.basename(real) == "gpuhook-runtime":
+        _runtime_error(inv, f"no real OCI runtime: {config.runtime or 'runc or crun'} not found "
+                            "(set `runtime` in the gpuhook config)")
+        sys.exit(127)
+    if inv.command in EDITING_COMMANDS:
+        out = Outcome()
+        try:
+            edit_bundle(inv.bundle, config, out)
+        except Exception as e:  # fail open unless the node says otherwise
+            out.decision = "error"
+            out.error = f"{type(e).__name__}: {e}" if not isinstance(e, (ValueError, OSError)) else str(e)
+        if config_errors:
+            out.warnings = config_errors + out.warnings
+        log_line(config, inv, out, started)
+        if out.error and config.fail_mode == "closed":
+            _runtime_error(inv, f"GPU injection failed ({out.error}); fail_mode is closed")
+            sys.exit(1)
+    os.execv(real, [real] + args)
+
+
+if __name__ == "__main__":
+    main()
