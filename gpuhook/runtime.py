@@ -149,8 +149,8 @@ def edit_bundle(bundle: str, config, out: Outcome) -> None:
     if not edits:
         out.decision = "no-gpu" if not inventory.vendors else "declined"
         return
-    apply(spec, edits)
-    write_atomic(path, fastjson.dumps(spec).encode(), st.st_mode & 0o7777)
+    spec = apply(spec, edits)
+    write_atomic(path, fastjson.dumps(spec).encode(), st.st_mode & 0o7777, sync_dir=False)
     out.decision = "injected"
     out.vendors = [v.vendor for v in inventory.vendors]
     out.nodes = [n.path for n in edits.device_nodes]

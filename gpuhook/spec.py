@@ -13,26 +13,38 @@ import os
 from .edits import Edits
 
 
-def _dict(parent: dict, key: str) -> dict:
+class SpecError(ValueError):
+    """The spec has a field of the wrong type where an edit must go: it is left alone, and
+    the real runtime reports the problem in its own words."""
+
+
+def _field(parent: dict, key: str, kind: type, where: str):
     value = parent.get(key)
-    if not isinstance(value, dict):
-        value = parent[key] = {}
+    if value is None:
+        value = parent[key] = kind()
+    elif not isinstance(value, kind):
+        raise SpecError(f"{where}{key} is a {type(value).__name__}, not a{'n object' if kind is dict else ' list'}")
     return value
 
 
-def _list(parent: dict, key: str) -> list:
-    value = parent.get(key)
-    if not isinstance(value, list):
-        value = parent[key] = []
-    return value
+def _dict(parent: dict, key: str, where: str = "") -> dict:
+    return _field(parent, key, dict, where)
+
+
+def _list(parent: dict, key: str, where: str = "") -> list:
+    return _field(parent, key, list, where)
 
 
 def apply(spec: dict, edits: Edits) -> dict:
-    """Edit `spec` in place and return it. Empty edits leave it untouched."""
+    """Edit a copy of `spec` and return it; empty edits return `spec` itself, untouched.
+
+    SpecError when a field that an edit needs has the wrong type (the input is never
+    modified, whatever happens)."""
     if not edits:
         return spec
+    spec = _copy(spec)
     if edits.env:
-        env = _list(_dict(spec, "process"), "env")
+        env = _list(_dict(spec, "process"), "env", "process.")
         index = {e.partition("=")[0]: i for i, e in enumerate(env) if isinstance(e, str)}
         for item in edits.env:
             key = item.partition("=")[0]
@@ -43,8 +55,8 @@ def apply(spec: dict, edits: Edits) -> dict:
                 env.append(item)
     if edits.device_nodes:
         linux = _dict(spec, "linux")
-        devices = _list(linux, "devices")
-        rules = _list(_dict(linux, "resources"), "devices")
+        devices = _list(linux, "devices", "linux.")
+        rules = _list(_dict(linux, "resources", "linux."), "devices", "linux.resources.")
         by_path = {d.get("path"): d for d in devices if isinstance(d, dict)}
         for n in edits.device_nodes:
             have = by_path.get(n.path)
@@ -75,21 +87,32 @@ def apply(spec: dict, edits: Edits) -> dict:
     if edits.hooks:
         hooks = _dict(spec, "hooks")
         for h in edits.hooks:
-            stage = _list(hooks, h.hook_name)
+            stage = _list(hooks, h.hook_name, "hooks.")
             entry = {"path": h.path, "args": list(h.args), "env": list(h.env)}
             if h.timeout is not None:
                 entry["timeout"] = h.timeout
             if entry not in stage:
                 stage.append(entry)
     if edits.additional_gids:
-        user = _dict(_dict(spec, "process"), "user")
-        gids = _list(user, "additionalGids")
+        user = _dict(_dict(spec, "process"), "user", "process.")
+        gids = _list(user, "additionalGids", "process.user.")
         gids.extend(g for g in edits.additional_gids if g not in gids)
     return spec
 
 
-def write_atomic(path: str, data: bytes, mode: int | None = None) -> None:
-    """Write a whole file or nothing: temp file beside it, fsync, rename, fsync the directory."""
+def _copy(value):
+    """Deep copy of JSON data (faster than copy.deepcopy, and no import)."""
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    return value
+
+
+def write_atomic(path: str, data: bytes, mode: int | None = None, sync_dir: bool = True) -> None:
+    """Write a whole file or nothing: temp file beside it, fsync, rename, and fsync the
+    directory too when the rename itself must survive a crash (node config, not a bundle:
+    a bundle does not outlive a node crash)."""
     d = os.path.dirname(os.path.abspath(path))
     if mode is None:
         try:
@@ -114,6 +137,8 @@ def write_atomic(path: str, data: bytes, mode: int | None = None) -> None:
         except OSError:
             pass
         raise
+    if not sync_dir:
+        return
     dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(dfd)

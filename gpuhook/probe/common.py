@@ -16,8 +16,12 @@ def is_uint(s: str) -> bool:
 
 def char_majors(host: Host) -> dict[str, list[int]]:
     """/proc/devices character section: driver name -> majors (a name may repeat)."""
-    text = host.read_text("/proc/devices", quiet=True)
+    cached = host.memo.get("char_majors")
+    if cached is not None:
+        return cached
     out: dict[str, list[int]] = {}
+    host.memo["char_majors"] = out
+    text = host.read_text("/proc/devices", quiet=True)
     if text is None:
         return out
     in_char = False

@@ -17,11 +17,12 @@ _MAX_READ = 1 << 20
 
 
 class Host:
-    __slots__ = ("root", "warnings")
+    __slots__ = ("root", "warnings", "memo")
 
     def __init__(self, root: str = "/") -> None:
         self.root = os.path.abspath(root)
         self.warnings: list[str] = []
+        self.memo: dict = {}  # results that several vendor probes share (e.g. /proc/devices)
 
     # -- paths ---------------------------------------------------------------
     def resolve(self, path: str) -> str:
