@@ -1,0 +1,93 @@
+"""The gpuhook command, run as a user would run it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from gpuhook.models import InventoryModel
+
+
+def gpuhook(*args, stdin: bytes | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpuhook", *args], input=stdin, capture_output=True, cwd=REPO,
+                          env=dict(os.environ, GPUHOOK_CONFIG="/nonexistent/gpuhook.toml", **(env or {})))
+
+
+SPEC = json.dumps({"ociVersion": "1.0.2", "process": {"args": ["sh"], "env": ["PATH=/bin"]},
+                   "root": {"path": "/run/c/rootfs"}, "x-unknown": {"kept": [1, 2]}}, indent=1).encode()
+
+
+def test_probe_on_this_cpu_only_machine():
+    r = gpuhook("probe")
+    assert r.returncode == 0
+    assert b"CPU-only node" in r.stdout
+
+
+def test_probe_json_follows_the_schema(make_host):
+    root = make_host("nvidia", mknod=False)
+    r = gpuhook("probe", "--root", root, "--json")
+    assert r.returncode == 0, r.stderr
+    inv = InventoryModel.model_validate_json(r.stdout)
+    assert len(inv.vendors[0].devices) == 8
+
+
+def test_precreate_on_an_8_gpu_host(make_host):
+    root = make_host("nvidia", mknod=False)
+    r = gpuhook("precreate", "--root", root, stdin=SPEC)
+    assert r.returncode == 0, r.stderr
+    spec = json.loads(r.stdout)
+    devices = {d["path"]: (d["major"], d["minor"]) for d in spec["linux"]["devices"]}
+    for minor in range(8):
+        assert devices[f"/dev/nvidia{minor}"] == (195, minor)
+    assert devices["/dev/nvidiactl"] == (195, 255) and "/dev/nvidia-uvm" in devices
+    rules = spec["linux"]["resources"]["devices"]
+    for path, (major, minor) in devices.items():
+        assert {"allow": True, "type": "c", "major": major, "minor": minor, "access": "rwm"} in rules
+    mounts = {m["destination"]: m for m in spec["mounts"]}
+    for lib in ("libcuda.so.550.54.14", "libnvidia-ml.so.550.54.14"):
+        m = mounts[f"/usr/lib/x86_64-linux-gnu/{lib}"]
+        assert m["source"] == f"{root}/usr/lib/x86_64-linux-gnu/{lib}" and m["options"][0] == "ro"
+    assert "GPUHOOK_ACCELERATOR=nvidia" in spec["process"]["env"]
+    assert spec["x-unknown"] == {"kept": [1, 2]}
+
+
+def test_precreate_on_a_cpu_only_host_is_byte_for_byte(make_host):
+    root = make_host("cpu")
+    r = gpuhook("precreate", "--root", root, stdin=SPEC)
+    assert r.returncode == 0 and r.stdout == SPEC
+
+
+def test_plan_dry_run(make_host):
+    root = make_host("amd", mknod=False)
+    r = gpuhook("plan", "--root", root)
+    assert r.returncode == 0, r.stderr
+    assert b"GPUHOOK_ACCELERATOR=amd" in r.stdout and b"/dev/kfd" in r.stdout
+    r = gpuhook("plan", "--simulate", "nvidia+intel", "--json")
+    edits = json.loads(r.stdout)["edits"]
+    assert "GPUHOOK_ACCELERATOR=nvidia,intel" in edits["env"]
+    assert any(h["hookName"] == "createContainer" for h in edits["hooks"])
+
+
+@pytest.mark.parametrize("args, stdin, message", [
+    (("precreate",), b"{not json", b"stdin: not valid JSON"),
+    (("precreate",), b"[1, 2]", b"must be a JSON object"),
+    (("precreate",), b"", b"stdin: not valid JSON"),
+    (("probe", "--root", "/nonexistent"), None, b"--root /nonexistent: not a directory"),
+    (("plan", "--spec", "/nonexistent.json"), None, b"--spec /nonexistent.json: No such file"),
+    (("plan", "--simulate", "quantum"), None, b"--simulate quantum: unknown"),
+])
+def test_bad_input_is_one_line_and_nonzero(args, stdin, message):
+    r = gpuhook(*args, stdin=stdin)
+    assert r.returncode == 2
+    assert message in r.stderr and b"Traceback" not in r.stderr
+    assert r.stderr.count(b"\n") == 1
+
+
+def test_version():
+    r = gpuhook("--version")
+    assert r.returncode == 0 and r.stdout.startswith(b"gpuhook 0.")

@@ -1,0 +1,143 @@
+"""gpuhook-runtime's command line, against every form containerd's shim and CRI-O use,
+and the sh front's reading of the node config against tomllib's."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuhook import config as cfg
+from gpuhook.runtime import parse_args
+
+SH_FRONT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gpuhook", "sh", "gpuhook-runtime")
+
+
+@pytest.mark.parametrize("argv, command, bundle, cid", [
+    # containerd's io.containerd.runc.v2 shim
+    (["--root", "/run/containerd/runc/k8s.io", "--log", "/b/log.json", "--log-format", "json",
+      "create", "--bundle", "/b", "--pid-file", "/b/init.pid", "abc"], "create", "/b", "abc"),
+    (["--root", "/r", "--log", "/b/log.json", "--log-format", "json", "--systemd-cgroup",
+      "create", "--bundle", "/b", "--pid-file", "/b/init.pid", "--console-socket", "/tmp/s", "abc"], "create", "/b", "abc"),
+    (["create", "--bundle=/b", "abc"], "create", "/b", "abc"),
+    (["create", "-b", "/b", "abc"], "create", "/b", "abc"),
+    (["create", "-b=/b", "abc"], "create", "/b", "abc"),
+    (["create", "abc", "--bundle", "/b"], "create", "/b", "abc"),
+    (["--root=/r", "--log=/l", "create", "--no-pivot", "--bundle", "/b", "abc"], "create", "/b", "abc"),
+    (["-root", "/r", "run", "-d", "--bundle", "/b", "abc"], "run", "/b", "abc"),
+    # a flag value that looks like a subcommand is a value
+    (["--root", "create", "create", "--bundle", "/b", "x"], "create", "/b", "x"),
+    (["--log", "create", "state", "x"], "state", None, None),
+    (["--root", "/r", "create", "--pid-file", "--bundle", "x"], "create", None, "x"),
+    # the rest pass straight through
+    (["--root", "/r", "start", "abc"], "start", None, None),
+    (["--root", "/r", "state", "abc"], "state", None, None),
+    (["--root", "/r", "kill", "abc", "9"], "kill", None, None),
+    (["--root", "/r", "delete", "--force", "abc"], "delete", None, None),
+    (["--root", "/r", "exec", "--process", "/tmp/p.json", "--detach", "abc"], "exec", None, None),
+    (["--root", "/r", "update", "--resources", "-", "abc"], "update", None, None),
+    (["features"], "features", None, None),
+    (["--version"], None, None, None),
+    ([], None, None, None),
+])
+def test_parse_args(argv, command, bundle, cid, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    inv = parse_args(argv)
+    assert inv.command == command
+    if command in ("create", "run"):
+        assert inv.bundle == (bundle or str(tmp_path))
+        assert inv.container_id == cid
+    else:
+        assert inv.bundle is None
+
+
+def test_relative_bundle_and_log_flags(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    inv = parse_args(["--log", "/x/log.json", "--log-format", "json", "create", "-b", "rel", "id"])
+    assert inv.bundle == str(tmp_path / "rel")
+    assert (inv.log, inv.log_format) == ("/x/log.json", "json")
+
+
+@given(st.lists(st.text(min_size=0, max_size=12), max_size=10))
+def test_parse_args_never_raises(argv):
+    parse_args(argv)
+
+
+# -- the sh front and Python agree on the node config ------------------------------------
+
+def sh_view(config_path: str, path_env: str) -> str:
+    """What the sh front decides: it prints the runtime it would exec (through a fake
+    runtime that echoes) for a pass-through call."""
+    r = subprocess.run(["/bin/sh", SH_FRONT, "state", "x"], capture_output=True, text=True,
+                       env={"PATH": path_env, "GPUHOOK_CONFIG": config_path})
+    return r.stdout.strip() if r.returncode == 0 else f"error {r.returncode}"
+
+
+@pytest.fixture
+def fake_runtimes(tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name in ("runc", "crun", "my runtime"):
+        p = bindir / name
+        p.write_text(f"#!/bin/sh\necho {name.replace(' ', '_')}\n")
+        p.chmod(0o755)
+    return bindir
+
+
+CONFIGS = [
+    "",
+    'runtime = "crun"\n',
+    "runtime = 'crun'\n",
+    '  runtime   =   "crun"   # the fast one\n',
+    '# runtime = "crun"\n',
+    '[section]\nruntime = "crun"\n',
+    'runtime = "runc"\nhost_root = "/"\n',
+    'log_file = ""\nruntime = "crun"\n',
+    'runtime = "{bin}/crun"\n',
+    'runtime = "{bin}/my runtime"\n',
+    '"runtime" = "crun"\n',            # quoted key: the sh front hands over to Python
+    'runtime = "cr\\u0075n"\n',         # escape: idem
+    'runtime = """crun"""\n',          # multi-line string: idem
+]
+
+
+@pytest.mark.parametrize("text", CONFIGS)
+def test_sh_front_and_tomllib_pick_the_same_runtime(text, tmp_path, fake_runtimes):
+    text = text.replace("{bin}", str(fake_runtimes))
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    config, _ = cfg.load(str(path))
+    old = os.environ.get("PATH")
+    os.environ["PATH"] = str(fake_runtimes)
+    try:
+        want = cfg.find_runtime(config.runtime)
+    finally:
+        os.environ["PATH"] = old
+    got = sh_view(str(path), str(fake_runtimes))
+    if got.startswith("error"):
+        # the sh front could not read it for sure: it must then not have picked anything else
+        pytest.fail(f"sh front failed on {text!r}: {got}")
+    assert got == os.path.basename(want).replace(" ", "_"), (text, got, want)
+
+
+def test_sh_front_missing_runtime_is_one_clear_line(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text('runtime = "/nonexistent/runc"\n')
+    r = subprocess.run(["/bin/sh", SH_FRONT, "state", "x"], capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(path)})
+    assert r.returncode == 127
+    assert r.stderr.count("\n") == 1 and "no real OCI runtime" in r.stderr
+
+
+def test_python_missing_runtime_is_one_clear_line(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text('runtime = "/nonexistent/runc"\n')
+    r = subprocess.run([sys.executable, "-m", "gpuhook.runtime", "create", "--bundle", str(tmp_path), "x"],
+                       capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(path),
+                                                             "PYTHONPATH": os.path.dirname(os.path.dirname(SH_FRONT))})
+    assert r.returncode == 127
+    assert "Traceback" not in r.stderr and "no real OCI runtime" in r.stderr

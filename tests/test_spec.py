@@ -1,0 +1,176 @@
+"""The spec editor: devices with cgroup rules, mounts, env, hooks, GIDs; idempotent; keeps
+everything it does not know; refuses wrong types without touching the input."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuhook import fastjson
+from gpuhook.edits import BIND_RO, DeviceNode, Edits, Hook, Mount
+from gpuhook.spec import SpecError, apply, write_atomic
+
+EDITS = Edits(
+    env=("GPUHOOK_ACCELERATOR=nvidia", "GPUHOOK_DEVICES=nvidia:GPU-1"),
+    device_nodes=(DeviceNode("/dev/nvidia0", "c", 195, 0, "rwm", 0o666, 0, 0),
+                  DeviceNode("/dev/nvidiactl", "c", 195, 255)),
+    mounts=(Mount("/host/usr/lib/libcuda.so.550", "/usr/lib/libcuda.so.550"),),
+    hooks=(Hook("createContainer", "/bin/sh", ("sh", "-c", "true"), ("PATH=/bin",), 30),),
+    additional_gids=(44, 109),
+)
+
+
+def base_spec() -> dict:
+    return {"ociVersion": "1.0.2", "process": {"env": ["PATH=/bin", "GPUHOOK_ACCELERATOR=old"], "args": ["sh"]},
+            "linux": {"resources": {"devices": [{"allow": False, "access": "rwm"}]}}}
+
+
+def test_every_node_gets_a_device_and_an_allow_rule():
+    out = apply(base_spec(), EDITS)
+    assert out["linux"]["devices"] == [
+        {"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0, "fileMode": 0o666, "uid": 0, "gid": 0},
+        {"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255}]
+    assert out["linux"]["resources"]["devices"] == [
+        {"allow": False, "access": "rwm"},
+        {"allow": True, "type": "c", "major": 195, "minor": 0, "access": "rwm"},
+        {"allow": True, "type": "c", "major": 195, "minor": 255, "access": "rwm"}]
+    assert out["mounts"] == [{"destination": "/usr/lib/libcuda.so.550", "type": "bind",
+                              "source": "/host/usr/lib/libcuda.so.550", "options": list(BIND_RO)}]
+    assert BIND_RO == ("ro", "nosuid", "nodev", "rbind", "rprivate")
+    assert out["process"]["env"] == ["PATH=/bin", "GPUHOOK_ACCELERATOR=nvidia", "GPUHOOK_DEVICES=nvidia:GPU-1"]
+    assert out["hooks"]["createContainer"] == [{"path": "/bin/sh", "args": ["sh", "-c", "true"],
+                                                "env": ["PATH=/bin"], "timeout": 30}]
+    assert out["process"]["user"]["additionalGids"] == [44, 109]
+
+
+def test_input_is_not_modified_and_empty_edits_return_it():
+    spec = base_spec()
+    before = copy.deepcopy(spec)
+    apply(spec, EDITS)
+    assert spec == before
+    assert apply(spec, Edits()) is spec
+
+
+def test_existing_device_is_not_duplicated_and_a_taken_path_is_left_alone():
+    spec = base_spec()
+    spec["linux"]["devices"] = [{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 2}]
+    out = apply(spec, EDITS)
+    assert [d["path"] for d in out["linux"]["devices"]] == ["/dev/nvidia0", "/dev/nvidiactl"]
+    assert out["linux"]["devices"][0]["minor"] == 2  # the device plugin's stays
+    rules = out["linux"]["resources"]["devices"]
+    assert {"allow": True, "type": "c", "major": 195, "minor": 0, "access": "rwm"} not in rules
+
+
+@pytest.mark.parametrize("path, value", [
+    (("linux", "devices"), "x"), (("linux",), []), (("process", "env"), {}), (("mounts",), {}),
+    (("hooks",), []), (("linux", "resources"), 3), (("process",), "sh"),
+])
+def test_wrong_types_are_refused(path, value):
+    spec = base_spec()
+    node = spec
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    node[path[-1]] = value
+    before = copy.deepcopy(spec)
+    with pytest.raises(SpecError):
+        apply(spec, EDITS)
+    assert spec == before
+
+
+def test_write_atomic_keeps_mode_and_leaves_no_temp(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text("{}")
+    p.chmod(0o600)
+    write_atomic(str(p), b'{"a":1}')
+    assert p.read_text() == '{"a":1}' and (p.stat().st_mode & 0o777) == 0o600
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["config.json"]
+
+
+# -- properties -------------------------------------------------------------------------
+
+json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-2**53, 2**53), st.text(max_size=8))
+json_value = st.recursive(json_leaf, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=6), c, max_size=4), max_leaves=12)
+spec_strategy = st.fixed_dictionaries(
+    {"ociVersion": st.just("1.0.2")},
+    optional={
+        "process": st.fixed_dictionaries({}, optional={"env": st.lists(st.text(max_size=10), max_size=4),
+                                                       "user": st.fixed_dictionaries({"uid": st.integers(0, 9)}),
+                                                       "unknownProcessField": json_value}),
+        "linux": st.fixed_dictionaries({}, optional={
+            "devices": st.lists(st.fixed_dictionaries({"path": st.sampled_from(["/dev/nvidia0", "/dev/fuse", "/dev/x"]),
+                                                       "type": st.just("c"), "major": st.integers(0, 300),
+                                                       "minor": st.integers(0, 300)}), max_size=3),
+            "resources": st.fixed_dictionaries({}, optional={"devices": st.lists(st.dictionaries(st.text(max_size=5), json_value, max_size=3), max_size=3),
+                                                             "memory": json_value}),
+            "futureLinuxField": json_value}),
+        "mounts": st.lists(st.fixed_dictionaries({"destination": st.text(max_size=10)}, optional={"x": json_value}), max_size=3),
+        "annotations": st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=3),
+        "vendorExtension": json_value,
+    })
+edits_strategy = st.builds(
+    Edits,
+    env=st.lists(st.from_regex(r"[A-Z_]{1,6}=[a-z0-9]{0,4}", fullmatch=True), max_size=3).map(tuple),
+    device_nodes=st.lists(st.builds(DeviceNode, st.sampled_from(["/dev/nvidia0", "/dev/nvidia1", "/dev/kfd"]),
+                                    st.just("c"), st.integers(0, 300), st.integers(0, 300)), max_size=3).map(tuple),
+    mounts=st.lists(st.builds(Mount, st.text(max_size=6), st.sampled_from(["/a", "/b", "/usr/lib/x.so"])), max_size=3).map(tuple),
+    hooks=st.lists(st.builds(Hook, st.sampled_from(["createContainer", "prestart"]), st.just("/bin/sh")), max_size=2).map(tuple),
+    additional_gids=st.lists(st.integers(0, 1000), max_size=3).map(tuple),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(spec_strategy, edits_strategy)
+def test_apply_is_idempotent(spec, edits):
+    once = apply(spec, edits)
+    assert apply(once, edits) == once
+
+
+@settings(max_examples=300, deadline=None)
+@given(spec_strategy, edits_strategy)
+def test_unknown_fields_are_kept_exactly(spec, edits):
+    out = apply(spec, edits)
+    known = {"process": {"env", "user"}, "linux": {"devices", "resources"}, "mounts": None, "hooks": None}
+    for key, value in spec.items():
+        if key not in known:
+            assert out[key] == value
+        elif isinstance(value, dict):
+            for k2, v2 in value.items():
+                if k2 not in known[key]:
+                    assert out[key][k2] == v2
+    for key in ("memory",):
+        if key in spec.get("linux", {}).get("resources", {}):
+            assert out["linux"]["resources"][key] == spec["linux"]["resources"][key]
+    # what was there is still there, in the same order, before anything added
+    for path in (("linux", "devices"), ("mounts",), ("linux", "resources", "devices")):
+        before, after = spec, out
+        for k in path:
+            before = before.get(k, {}) if isinstance(before, dict) else {}
+            after = after.get(k, {}) if isinstance(after, dict) else {}
+        if isinstance(before, list):
+            assert after[:len(before)] == before
+    # the output is still valid JSON that fastjson writes and json reads back the same
+    assert json.loads(fastjson.dumps(out)) == out
+
+
+@settings(max_examples=200, deadline=None)
+@given(json_value)
+def test_fastjson_matches_json(value):
+    text = json.dumps(value)
+    assert fastjson.loads(text) == json.loads(text)
+    assert json.loads(fastjson.dumps(value)) == value
+
+
+@given(st.one_of(st.text(max_size=64), st.text(alphabet='[]{}",:0123456789.eE-+ truefalsnNaIfiy\\u', max_size=24)))
+def test_fastjson_rejects_or_parses_like_json(text):
+    """Same as json.loads, except that NaN and Infinity (not JSON) are refused."""
+    try:
+        want = json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+    except (ValueError, RecursionError):
+        with pytest.raises(ValueError):
+            fastjson.loads(text)
+    else:
+        assert fastjson.loads(text) == want
