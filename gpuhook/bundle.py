@@ -7,7 +7,8 @@ import os
 import shutil
 
 BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
-APPLETS = ("sh", "ls", "cat", "grep", "env", "stat", "true", "echo", "sleep", "readlink", "head", "wc", "id")
+APPLETS = ("sh", "ls", "cat", "grep", "env", "stat", "true", "echo", "sleep", "readlink", "head",
+           "wc", "id", "sed", "sort", "cut", "tr")
 
 
 def find_busybox() -> str | None:

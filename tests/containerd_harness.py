@@ -1,0 +1,558 @@
+"""A private containerd for end-to-end tests, and a busybox-static OCI image to run in it.
+
+`Containerd(base_dir, ...)` starts Debian's containerd (1.6) on its own root, state, gRPC and
+ttrpc sockets and config.toml under `base_dir`, with the CRI plugin configured for this kind
+of machine (restrict_oom_score_adj, host network only, a local sandbox image, a runc root of
+its own) and any runtime handlers the test asks for. Environment variables given to it reach
+the shims and so the OCI runtime they call (gpuhook-runtime reads GPUHOOK_CONFIG there).
+
+`cleanup()` leaves nothing behind: CRI pods removed (through the callbacks registered with
+`before_stop`), containerd tasks and containers deleted, containerd stopped by its pid, the
+shims of its socket killed, `runc --root <root>/<ns> delete -f` for what is left, the cgroup
+parents the test used removed, every mount under `base_dir` unmounted.
+
+`build_busybox_image(path, name)` writes an OCI image layout tar (one uncompressed layer with
+a static busybox and its applet links, config, manifest, index; digests computed here), which
+`Containerd.import_image` imports with `ctr images import`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import io
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import tarfile
+import time
+
+CONTAINERD = "containerd"
+CTR = "ctr"
+RUNC = "runc"
+SHIM_SOCKET_DIR = "/run/containerd/s"  # containerd 1.6 puts every shim's socket there
+# Fixed paths outside the test's directory that containerd, its shims or ctr create
+RUN_DIRS = ("/run/containerd/s", "/run/containerd/fifo", "/run/containerd")
+CGROUP_ROOT = "/sys/fs/cgroup"
+CRI_NAMESPACE = "k8s.io"
+IMAGE_NAME = "localhost/gpuhook/busybox:test"
+# Plugins that a test never needs: leaving them out makes containerd start sooner and quieter.
+DISABLED_PLUGINS = (
+    "io.containerd.snapshotter.v1.aufs",
+    "io.containerd.snapshotter.v1.btrfs",
+    "io.containerd.snapshotter.v1.devmapper",
+    "io.containerd.snapshotter.v1.zfs",
+    "io.containerd.tracing.processor.v1.otlp",
+    "io.containerd.internal.v1.tracing",
+    "io.containerd.monitor.v1.cgroups",
+    "io.containerd.grpc.v1.cri",  # removed from this list when cri=True
+)
+APPLETS = ("sh", "ls", "cat", "grep", "env", "stat", "true", "echo", "sleep", "readlink", "head",
+           "wc", "id", "mount", "test", "[", "tr", "cut", "sed")
+
+
+def missing_tools() -> list[str]:
+    """Names of what a containerd end-to-end test needs and this machine lacks."""
+    from gpuhook import bundle
+
+    missing = [t for t in (CONTAINERD, CTR, RUNC, "containerd-shim-runc-v2") if shutil.which(t) is None]
+    if bundle.find_busybox() is None:
+        missing.append("busybox-static")
+    return missing
+
+
+def _toml_str(s: str) -> str:
+    return json.dumps(s)  # a JSON string is a valid TOML basic string
+
+
+# -- the image ----------------------------------------------------------------------
+
+def _goarch() -> str:
+    m = platform.machine()
+    return {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "ppc64le": "ppc64le",
+            "s390x": "s390x", "riscv64": "riscv64", "i686": "386"}.get(m, m)
+
+
+def _tar_add(tar: tarfile.TarFile, name: str, *, data: bytes | None = None, mode: int = 0o755,
+             kind: bytes = tarfile.DIRTYPE, linkname: str = "") -> None:
+    info = tarfile.TarInfo(name)
+    info.mtime = 0
+    info.uid = info.gid = 0
+    info.uname = info.gname = "root"
+    info.mode = mode
+    info.type = kind
+    info.linkname = linkname
+    if data is not None:
+        info.type = tarfile.REGTYPE
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    else:
+        tar.addfile(info)
+
+
+def busybox_layer(busybox: str | None = None) -> bytes:
+    """An uncompressed layer tar: /bin/busybox, applet links, and the directories a
+    container needs (/etc with an empty ld.so.conf: the ld-cache hook writes there)."""
+    from gpuhook import bundle
+
+    busybox = busybox or bundle.find_busybox()
+    if busybox is None:
+        raise FileNotFoundError("no static busybox (apt-get install busybox-static)")
+    with open(busybox, "rb") as f:
+        binary = f.read()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for d in ("bin", "dev", "etc", "proc", "sys", "tmp", "usr", "usr/lib", "var", "var/cache"):
+            _tar_add(tar, d, mode=0o1777 if d == "tmp" else 0o755)
+        _tar_add(tar, "bin/busybox", data=binary, mode=0o755)
+        for applet in APPLETS:
+            _tar_add(tar, f"bin/{applet}", kind=tarfile.SYMTYPE, linkname="busybox", mode=0o777)
+        _tar_add(tar, "etc/ld.so.conf", data=b"", mode=0o644)
+        _tar_add(tar, "etc/passwd", data=b"root:x:0:0:root:/:/bin/sh\n", mode=0o644)
+        _tar_add(tar, "etc/group", data=b"root:x:0:\n", mode=0o644)
+    return buf.getvalue()
+
+
+def build_busybox_image(path: str, name: str = IMAGE_NAME, cmd: list[str] | None = None,
+                        busybox: str | None = None) -> str:
+    """Write an OCI image layout tar for `name` to `path`; returns the manifest digest.
+
+    The default command sleeps until killed, so the same image serves as the CRI sandbox
+    ("pause") image."""
+    layer = busybox_layer(busybox)
+    layer_digest = "sha256:" + hashlib.sha256(layer).hexdigest()
+    config = {
+        "created": "1970-01-01T00:00:00Z",
+        "architecture": _goarch(),
+        "os": "linux",
+        "config": {
+            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+            "Cmd": cmd or ["sleep", "2147483647"],
+            "WorkingDir": "/",
+        },
+        "rootfs": {"type": "layers", "diff_ids": [layer_digest]},  # uncompressed: digest == diff_id
+        "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "gpuhook tests: busybox-static"}],
+    }
+    config_bytes = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+    config_digest = "sha256:" + hashlib.sha256(config_bytes).hexdigest()
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                   "digest": config_digest, "size": len(config_bytes)},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
+                    "digest": layer_digest, "size": len(layer)}],
+    }
+    manifest_bytes = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+    manifest_digest = "sha256:" + hashlib.sha256(manifest_bytes).hexdigest()
+    tag = name.rsplit(":", 1)[1] if ":" in name.rsplit("/", 1)[-1] else "latest"
+    index = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": manifest_digest,
+            "size": len(manifest_bytes),
+            "platform": {"architecture": _goarch(), "os": "linux"},
+            "annotations": {"io.containerd.image.name": name, "org.opencontainers.image.ref.name": tag},
+        }],
+    }
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        _tar_add(tar, "blobs")
+        _tar_add(tar, "blobs/sha256")
+        for digest, blob in ((layer_digest, layer), (config_digest, config_bytes),
+                             (manifest_digest, manifest_bytes)):
+            _tar_add(tar, "blobs/sha256/" + digest.split(":", 1)[1], data=blob, mode=0o644)
+        _tar_add(tar, "oci-layout", data=b'{"imageLayoutVersion":"1.0.0"}', mode=0o644)
+        _tar_add(tar, "index.json", data=json.dumps(index).encode(), mode=0o644)
+    return manifest_digest
+
+
+# -- containerd -----------------------------------------------------------------------
+
+class ContainerdError(RuntimeError):
+    pass
+
+
+class Containerd:
+    """One containerd of the test's own. Use as a context manager, or call start() and,
+    always, cleanup()."""
+
+    def __init__(self, base_dir: str, *, env: dict[str, str] | None = None, cri: bool = True,
+                 runtimes: dict[str, dict] | None = None, sandbox_image: str = IMAGE_NAME,
+                 extra_toml: str = "", log_level: str = "info") -> None:
+        """runtimes: CRI handlers, name -> {"binary": path (options.BinaryName, optional),
+        "pod_annotations": [...], "container_annotations": [...]} (all optional); a handler
+        "runc" with plain runc is always there and is the default."""
+        self.base = os.path.abspath(base_dir)
+        self.root = os.path.join(self.base, "root")
+        self.state = os.path.join(self.base, "state")
+        self.address = os.path.join(self.base, "containerd.sock")
+        self.ttrpc_address = self.address + ".ttrpc"
+        self.runc_root = os.path.join(self.base, "runc")  # the shims' options.Root
+        self.config_path = os.path.join(self.base, "config.toml")
+        self.log_path = os.path.join(self.base, "containerd.log")
+        self.env = dict(env or {})
+        self.cri = cri
+        self.runtimes = dict(runtimes or {})
+        self.sandbox_image = sandbox_image
+        self.extra_toml = extra_toml
+        self.log_level = log_level
+        self.proc: subprocess.Popen | None = None
+        self.namespaces: set[str] = {CRI_NAMESPACE} if cri else set()
+        self.cgroup_parents: list[str] = []  # cgroup paths (e.g. "/gpuhook-test-ab12") to remove
+        self._before_stop: list = []
+        self._log_file = None
+        self._made_run_dirs: list[str] = []
+        self.start_seconds: float | None = None
+
+    # -- config ------------------------------------------------------------------
+    def config_toml(self) -> str:
+        disabled = [p for p in DISABLED_PLUGINS if not (self.cri and p == "io.containerd.grpc.v1.cri")]
+        lines = [
+            "version = 2",
+            f"root = {_toml_str(self.root)}",
+            f"state = {_toml_str(self.state)}",
+            "disabled_plugins = [" + ", ".join(_toml_str(p) for p in disabled) + "]",
+            "",
+            "[grpc]",
+            f"  address = {_toml_str(self.address)}",
+            "[ttrpc]",
+            f"  address = {_toml_str(self.ttrpc_address)}",
+            "[debug]",
+            f"  level = {_toml_str(self.log_level)}",
+            "[metrics]",
+            '  address = ""',
+            "",
+            '[plugins."io.containerd.internal.v1.opt"]',
+            f"  path = {_toml_str(os.path.join(self.base, 'opt'))}",
+        ]
+        if self.cri:
+            cri = 'plugins."io.containerd.grpc.v1.cri"'
+            lines += [
+                "",
+                f"[{cri}]",
+                f"  sandbox_image = {_toml_str(self.sandbox_image)}",
+                "  restrict_oom_score_adj = true",  # root here lacks CAP_SYS_RESOURCE
+                '  stream_server_address = "127.0.0.1"',
+                '  stream_server_port = "0"',
+                "  enable_selinux = false",
+                "  disable_apparmor = true",
+                "  max_concurrent_downloads = 1",
+                f"[{cri}.cni]",
+                f"  bin_dir = {_toml_str(os.path.join(self.base, 'cni', 'bin'))}",
+                f"  conf_dir = {_toml_str(os.path.join(self.base, 'cni', 'net.d'))}",
+                f"[{cri}.containerd]",
+                '  snapshotter = "overlayfs"',
+                '  default_runtime_name = "runc"',
+            ]
+            handlers = {"runc": {}, **self.runtimes}
+            for name, h in handlers.items():
+                key = f'{cri}.containerd.runtimes.{_toml_str(name)}'
+                lines += [f"[{key}]", '  runtime_type = "io.containerd.runc.v2"']
+                for field in ("pod_annotations", "container_annotations"):
+                    if h.get(field):
+                        lines.append(f"  {field} = [" + ", ".join(_toml_str(a) for a in h[field]) + "]")
+                lines += [f"[{key}.options]", f"  Root = {_toml_str(self.runc_root)}"]
+                if h.get("binary"):
+                    lines.append(f"  BinaryName = {_toml_str(h['binary'])}")
+        if self.extra_toml:
+            lines += ["", self.extra_toml]
+        return "\n".join(lines) + "\n"
+
+    # -- life cycle ----------------------------------------------------------------
+    def __enter__(self) -> "Containerd":
+        try:
+            self.start()
+        except BaseException:
+            self.cleanup()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.cleanup()
+
+    def start(self, timeout: float = 30) -> None:
+        for d in (self.base, self.root, self.state, os.path.join(self.base, "cni", "bin"),
+                  os.path.join(self.base, "cni", "net.d")):
+            os.makedirs(d, exist_ok=True)
+        with open(self.config_path, "w") as f:
+            f.write(self.config_toml())
+        self._made_run_dirs = [d for d in RUN_DIRS if not os.path.isdir(d)]
+        env = dict(os.environ)
+        env.update(self.env)
+        self._log_file = open(self.log_path, "ab")
+        started = time.monotonic()
+        self.proc = subprocess.Popen([CONTAINERD, "--config", self.config_path], env=env,
+                                     stdin=subprocess.DEVNULL, stdout=self._log_file,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = started + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise ContainerdError(f"containerd exited with {self.proc.returncode} at start:\n{self.log_tail()}")
+            if os.path.exists(self.address):
+                r = self.ctr("version", check=False, timeout=10)
+                if r.returncode == 0:
+                    break
+            if time.monotonic() > deadline:
+                raise ContainerdError(f"containerd did not answer on {self.address} within {timeout}s:\n{self.log_tail()}")
+            time.sleep(0.02)
+        self.start_seconds = time.monotonic() - started
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                return b"\n".join(f.read().splitlines()[-n:]).decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    # -- ctr -----------------------------------------------------------------------
+    def ctr(self, *args: str, namespace: str | None = None, check: bool = True,
+            timeout: float = 60) -> subprocess.CompletedProcess:
+        cmd = [CTR, "-a", self.address]
+        if namespace:
+            self.namespaces.add(namespace)
+            cmd += ["-n", namespace]
+        r = subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout,
+                           stdin=subprocess.DEVNULL)
+        if check and r.returncode != 0:
+            raise ContainerdError(f"{' '.join(cmd + list(args))} failed ({r.returncode}):\n{r.stderr}{r.stdout}")
+        return r
+
+    def import_image(self, tar_path: str, namespace: str) -> None:
+        self.ctr("images", "import", tar_path, namespace=namespace)
+
+    def run(self, namespace: str, image: str, cid: str, args: list[str], *, runc_binary: str | None = None,
+            extra: list[str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+        """`ctr run --rm` with the runc root of this containerd, and the cgroup parent /<ns>
+        (ctr's default) recorded for cleanup."""
+        self.cgroup_parents.append("/" + namespace)
+        opts = ["run", "--rm", "--runc-root", self.runc_root, "--fifo-dir", os.path.join(self.base, "fifo")]
+        if runc_binary:
+            opts += ["--runc-binary", runc_binary]
+        return self.ctr(*opts, *(extra or []), image, cid, *args, namespace=namespace, check=False,
+                        timeout=timeout)
+
+    def before_stop(self, fn) -> None:
+        """Call `fn()` first thing in cleanup (e.g. remove CRI pods through CRI)."""
+        self._before_stop.append(fn)
+
+    # -- cleanup -------------------------------------------------------------------
+    def cleanup(self) -> list[str]:
+        """Remove everything this containerd made; returns what had to be forced (for the
+        curious: a clean test leaves it empty). Never raises."""
+        forced: list[str] = []
+        for fn in reversed(self._before_stop):
+            try:
+                fn()
+            except Exception as e:  # keep cleaning
+                forced.append(f"before_stop {fn!r}: {e}")
+        self._before_stop.clear()
+        if self.proc is not None and self.proc.poll() is None:
+            forced += self._delete_leftover_containers()
+        forced += self._stop_containerd()
+        forced += self._kill_shims()
+        forced += self._delete_runc_leftovers()
+        forced += self._remove_cgroups()
+        forced += self._unmount_all()
+        self._remove_run_dirs()
+        if self._log_file:
+            self._log_file.close()
+            self._log_file = None
+        for d in (self.root, self.state, os.path.join(self.base, "opt")):
+            shutil.rmtree(d, ignore_errors=True)
+        return forced
+
+    def _delete_leftover_containers(self) -> list[str]:
+        forced = []
+        r = self.ctr("namespaces", "ls", "-q", check=False, timeout=10)
+        namespaces = set(r.stdout.split()) if r.returncode == 0 else set()
+        for ns in sorted(namespaces | self.namespaces):
+            tasks = self.ctr("tasks", "ls", "-q", namespace=ns, check=False, timeout=10)
+            for tid in tasks.stdout.split() if tasks.returncode == 0 else ():
+                forced.append(f"task {ns}/{tid}")
+                self.ctr("tasks", "kill", "-a", "-s", "SIGKILL", tid, namespace=ns, check=False, timeout=10)
+                self.ctr("tasks", "delete", "-f", tid, namespace=ns, check=False, timeout=20)
+            containers = self.ctr("containers", "ls", "-q", namespace=ns, check=False, timeout=10)
+            for cid in containers.stdout.split() if containers.returncode == 0 else ():
+                if ns != CRI_NAMESPACE:
+                    forced.append(f"container {ns}/{cid}")
+                self.ctr("containers", "delete", cid, namespace=ns, check=False, timeout=20)
+        return forced
+
+    def _stop_containerd(self) -> list[str]:
+        if self.proc is None:
+            return []
+        forced = []
+        if self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                forced.append(f"containerd {self.proc.pid} killed")
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+            except ProcessLookupError:
+                pass
+        self.proc = None
+        return forced
+
+    def shim_pids(self) -> list[tuple[int, dict[str, str]]]:
+        """Shim processes started for this containerd: (pid, {flag: value})."""
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    argv = f.read().decode("utf-8", "replace").split("\0")
+            except OSError:
+                continue
+            if not argv or "containerd-shim" not in os.path.basename(argv[0]):
+                continue
+            flags = {}
+            for i, a in enumerate(argv[:-1]):
+                if a.startswith("-"):
+                    flags[a.lstrip("-")] = argv[i + 1]
+            if flags.get("address") == self.address:
+                found.append((int(entry), flags))
+        return found
+
+    def _kill_shims(self) -> list[str]:
+        forced = []
+        shims = self.shim_pids()
+        for pid, flags in shims:
+            forced.append(f"shim {pid} ({flags.get('namespace')}/{flags.get('id')})")
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 5
+        while shims and time.monotonic() < deadline and self.shim_pids():
+            time.sleep(0.02)
+        for _, flags in shims:  # a killed shim leaves its socket behind
+            key = os.path.join(self.address, flags.get("namespace", ""), flags.get("id", ""))
+            sock = os.path.join(SHIM_SOCKET_DIR, hashlib.sha256(key.encode()).hexdigest())
+            for p in (sock, sock + ".sock"):
+                try:
+                    os.unlink(p)
+                except OSError:
+                    pass
+        return forced
+
+    def _delete_runc_leftovers(self) -> list[str]:
+        forced = []
+        if not os.path.isdir(self.runc_root):
+            return forced
+        for ns in sorted(os.listdir(self.runc_root)):
+            root = os.path.join(self.runc_root, ns)
+            r = subprocess.run([RUNC, "--root", root, "list", "-q"], capture_output=True, text=True, timeout=20)
+            for cid in r.stdout.split():
+                forced.append(f"runc {ns}/{cid}")
+                subprocess.run([RUNC, "--root", root, "delete", "-f", cid], capture_output=True, timeout=20)
+        shutil.rmtree(self.runc_root, ignore_errors=True)
+        return forced
+
+    def _remove_cgroups(self) -> list[str]:
+        """rmdir each cgroup parent the test used, deepest first, in every hierarchy."""
+        forced = []
+        if not os.path.isdir(CGROUP_ROOT):
+            return forced
+        hierarchies = [os.path.join(CGROUP_ROOT, h) for h in os.listdir(CGROUP_ROOT)]
+        if os.path.exists(os.path.join(CGROUP_ROOT, "cgroup.controllers")):
+            hierarchies = [CGROUP_ROOT]  # pure v2
+        for parent in dict.fromkeys(self.cgroup_parents):
+            rel = parent.strip("/")
+            if not rel:
+                continue
+            for h in hierarchies:
+                top = os.path.join(h, rel)
+                if os.path.islink(h) or not os.path.isdir(top):
+                    continue
+                dirs = [dp for dp, _, _ in os.walk(top)]
+                for d in sorted(dirs, key=lambda p: p.count("/"), reverse=True):
+                    for _ in range(50):
+                        try:
+                            os.rmdir(d)
+                            break
+                        except FileNotFoundError:
+                            break
+                        except OSError:  # EBUSY while the last task is still exiting
+                            time.sleep(0.02)
+                    else:
+                        forced.append(f"cgroup {d} busy")
+        return forced
+
+    def _unmount_all(self) -> list[str]:
+        forced = []
+        prefix = self.base.rstrip("/") + "/"
+        libc = ctypes.CDLL(None, use_errno=True)
+        for _ in range(3):
+            points = []
+            with open("/proc/self/mountinfo") as f:
+                for line in f:
+                    mp = line.split()[4].encode().decode("unicode_escape")
+                    if mp.startswith(prefix):
+                        points.append(mp)
+            if not points:
+                break
+            for mp in sorted(set(points), key=lambda p: p.count("/"), reverse=True):
+                if libc.umount2(mp.encode(), 0) != 0:
+                    libc.umount2(mp.encode(), 2)  # MNT_DETACH
+                forced.append(f"mount {mp}")
+        return forced
+
+    def _remove_run_dirs(self) -> None:
+        """rmdir what of /run/containerd this containerd made, when empty: another
+        containerd's shims may use it, so only while no shim runs at all."""
+        if not self._made_run_dirs:
+            return
+        deadline = time.monotonic() + 3
+        while _any_shim_running():
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+        for d in self._made_run_dirs:  # deepest first
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+
+def _any_shim_running() -> bool:
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/comm") as f:
+                    if f.read().startswith("containerd-shim"):
+                        return True
+            except OSError:
+                continue
+    return False
+
+
+def leftovers(c: Containerd) -> dict[str, list[str]]:
+    """What of `c` is still on the machine after cleanup: for tests to assert it is nothing."""
+    out: dict[str, list[str]] = {"processes": [], "mounts": [], "cgroups": []}
+    out["processes"] = [f"shim {pid}" for pid, _ in c.shim_pids()]
+    prefix = c.base.rstrip("/") + "/"
+    with open("/proc/self/mountinfo") as f:
+        out["mounts"] = [line.split()[4] for line in f if line.split()[4].startswith(prefix)]
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            if argv and os.path.basename(argv[0]) == b"containerd" and c.config_path.encode() in argv:
+                out["processes"].append(f"containerd {entry}")
+    if os.path.isdir(CGROUP_ROOT):
+        for h in os.listdir(CGROUP_ROOT):
+            for parent in c.cgroup_parents:
+                p = os.path.join(CGROUP_ROOT, h, parent.strip("/"))
+                if parent.strip("/") and os.path.isdir(p) and not os.path.islink(os.path.join(CGROUP_ROOT, h)):
+                    out["cgroups"].append(p)
+    return {k: v for k, v in out.items() if v}
