@@ -11,7 +11,6 @@ changes, and a cache that cannot be written or read only costs the parse. `gpuho
 the same keys with a pydantic model (config_model.py) for humans.
 """
 
-from __future__ import annotations
 
 import os
 from .record import Record
@@ -20,17 +19,19 @@ DEFAULT_PATH = "/etc/gpuhook/config.toml"
 FAIL_MODES = ("open", "closed")
 
 
-class Config(Record, fields="runtime host_root log_file fail_mode ldconfig",
-                        defaults=(None, "/", "/var/log/gpuhook.log", "open", None)):
+class Config(Record, fields="runtime host_root log_file fail_mode ldconfig probe_cache_ttl",
+             defaults=(None, "/", "/var/log/gpuhook.log", "open", None, 10.0)):
     """runtime: the real OCI runtime, a name on PATH or a path (None: first of runc, crun).
     host_root: where the node's / is (tests and dry runs point it at a fake host).
     log_file: one JSON line per create ("" disables). fail_mode: open | closed.
-    ldconfig: the node's ldconfig for the ld-cache hook (None: found on the node)."""
+    ldconfig: the node's ldconfig for the ld-cache hook (None: found on the node).
+    probe_cache_ttl: seconds a probe result may be reused (probe/cache.py); 0 disables."""
 
     __slots__ = ()
 
 
-_TYPES = {"runtime": str, "host_root": str, "log_file": str, "fail_mode": str, "ldconfig": str}
+_TYPES = {"runtime": str, "host_root": str, "log_file": str, "fail_mode": str, "ldconfig": str,
+          "probe_cache_ttl": (int, float)}
 
 
 def config_path() -> str:
@@ -54,12 +55,15 @@ def from_dict(data: dict) -> tuple[Config, list[str]]:
         want = _TYPES.get(key)
         if want is None:
             errors.append(f"unknown key {key!r} ignored")
-        elif not isinstance(value, want):
-            errors.append(f"{key}: expected a string, got {type(value).__name__}; default used")
+        elif not isinstance(value, want) or isinstance(value, bool):
+            kind = "a string" if want is str else "a number"
+            errors.append(f"{key}: expected {kind}, got {type(value).__name__}; default used")
         else:
             values[key] = value
     if values.get("fail_mode", "open") not in FAIL_MODES:
         errors.append(f"fail_mode: {values.pop('fail_mode')!r} is not one of open, closed; 'open' used")
+    if values.get("probe_cache_ttl", 0) < 0:
+        errors.append(f"probe_cache_ttl: {values.pop('probe_cache_ttl')} is negative; default used")
     if "host_root" in values and not values["host_root"].startswith("/"):
         errors.append(f"host_root: {values.pop('host_root')!r} is not an absolute path; '/' used")
     return Config(**values), errors

@@ -5,7 +5,6 @@ generator writes them into a CDI document. Immutable records (see record.py
 for why not dataclasses).
 """
 
-from __future__ import annotations
 
 from .record import Record
 
@@ -61,7 +60,7 @@ class Edits(Record, fields="env device_nodes mounts hooks additional_gids",
     def __bool__(self) -> bool:
         return any(self)
 
-    def merge(self, other: Edits) -> Edits:
+    def merge(self, other: "Edits") -> "Edits":
         def union(a: tuple, b: tuple) -> tuple:
             return a + tuple(x for x in b if x not in a)
 

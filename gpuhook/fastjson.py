@@ -6,7 +6,6 @@ The stdlib `json` package compiles regular expressions at import, which pulls in
 json.loads / json.dumps(separators=(",", ":")) for the JSON that OCI specs hold.
 """
 
-from __future__ import annotations
 
 import _json
 

@@ -3,7 +3,6 @@
 Records (record.py), not dataclasses or namedtuples: these sit on the per-container path.
 """
 
-from __future__ import annotations
 
 from .record import Record
 
@@ -83,3 +82,25 @@ class Inventory(Record, fields="root vendors warnings", defaults=((),)):
             ],
             "warnings": list(self.warnings),
         }
+
+
+def inventory_from_dict(d: dict) -> Inventory:
+    """The inverse of Inventory.to_dict (for the probe cache); KeyError/TypeError on bad input."""
+    def nodes(items) -> tuple[Node, ...]:
+        return tuple(Node(**n) for n in items)
+
+    return Inventory(
+        d["root"],
+        tuple(
+            VendorInventory(
+                v["vendor"],
+                tuple(Device(**{**dev, "nodes": nodes(dev["nodes"])}) for dev in v["devices"]),
+                nodes(v["control_nodes"]),
+                tuple(Library(**lib) for lib in v["libraries"]),
+                tuple(v["binaries"]),
+                v["driver_version"],
+            )
+            for v in d["vendors"]
+        ),
+        tuple(d["warnings"]),
+    )

@@ -3,7 +3,6 @@
 The probe only reports and the spec editor only applies; this module decides.
 """
 
-from __future__ import annotations
 
 import os
 from .record import Record

@@ -8,10 +8,6 @@ every container start, so they are built from this one plain base class instead.
         __slots__ = ()
 """
 
-from __future__ import annotations
-
-from operator import itemgetter
-
 
 class Record(tuple):
     __slots__ = ()
@@ -26,7 +22,7 @@ class Record(tuple):
         cls._fields = names
         cls._defaults = dict(zip(names[len(names) - len(defaults):], defaults))
         for i, name in enumerate(names):
-            setattr(cls, name, property(itemgetter(i), doc=f"field {i}: {name}"))
+            setattr(cls, name, property(lambda self, _i=i: tuple.__getitem__(self, _i), doc=f"field {i}: {name}"))
 
     def __new__(cls, *args, **kwargs):
         fields = cls._fields

@@ -13,7 +13,6 @@ A failure anywhere in gpuhook is logged and the container starts unmodified (fai
 Nothing is ever printed on stdout, which belongs to the real runtime.
 """
 
-from __future__ import annotations
 
 import os
 import sys
@@ -121,7 +120,8 @@ def edit_bundle(bundle: str, config, out: Outcome) -> None:
     nothing to add. Raises on any problem; the caller applies the fail mode."""
     from . import fastjson
     from .plan import find_ldconfig, plan, request_from_spec
-    from .probe import probe
+    from .config import cache_dir
+    from .probe.cache import probe_cached
     from .spec import apply, write_atomic
 
     path = os.path.join(bundle, "config.json")
@@ -143,7 +143,7 @@ def edit_bundle(bundle: str, config, out: Outcome) -> None:
     if request.is_sandbox:
         out.decision = "sandbox"
         return
-    inventory = probe(config.host_root)
+    inventory = probe_cached(config.host_root, cache_dir(), config.probe_cache_ttl)
     out.warnings = list(inventory.warnings)
     edits = plan(inventory, request, config.ldconfig or find_ldconfig())
     if not edits:

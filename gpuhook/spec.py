@@ -6,7 +6,6 @@ gets both a `linux.devices` entry and a `linux.resources.devices` allow rule: ru
 node listed in linux.devices but does not let the container open it without the rule.
 """
 
-from __future__ import annotations
 
 import os
 

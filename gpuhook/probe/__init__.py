@@ -4,7 +4,6 @@ Probing never decides what a container gets (that is plan.py); it only reports.
 A vendor module that fails is reported as a warning: the probe itself never raises.
 """
 
-from __future__ import annotations
 
 from ..inventory import Inventory
 from .host import Host

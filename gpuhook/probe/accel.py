@@ -6,7 +6,6 @@ minor is N unless the `dev` file says otherwise. A node sysfs lists but /dev lac
 with present=False. id = PCI address when known, else the node name.
 """
 
-from __future__ import annotations
 
 from ..inventory import Device, VendorInventory
 from .common import char_majors, device_node, first_major, parse_dev, read_hex, uevent

@@ -15,7 +15,6 @@
   with every device; without it the GPUs are still reported, with a warning, and no control node.
 """
 
-from __future__ import annotations
 
 from ..inventory import Device, Node, VendorInventory
 from .common import char_majors, device_node, first_major

@@ -1,6 +1,5 @@
 """Readers shared by the vendor probes: /proc/devices, sysfs `dev` files, device nodes."""
 
-from __future__ import annotations
 
 import os
 import stat as _stat

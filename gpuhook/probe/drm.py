@@ -10,7 +10,6 @@ reported with present=False (runc creates it in the container).
 Connectors (card0-DP-1) and anything else in /sys/class/drm are ignored.
 """
 
-from __future__ import annotations
 
 from ..record import Record
 

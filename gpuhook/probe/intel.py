@@ -4,7 +4,6 @@ One device per PCI function: kind "gpu", id = PCI address, nodes = its card and 
 Intel has no control nodes.
 """
 
-from __future__ import annotations
 
 from ..inventory import Device, VendorInventory
 from .common import char_majors, first_major

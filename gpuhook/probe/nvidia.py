@@ -13,7 +13,6 @@ Control nodes are created lazily by the driver: one whose major is known is repo
 when the file is missing (runc creates it in the container from type/major/minor).
 """
 
-from __future__ import annotations
 
 from ..inventory import Device, Library, Node, VendorInventory
 from .common import char_majors, device_node, first_major, is_uint

@@ -1,0 +1,76 @@
+"""A short-lived cache of the probe's result, for the per-container path.
+
+Probing means importing the vendor modules and reading a few dozen host files: about a
+third of gpuhook's time on a GPU node. Containers start in bursts (a Deployment scaled up,
+a node rebooted) on a node whose GPUs did not change, so the Inventory is kept in
+/run/gpuhook (GPUHOOK_CACHE_DIR) and reused when both hold:
+
+- it is younger than `ttl` seconds (config `probe_cache_ttl`, default 10; 0 disables), and
+- nothing it was built from has changed: the inode, size and mtime of the directories
+  where device nodes appear and disappear (/dev, /dev/dri, /dev/accel, /sys/class/drm,
+  the KFD topology, /proc/driver/nvidia/gpus), of the host's ld.so.cache and library
+  directory (a driver upgrade), and the text of /proc/driver/nvidia/version.
+
+A node created lazily by the NVIDIA driver, a GPU appearing, or a driver upgrade thus
+invalidates it at once. A cache that cannot be read or written only costs a probe.
+"""
+
+
+import os
+import time
+
+from ..inventory import Inventory, inventory_from_dict
+
+WATCHED = ("/dev", "/dev/dri", "/dev/accel", "/dev/nvidia-caps", "/sys/class/drm", "/sys/class/accel",
+           "/sys/class/kfd/kfd/topology/nodes", "/proc/driver/nvidia/gpus", "/etc/ld.so.cache",
+           "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib/aarch64-linux-gnu", "/usr/lib/wsl/lib")
+VERSION_FILE = "/proc/driver/nvidia/version"
+
+
+def fingerprint(root: str) -> list:
+    base = "" if root == "/" else root.rstrip("/")
+    out: list = [root]
+    for path in WATCHED:
+        try:
+            st = os.stat(base + path)
+            out.append([st.st_ino, st.st_size, st.st_mtime_ns])
+        except OSError:
+            out.append(None)
+    try:
+        with open(base + VERSION_FILE, "rb") as f:
+            out.append(f.read(4096).decode("utf-8", "replace"))
+    except OSError:
+        out.append(None)
+    return out
+
+
+def _file(cache_dir: str, root: str) -> str:
+    return os.path.join(cache_dir, "inventory-" + root.replace("%", "%25").replace("/", "%2F") + ".json")
+
+
+def probe_cached(root: str, cache_dir: str, ttl: float) -> Inventory:
+    from . import probe
+
+    if ttl <= 0:
+        return probe(root)
+    from .. import fastjson
+
+    key = fingerprint(root)
+    path = _file(cache_dir, root)
+    try:
+        with open(path, "rb") as f:
+            record = fastjson.loads(f.read(1 << 22))
+        if record["fingerprint"] == key and 0 <= time.time() - record["time"] < ttl:
+            return inventory_from_dict(record["inventory"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    inv = probe(root)
+    try:
+        from ..spec import write_atomic
+
+        os.makedirs(cache_dir, mode=0o700, exist_ok=True)
+        data = fastjson.dumps({"fingerprint": key, "time": time.time(), "inventory": inv.to_dict()})
+        write_atomic(path, data.encode(), 0o600, sync_dir=False)
+    except (OSError, ValueError, TypeError):
+        pass
+    return inv

@@ -1,0 +1,71 @@
+"""The probe cache of the per-container path: reused only while nothing it read changed."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from gpuhook import fakehost
+from gpuhook.probe import cache
+
+
+def build(tmp_path, **kw):
+    fh = fakehost.FakeHost(str(tmp_path / "host"), mknod=False)
+    fakehost.nvidia(fh, libs=False, **kw)
+    return fh
+
+
+def cached(fh, tmp_path, ttl=10.0):
+    return cache.probe_cached(fh.root, str(tmp_path / "cache"), ttl)
+
+
+def test_hit_returns_the_same_inventory_without_probing(tmp_path, monkeypatch):
+    fh = build(tmp_path, gpus=2)
+    first = cached(fh, tmp_path)
+    import gpuhook.probe as probe_pkg
+
+    monkeypatch.setattr(probe_pkg, "probe", lambda root: (_ for _ in ()).throw(AssertionError("probed")))
+    assert cached(fh, tmp_path) == first
+
+
+def test_a_node_created_lazily_invalidates(tmp_path):
+    fh = build(tmp_path, gpus=1, uvm_node=False)
+    first = cached(fh, tmp_path)
+    assert not {n.path: n for n in first.vendor("nvidia").control_nodes}["/dev/nvidia-uvm"].present
+    time.sleep(0.01)
+    fh.chardev("/dev/nvidia-uvm", 510, 0)
+    again = cached(fh, tmp_path)
+    assert {n.path: n for n in again.vendor("nvidia").control_nodes}["/dev/nvidia-uvm"].present
+
+
+def test_driver_upgrade_invalidates(tmp_path):
+    fh = build(tmp_path, gpus=1, driver="550.54.14")
+    assert cached(fh, tmp_path).vendor("nvidia").driver_version == "550.54.14"
+    fakehost.nvidia(fh, gpus=1, driver="560.35.03", libs=False)
+    assert cached(fh, tmp_path).vendor("nvidia").driver_version == "560.35.03"
+
+
+def test_expired_or_disabled_or_corrupt_means_a_fresh_probe(tmp_path, monkeypatch):
+    fh = build(tmp_path, gpus=1)
+    cached(fh, tmp_path)
+    calls = []
+    import gpuhook.probe as probe_pkg
+
+    real = probe_pkg.probe
+    monkeypatch.setattr(probe_pkg, "probe", lambda root: calls.append(root) or real(root))
+    (path,) = [p for p in (tmp_path / "cache").iterdir()]
+    record = json.loads(path.read_text())
+    record["time"] -= 11
+    path.write_text(json.dumps(record))
+    cached(fh, tmp_path)                     # expired
+    cached(fh, tmp_path, ttl=0)              # disabled
+    path.write_text("{garbage")
+    cached(fh, tmp_path)                     # unreadable
+    assert len(calls) == 3
+
+
+def test_unwritable_cache_dir_still_probes(tmp_path):
+    fh = build(tmp_path, gpus=1)
+    (tmp_path / "cache").write_text("a file, not a directory")
+    assert len(cached(fh, tmp_path).devices) == 1
