@@ -218,6 +218,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("precreate", help="podman precreate hook: OCI spec on stdin, edited spec on stdout")
     sp.add_argument("--root", default=None, metavar="DIR", help="host root (default: the node config's host_root)")
     sp.set_defaults(func=cmd_precreate)
+    # Each feature package adds its own subcommands (module-level imports kept light).
+    from .install.cli import add_commands as add_install_commands
+    from .policy_cli import add_commands as add_policy_commands
+    from .agent_cli import add_commands as add_agent_commands
+
+    add_install_commands(sub)
+    add_policy_commands(sub)
+    add_agent_commands(sub)
     return p
 
 
