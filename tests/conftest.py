@@ -108,3 +108,88 @@ def runtime(tmp_path):
     yield make
     for rt in made:
         rt.cleanup()
+
+
+# -- containerd end-to-end (test_e2e_containerd.py, test_e2e_cri.py) ------------------------
+
+def containerd_skip_reason(cri: bool = False) -> str | None:
+    """Why the containerd tests cannot run here, in words; None when they can."""
+    import containerd_harness
+
+    if not is_root():
+        return "needs root (containerd, runc and mknod of GPU nodes)"
+    missing = containerd_harness.missing_tools()
+    if wrapper_path() is None:
+        missing.append("an installed gpuhook-runtime (make venv)")
+    if cri:
+        import cri_client
+
+        why = cri_client.available()
+        if why:
+            missing.append(why)
+    if missing:
+        return "missing: " + ", ".join(missing) + " (apt-get install containerd runc busybox-static; make venv)"
+    return None
+
+
+needs_containerd = pytest.mark.skipif(containerd_skip_reason() is not None,
+                                      reason=containerd_skip_reason() or "")
+needs_cri = pytest.mark.skipif(containerd_skip_reason(cri=True) is not None,
+                               reason=containerd_skip_reason(cri=True) or "")
+
+
+@pytest.fixture(scope="session")
+def busybox_image_tar(tmp_path_factory) -> str:
+    """An OCI image layout tar of a busybox-static image (containerd_harness.IMAGE_NAME)."""
+    import containerd_harness
+
+    path = str(tmp_path_factory.mktemp("image") / "busybox-oci.tar")
+    containerd_harness.build_busybox_image(path)
+    return path
+
+
+@pytest.fixture
+def containerd(tmp_path, busybox_image_tar):
+    """containerd(rt, namespace=..., cri=..., runtimes=...) -> a started harness Containerd
+    whose env carries the node config of `rt` (a conftest Runtime) to gpuhook-runtime, with
+    the busybox image imported into `namespace` (k8s.io when cri). config_path and
+    edit_config(path) let another tool change the written config.toml before containerd
+    starts (e.g. `gpuhook install --host-root H --runtime containerd` on
+    H/etc/containerd/config.toml). At teardown everything is cleaned up, and the test fails
+    if anything was left behind."""
+    import containerd_harness
+
+    made = []
+
+    def make(rt: Runtime, namespace: str = "gpuhook-test", cri: bool = False,
+             runtimes: dict | None = None, config_path: str | None = None,
+             edit_config=None) -> containerd_harness.Containerd:
+        env = {k: v for k, v in rt.env.items() if k.startswith("GPUHOOK_")}
+        c = containerd_harness.Containerd(str(tmp_path / f"ctd{len(made)}"), env=env, cri=cri,
+                                          runtimes=runtimes, config_path=config_path)
+        made.append(c)
+        c.write_config()
+        if edit_config:
+            edit_config(c.config_path)
+        c.start(write_config=False)
+        c.import_image(busybox_image_tar, containerd_harness.CRI_NAMESPACE if cri else namespace)
+        return c
+    yield make
+    left = {}
+    for c in made:
+        forced = c.cleanup()
+        if forced:  # cleaned up all the same, but the test did not end cleanly by itself
+            import warnings
+
+            warnings.warn(f"containerd cleanup had to force: {forced}")
+        if containerd_harness.leftovers(c):
+            left[c.base] = containerd_harness.leftovers(c)
+    assert not left, f"left behind: {left}"
+
+
+@pytest.fixture(scope="session")
+def cri_stubs(tmp_path_factory):
+    """(api_pb2, api_pb2_grpc) generated from tests/cri/api.proto for this session."""
+    import cri_client
+
+    return cri_client.generate(str(tmp_path_factory.mktemp("cri-stubs")))

@@ -34,8 +34,10 @@ CONTAINERD = "containerd"
 CTR = "ctr"
 RUNC = "runc"
 SHIM_SOCKET_DIR = "/run/containerd/s"  # containerd 1.6 puts every shim's socket there
-# Fixed paths outside the test's directory that containerd, its shims or ctr create
-RUN_DIRS = ("/run/containerd/s", "/run/containerd/fifo", "/run/containerd")
+# containerd, its shims and ctr make directories here whatever the config says (shim sockets,
+# ctr's fifos, and runc's state when a handler has no options.Root of its own)
+RUN_DIR = "/run/containerd"
+DEFAULT_RUNC_ROOT = "/run/containerd/runc"
 CGROUP_ROOT = "/sys/fs/cgroup"
 CRI_NAMESPACE = "k8s.io"
 IMAGE_NAME = "localhost/gpuhook/busybox:test"
@@ -51,7 +53,7 @@ DISABLED_PLUGINS = (
     "io.containerd.grpc.v1.cri",  # removed from this list when cri=True
 )
 APPLETS = ("sh", "ls", "cat", "grep", "env", "stat", "true", "echo", "sleep", "readlink", "head",
-           "wc", "id", "mount", "test", "[", "tr", "cut", "sed")
+           "wc", "id", "mount", "test", "[", "tr", "cut", "sed", "base64")
 
 
 def missing_tools() -> list[str]:
@@ -183,17 +185,20 @@ class Containerd:
 
     def __init__(self, base_dir: str, *, env: dict[str, str] | None = None, cri: bool = True,
                  runtimes: dict[str, dict] | None = None, sandbox_image: str = IMAGE_NAME,
-                 extra_toml: str = "", log_level: str = "info") -> None:
+                 extra_toml: str = "", log_level: str = "info", config_path: str | None = None) -> None:
         """runtimes: CRI handlers, name -> {"binary": path (options.BinaryName, optional),
         "pod_annotations": [...], "container_annotations": [...]} (all optional); a handler
-        "runc" with plain runc is always there and is the default."""
+        "runc" with plain runc is always there and is the default. extra_toml is appended
+        to the config. config_path: where config.toml goes (default: in base_dir); to let
+        another tool edit it (an installer adding a handler), call write_config(), run the
+        tool, then start(write_config=False)."""
         self.base = os.path.abspath(base_dir)
         self.root = os.path.join(self.base, "root")
         self.state = os.path.join(self.base, "state")
         self.address = os.path.join(self.base, "containerd.sock")
         self.ttrpc_address = self.address + ".ttrpc"
         self.runc_root = os.path.join(self.base, "runc")  # the shims' options.Root
-        self.config_path = os.path.join(self.base, "config.toml")
+        self.config_path = config_path or os.path.join(self.base, "config.toml")
         self.log_path = os.path.join(self.base, "containerd.log")
         self.env = dict(env or {})
         self.cri = cri
@@ -206,7 +211,7 @@ class Containerd:
         self.cgroup_parents: list[str] = []  # cgroup paths (e.g. "/gpuhook-test-ab12") to remove
         self._before_stop: list = []
         self._log_file = None
-        self._made_run_dirs: list[str] = []
+        self._made_run_dir = False
         self.start_seconds: float | None = None
 
     # -- config ------------------------------------------------------------------
@@ -275,13 +280,19 @@ class Containerd:
     def __exit__(self, *exc) -> None:
         self.cleanup()
 
-    def start(self, timeout: float = 30) -> None:
+    def write_config(self) -> str:
+        os.makedirs(os.path.dirname(self.config_path), exist_ok=True)
+        with open(self.config_path, "w") as f:
+            f.write(self.config_toml())
+        return self.config_path
+
+    def start(self, timeout: float = 30, write_config: bool = True) -> None:
         for d in (self.base, self.root, self.state, os.path.join(self.base, "cni", "bin"),
                   os.path.join(self.base, "cni", "net.d")):
             os.makedirs(d, exist_ok=True)
-        with open(self.config_path, "w") as f:
-            f.write(self.config_toml())
-        self._made_run_dirs = [d for d in RUN_DIRS if not os.path.isdir(d)]
+        if write_config:
+            self.write_config()
+        self._made_run_dir = not os.path.isdir(RUN_DIR)
         env = dict(os.environ)
         env.update(self.env)
         self._log_file = open(self.log_path, "ab")
@@ -358,7 +369,7 @@ class Containerd:
         forced += self._delete_runc_leftovers()
         forced += self._remove_cgroups()
         forced += self._unmount_all()
-        self._remove_run_dirs()
+        forced += self._remove_run_dirs()
         if self._log_file:
             self._log_file.close()
             self._log_file = None
@@ -444,33 +455,43 @@ class Containerd:
         return forced
 
     def _delete_runc_leftovers(self) -> list[str]:
+        """`runc delete -f` every container left whose bundle is in this containerd's state
+        directory: in its own runc root, and in the shared default root (a handler with no
+        options.Root, as an installer writes it)."""
         forced = []
-        if not os.path.isdir(self.runc_root):
-            return forced
-        for ns in sorted(os.listdir(self.runc_root)):
-            root = os.path.join(self.runc_root, ns)
-            r = subprocess.run([RUNC, "--root", root, "list", "-q"], capture_output=True, text=True, timeout=20)
-            for cid in r.stdout.split():
-                forced.append(f"runc {ns}/{cid}")
-                subprocess.run([RUNC, "--root", root, "delete", "-f", cid], capture_output=True, timeout=20)
+        for root, cid in self.runc_containers():
+            forced.append(f"runc {root} {cid}")
+            subprocess.run([RUNC, "--root", root, "delete", "-f", cid], capture_output=True, timeout=20)
         shutil.rmtree(self.runc_root, ignore_errors=True)
         return forced
+
+    def runc_containers(self) -> list[tuple[str, str]]:
+        """(runc root, id) of every runc container whose bundle is in this containerd's state."""
+        found = []
+        prefix = self.state.rstrip("/") + "/"
+        for top in (self.runc_root, DEFAULT_RUNC_ROOT):
+            for ns in sorted(os.listdir(top)) if os.path.isdir(top) else ():
+                root = os.path.join(top, ns)
+                r = subprocess.run([RUNC, "--root", root, "list", "--format", "json"], capture_output=True,
+                                   text=True, timeout=20)
+                try:
+                    listed = json.loads(r.stdout or "null") or []
+                except ValueError:
+                    listed = []
+                found += [(root, item["id"]) for item in listed
+                          if str(item.get("bundle", "")).startswith(prefix) and item.get("id")]
+        return found
 
     def _remove_cgroups(self) -> list[str]:
         """rmdir each cgroup parent the test used, deepest first, in every hierarchy."""
         forced = []
-        if not os.path.isdir(CGROUP_ROOT):
-            return forced
-        hierarchies = [os.path.join(CGROUP_ROOT, h) for h in os.listdir(CGROUP_ROOT)]
-        if os.path.exists(os.path.join(CGROUP_ROOT, "cgroup.controllers")):
-            hierarchies = [CGROUP_ROOT]  # pure v2
         for parent in dict.fromkeys(self.cgroup_parents):
             rel = parent.strip("/")
             if not rel:
                 continue
-            for h in hierarchies:
+            for h in _cgroup_hierarchies():
                 top = os.path.join(h, rel)
-                if os.path.islink(h) or not os.path.isdir(top):
+                if not os.path.isdir(top):
                     continue
                 dirs = [dp for dp, _, _ in os.walk(top)]
                 for d in sorted(dirs, key=lambda p: p.count("/"), reverse=True):
@@ -505,32 +526,49 @@ class Containerd:
                 forced.append(f"mount {mp}")
         return forced
 
-    def _remove_run_dirs(self) -> None:
-        """rmdir what of /run/containerd this containerd made, when empty: another
-        containerd's shims may use it, so only while no shim runs at all."""
-        if not self._made_run_dirs:
-            return
+    def _remove_run_dirs(self) -> list[str]:
+        """rmdir the empty directories of /run/containerd when this containerd made it:
+        another containerd's shims may use it, so only while no shim runs at all."""
+        if not self._made_run_dir or not os.path.isdir(RUN_DIR):
+            return []
         deadline = time.monotonic() + 3
-        while _any_shim_running():
+        while (other := _any_shim_running()):
             if time.monotonic() > deadline:
-                return
+                return [f"{RUN_DIR} kept: a shim runs ({other})"]
             time.sleep(0.05)
-        for d in self._made_run_dirs:  # deepest first
+        for dirpath, _, _ in sorted(os.walk(RUN_DIR), key=lambda w: w[0].count("/"), reverse=True):
             try:
-                os.rmdir(d)
+                os.rmdir(dirpath)
             except OSError:
                 pass
+        return [f"{RUN_DIR} kept: not empty"] if os.path.isdir(RUN_DIR) else []
 
-def _any_shim_running() -> bool:
+
+def _cgroup_hierarchies() -> list[str]:
+    """The mounted cgroup hierarchies: each v1 controller's (and the hybrid's unified and
+    name=systemd), or the one root of a pure v2 host."""
+    if not os.path.isdir(CGROUP_ROOT):
+        return []
+    if os.path.exists(os.path.join(CGROUP_ROOT, "cgroup.controllers")):
+        return [CGROUP_ROOT]
+    return [os.path.join(CGROUP_ROOT, h) for h in sorted(os.listdir(CGROUP_ROOT))
+            if os.path.isdir(os.path.join(CGROUP_ROOT, h)) and not os.path.islink(os.path.join(CGROUP_ROOT, h))]
+
+
+def _any_shim_running() -> str:
+    """A containerd shim alive ("pid comm state"; "" when none); a zombie waiting for init
+    to reap it does not count."""
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                with open(f"/proc/{entry}/comm") as f:
-                    if f.read().startswith("containerd-shim"):
-                        return True
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
             except OSError:
                 continue
-    return False
+            comm, _, rest = stat.partition("(")[2].rpartition(")")
+            if comm.startswith("containerd-shim") and rest.split()[0] != "Z":
+                return f"{entry} {comm} {rest.split()[0]}"
+    return ""
 
 
 def leftovers(c: Containerd) -> dict[str, list[str]]:
@@ -549,10 +587,10 @@ def leftovers(c: Containerd) -> dict[str, list[str]]:
                 continue
             if argv and os.path.basename(argv[0]) == b"containerd" and c.config_path.encode() in argv:
                 out["processes"].append(f"containerd {entry}")
-    if os.path.isdir(CGROUP_ROOT):
-        for h in os.listdir(CGROUP_ROOT):
-            for parent in c.cgroup_parents:
-                p = os.path.join(CGROUP_ROOT, h, parent.strip("/"))
-                if parent.strip("/") and os.path.isdir(p) and not os.path.islink(os.path.join(CGROUP_ROOT, h)):
-                    out["cgroups"].append(p)
+    out["processes"] += [f"runc container {root} {cid}" for root, cid in c.runc_containers()]
+    for h in _cgroup_hierarchies():
+        for parent in dict.fromkeys(c.cgroup_parents):
+            p = os.path.join(h, parent.strip("/"))
+            if parent.strip("/") and os.path.isdir(p):
+                out["cgroups"].append(p)
     return {k: v for k, v in out.items() if v}

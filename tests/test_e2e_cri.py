@@ -1,0 +1,175 @@
+"""Play kubelet: CRI v1 over gRPC against a real containerd whose `gpu-optional` runtime handler
+runs gpuhook-runtime, on a fake 8-GPU NVIDIA host (root).
+
+The handler is written into the harness's config.toml here; the installer (`gpuhook install
+--runtime containerd`) is to produce the same section.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+
+import pytest
+
+from conftest import needs_cri, wrapper_path
+from containerd_harness import CRI_NAMESPACE, IMAGE_NAME
+
+pytestmark = needs_cri
+
+HANDLER = "gpu-optional"
+LIBDIR = "/usr/lib/x86_64-linux-gnu"
+SHOW = ("for n in /dev/nvidia*; do [ -e $n ] && stat -c 'node %n %t:%T %F' $n; done; "
+        "env | grep -E '^(GPUHOOK_|POD_)' | sort; echo accel=${GPUHOOK_ACCELERATOR:-none}; "
+        "cat /dev/nvidia0 >/dev/null 2>/tmp/err && echo open ok || echo open: $(cat /tmp/err); "
+        "grep -E 'libcuda' /proc/self/mountinfo | while read a b c d e f g; do echo mount $e $f; done; "
+        "grep -c libcuda.so.1 /etc/ld.so.cache 2>/dev/null || echo ldcache-none; true")
+
+
+def nodes_of(out: str) -> dict[str, tuple[int, int]]:
+    found = {}
+    for line in out.splitlines():
+        if line.startswith("node "):
+            _, path, nums, *_ = line.split()
+            major, minor = (int(x, 16) for x in nums.split(":"))
+            found[path] = (major, minor)
+    return found
+
+
+class Kubelet:
+    """Just enough of kubelet: pods with host network, each in a cgroup parent of its own,
+    containers whose output goes to CRI log files that this class reads back."""
+
+    def __init__(self, ctd, client, tmp_path) -> None:
+        self.ctd = ctd
+        self.cri = client
+        self.logs = tmp_path / "pod-logs"
+
+    def run_pod(self, name: str, handler: str = HANDLER, annotations: dict | None = None):
+        cgroup_parent = f"/gpuhook-test-{uuid.uuid4().hex[:12]}"
+        self.ctd.cgroup_parents.append(cgroup_parent)
+        log_dir = self.logs / name
+        log_dir.mkdir(parents=True, exist_ok=True)
+        config = self.cri.sandbox_config(name, log_directory=str(log_dir), cgroup_parent=cgroup_parent,
+                                         annotations=annotations)
+        return self.cri.run_pod_sandbox(config, handler), config
+
+    def run_to_completion(self, pod_id: str, config, name: str, script: str, timeout: float = 30):
+        """Create, start and wait for a container; (its ContainerStatus, its output)."""
+        cid = self.cri.create_container(pod_id, config, name, IMAGE_NAME, command=["sh", "-c", script],
+                                        log_path=f"{name}/0.log", env={"POD_CONTAINER": name})
+        self.cri.start_container(cid)
+        status = self.cri.wait_exited(cid, timeout)
+        return status, self.read_log(status.log_path)
+
+    def read_log(self, path: str) -> str:
+        """A CRI log file: `<time> <stream> <P|F> <text>` lines; the text, joined back."""
+        out = []
+        with open(path) as f:
+            for line in f:
+                ts, stream, tag, text = (line.rstrip("\n").split(" ", 3) + [""])[:4]
+                out.append(text if tag == "F" else text + "\0")
+        return "\n".join(out).replace("\0\n", "")
+
+    def bundle_spec(self, cid: str) -> dict:
+        path = os.path.join(self.ctd.state, "io.containerd.runtime.v2.task", CRI_NAMESPACE, cid, "config.json")
+        with open(path) as f:
+            return json.load(f)
+
+
+@pytest.fixture
+def kubelet(make_host, runtime, containerd, cri_stubs, tmp_path):
+    import cri_client
+
+    rt = runtime(make_host("nvidia", mknod=True))
+    ctd = containerd(rt, cri=True, runtimes={HANDLER: {"binary": wrapper_path(),
+                                                       "pod_annotations": ["gpuhook.dev/*"]}})
+    client = cri_client.CRIClient(ctd.address, cri_stubs)
+    ctd.before_stop(client.close)
+    ctd.before_stop(client.remove_all)  # runs first: pods go through CRI, as kubelet does it
+    client.wait_image(IMAGE_NAME)
+    k = Kubelet(ctd, client, tmp_path)
+    k.rt = rt
+    return k
+
+
+def records(rt, cid: str) -> list[dict]:
+    return [rec for rec in rt.log_records() if rec["container_id"] == cid]
+
+
+def test_gpu_optional_pod_gets_the_hosts_gpus(kubelet):
+    pod_id, config = kubelet.run_pod("gpu-pod")
+    status, out = kubelet.run_to_completion(pod_id, config, "app", SHOW)
+    assert status.exit_code == 0, out
+    nodes = nodes_of(out)
+    for minor in range(8):
+        assert nodes[f"/dev/nvidia{minor}"] == (195, minor)
+    assert nodes["/dev/nvidiactl"] == (195, 255)
+    assert "open: cat: can't open '/dev/nvidia0': No such device or address" in out
+    assert "accel=nvidia" in out and "POD_CONTAINER=app" in out
+    mounts = [line.split()[1:] for line in out.splitlines() if line.startswith("mount ")]
+    assert [m[0] for m in mounts] == [f"{LIBDIR}/libcuda.so.550.54.14"]
+    assert mounts[0][1].split(",")[0] == "ro"
+    assert "ldcache-none" not in out and int(out.strip().splitlines()[-1]) >= 1  # hook wrote the cache
+    rec = records(kubelet.rt, status.id)
+    assert [r["decision"] for r in rec] == ["injected"]
+    # the pause container went through the handler too, and was left exactly alone
+    assert [r["decision"] for r in records(kubelet.rt, pod_id)] == ["sandbox"]
+    sandbox = kubelet.bundle_spec(pod_id)
+    assert sandbox["annotations"]["io.kubernetes.cri.container-type"] == "sandbox"
+    assert not any(e.startswith("GPUHOOK_") for e in sandbox["process"]["env"])
+    assert not any("nvidia" in d.get("path", "") for d in sandbox["linux"].get("devices") or [])
+    assert "hooks" not in sandbox or not sandbox["hooks"].get("createContainer")
+    # exec goes through the wrapper too (runc exec), into a container that has the GPUs
+    sleeper = kubelet.cri.create_container(pod_id, config, "sleeper", IMAGE_NAME,
+                                           command=["sleep", "600"], log_path="sleeper/0.log")
+    kubelet.cri.start_container(sleeper)
+    # (an exec'd process gets containerd's own copy of process.env, not the edited config.json:
+    # the container's init has GPUHOOK_ACCELERATOR, the exec'd shell does not)
+    r = kubelet.cri.exec_sync(sleeper, ["sh", "-c", "stat -c '%t:%T' /dev/nvidia7; "
+                                        "tr '\\0' '\\n' </proc/1/environ | grep ^GPUHOOK_ACCELERATOR="])
+    assert r.exit_code == 0 and r.stdout.decode().split() == ["c3:7", "GPUHOOK_ACCELERATOR=nvidia"], r
+    assert [r["decision"] for r in records(kubelet.rt, sleeper)] == ["injected"]
+
+
+def test_inject_false_annotation_gets_nothing(kubelet):
+    pod_id, config = kubelet.run_pod("no-gpu-pod", annotations={"gpuhook.dev/inject": "false",
+                                                                 "other.example/ignored": "x"})
+    status, out = kubelet.run_to_completion(pod_id, config, "app", SHOW)
+    assert status.exit_code == 0, out
+    assert nodes_of(out) == {}
+    assert "accel=none" in out and "GPUHOOK_" not in out and "mount " not in out
+    assert "open: cat: can't open '/dev/nvidia0': No such file or directory" in out
+    assert "ldcache-none" in out
+    assert [r["decision"] for r in records(kubelet.rt, status.id)] == ["declined"]
+    # pod_annotations = ["gpuhook.dev/*"] passed the opt-out, and only it, to the containers'
+    # config.json; gpuhook left it as containerd wrote it (read from a running container's bundle)
+    sleeper = kubelet.cri.create_container(pod_id, config, "sleeper", IMAGE_NAME,
+                                           command=["sleep", "600"], log_path="sleeper/0.log")
+    kubelet.cri.start_container(sleeper)
+    for cid in (pod_id, sleeper):
+        spec = kubelet.bundle_spec(cid)
+        assert spec["annotations"]["gpuhook.dev/inject"] == "false"
+        assert "other.example/ignored" not in spec["annotations"]
+        assert not any(e.startswith("GPUHOOK_") for e in spec["process"]["env"])
+        assert not any("nvidia" in d.get("path", "") for d in spec["linux"].get("devices") or [])
+    assert [r["decision"] for r in records(kubelet.rt, sleeper)] == ["declined"]
+
+
+def test_default_handler_does_not_go_through_gpuhook(kubelet):
+    pod_id, config = kubelet.run_pod("plain-pod", handler="")
+    status, out = kubelet.run_to_completion(pod_id, config, "app", SHOW)
+    assert status.exit_code == 0, out
+    assert nodes_of(out) == {} and "accel=none" in out
+    assert kubelet.rt.log_records() == []
+
+
+def test_unconfigured_handler_is_refused(kubelet):
+    import grpc
+
+    with pytest.raises(grpc.RpcError) as e:
+        kubelet.run_pod("lost-pod", handler="no-such-handler")
+    assert e.value.code() == grpc.StatusCode.UNKNOWN
+    assert 'no runtime for "no-such-handler" is configured' in e.value.details()
+    assert kubelet.cri.list_pod_sandbox() == []
