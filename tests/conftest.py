@@ -17,6 +17,17 @@ from gpuhook import bundle, fakehost  # noqa: E402
 FIXTURES = os.path.join(REPO, "tests", "fixtures")
 
 
+def nodes_of(out: str) -> dict[str, tuple[int, int]]:
+    """Lines "node PATH MAJOR:MINOR(hex) TYPE" (busybox stat -c '%n %t:%T %F') -> {path: (major, minor)}."""
+    found = {}
+    for line in out.splitlines():
+        if line.startswith("node "):
+            _, path, nums, *_ = line.split()
+            major, minor = (int(x, 16) for x in nums.split(":"))
+            found[path] = (major, minor)
+    return found
+
+
 def is_root() -> bool:
     return os.geteuid() == 0
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import os
 
-from conftest import needs_containerd, wrapper_path
+from conftest import needs_containerd, nodes_of, wrapper_path
 from containerd_harness import IMAGE_NAME
 from gpuhook.probe import ldcache
 
@@ -21,16 +21,6 @@ SHOW = ("for n in /dev/nvidia*; do [ -e $n ] && stat -c 'node %n %t:%T %F' $n; d
         "grep -E 'libcuda|libnvidia-ml' /proc/self/mountinfo | while read a b c d e f g; do echo mount $e $f; done; "
         "if [ -e /etc/ld.so.cache ]; then echo ldcache-begin; base64 /etc/ld.so.cache; echo ldcache-end; "
         "else echo ldcache-none; fi; true")
-
-
-def nodes_of(out: str) -> dict[str, tuple[int, int]]:
-    found = {}
-    for line in out.splitlines():
-        if line.startswith("node "):
-            _, path, nums, *_ = line.split()
-            major, minor = (int(x, 16) for x in nums.split(":"))
-            found[path] = (major, minor)
-    return found
 
 
 def ld_cache_of(out: str) -> dict[str, str] | None:

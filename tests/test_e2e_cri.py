@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from conftest import needs_cri, wrapper_path
+from conftest import needs_cri, nodes_of, wrapper_path
 from containerd_harness import CRI_NAMESPACE, IMAGE_NAME
 
 pytestmark = needs_cri
@@ -25,16 +25,6 @@ SHOW = ("for n in /dev/nvidia*; do [ -e $n ] && stat -c 'node %n %t:%T %F' $n; d
         "cat /dev/nvidia0 >/dev/null 2>/tmp/err && echo open ok || echo open: $(cat /tmp/err); "
         "grep -E 'libcuda' /proc/self/mountinfo | while read a b c d e f g; do echo mount $e $f; done; "
         "grep -c libcuda.so.1 /etc/ld.so.cache 2>/dev/null || echo ldcache-none; true")
-
-
-def nodes_of(out: str) -> dict[str, tuple[int, int]]:
-    found = {}
-    for line in out.splitlines():
-        if line.startswith("node "):
-            _, path, nums, *_ = line.split()
-            major, minor = (int(x, 16) for x in nums.split(":"))
-            found[path] = (major, minor)
-    return found
 
 
 class Kubelet:

@@ -6,7 +6,7 @@ import hashlib
 import json
 import os
 
-from conftest import needs_runc
+from conftest import needs_runc, nodes_of
 from gpuhook import fakehost
 from gpuhook.probe import ldcache
 
@@ -17,16 +17,6 @@ SHOW = ("for n in /dev/nvidia* /dev/kfd /dev/dri/*; do [ -e $n ] && stat -c 'nod
         "for n in /dev/nvidia0 /dev/kfd /dev/dri/renderD128; do [ -e $n ] && { cat $n >/dev/null 2>/tmp/err; echo open $n: $(cat /tmp/err); }; done; "
         "grep -E 'libcuda|libnvidia-ml' /proc/self/mountinfo | while read a b c d e f g; do echo mount $e $f; done; "
         "grep -c libcuda.so.1 /etc/ld.so.cache; true")
-
-
-def nodes_of(out: str) -> dict[str, tuple[int, int]]:
-    found = {}
-    for line in out.splitlines():
-        if line.startswith("node "):
-            _, path, nums, *_ = line.split()
-            major, minor = (int(x, 16) for x in nums.split(":"))
-            found[path] = (major, minor)
-    return found
 
 
 def test_nvidia_8_gpus(make_host, runtime):
