@@ -1,0 +1,18 @@
+"""`gpuhook install` / `gpuhook uninstall`: put gpuhook on a node and register the
+`gpu-optional` runtime handler with the node's container runtime.
+
+    core.py        the two commands: what is written where, the backup and state file
+    containerd.py  containerd's config.toml (version 2 and 3), edited in place with tomlkit
+    crio.py        CRI-O's drop-in, /etc/crio/crio.conf.d/99-gpuhook.toml
+    files.py       atomic writes, the host bundle copy (/opt/gpuhook), the state file
+    restart.py     making the runtime load its new config: SIGTERM + supervisor, systemctl
+    build.py       builds the host bundle (packaging/build-bundle.sh runs it)
+    cli.py         argparse wiring
+
+Every path the installer writes is under --host-root; every path it writes *into* a config
+file (the handler's binary) is the host's own view of it, without the host root.
+"""
+
+
+class InstallError(Exception):
+    """Something about the node that stops the install: one clear line for the operator."""

@@ -1,0 +1,225 @@
+"""Build the host bundle: gpuhook for a node that has no Python (packaging/build-bundle.sh).
+
+A relocatable copy of the interpreter this runs on, its stdlib, gpuhook and gpuhook's
+dependencies, and every shared library they load, glibc's dynamic loader and libc included:
+
+    bin/gpuhook-runtime      the sh front (containerd's BinaryName, CRI-O's runtime_path)
+    bin/python3              sh: the bundled loader runs the bundled interpreter
+    bin/gpuhook              sh: the gpuhook CLI (install, uninstall, probe...)
+    libexec/python3          the interpreter (ELF)
+    lib/ld-linux-*.so.*, lib/libc.so.6, ...
+    lib/python3.X/           the stdlib (no tests, tkinter, idle...) and lib-dynload
+    lib/python3.X/site-packages/   gpuhook and its dependencies
+    gpuhook-bundle.json      what was built, and every file (install copies exactly these)
+
+bin/python3 starts the interpreter through the bundled loader (`ld.so --library-path`), so
+nothing is taken from the host's libc: the bundle runs on any Linux of its architecture
+whatever its glibc version, and the library path does not leak into the runtime that
+gpuhook-runtime execs next. Python finds its stdlib next to itself (lib/python3.X/os.py above
+libexec/), so the bundle can live anywhere; it is installed as /opt/gpuhook.
+
+The sh front finds it unchanged: it runs `$here/python3` and puts
+`$here/../lib/python3*/site-packages` first on sys.path. Modules are compiled ahead
+(unchecked-hash .pyc): a container create never compiles, and copying keeps them valid.
+"""
+
+from __future__ import annotations
+
+import compileall
+import json
+import os
+import platform
+import py_compile
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tomllib
+from importlib import metadata
+
+import gpuhook
+
+PY = f"python{sys.version_info.major}.{sys.version_info.minor}"
+# stdlib parts a node never needs (and the static libpython, 25 MB on Debian)
+SKIP_STDLIB = {"test", "idlelib", "tkinter", "turtledemo", "turtle.py", "lib2to3", "ensurepip",
+               "distutils", "pydoc_data", "site-packages", "dist-packages", "__pycache__",
+               "sitecustomize.py", "venv", "sqlite3", "curses", "dbm"}
+SKIP_STDLIB_PREFIX = ("config-",)
+# extension modules left out: tests, and those that pull big libraries gpuhook never uses
+SKIP_DYNLOAD = re.compile(r"^(_test|_xxtest|xxlimited|_ctypes_test|_tkinter|_sqlite3|readline|_curses"
+                          r"|_dbm|_gdbm|nis|ossaudiodev|_ssl|_hashlib|_crypt)")
+
+PYTHON_SH = """#!/bin/sh
+# The bundled Python, run by the bundled dynamic loader and libc: nothing comes from the host.
+here=${{0%/*}}
+exec "$here/../lib/{loader}" --library-path "$here/../lib" "$here/../libexec/python3" "$@"
+"""
+
+GPUHOOK_SH = """#!/bin/sh
+# gpuhook's CLI from the bundle (no Python needed on the host).
+here=$(dirname "$(readlink -f "$0")")
+exec "$here/python3" -I -S -c 'import sys; sys.path.insert(0, sys.argv.pop(1)); from gpuhook.cli import main; sys.exit(main())' \\
+    "$here/../lib/{py}/site-packages" "$@"
+"""
+
+
+def _libs(paths: list[str]) -> tuple[dict[str, str], str]:
+    """({soname: path} of every shared library `paths` need, the loader's file name), by ldd."""
+    libs: dict[str, str] = {}
+    loader = None
+    for p in paths:
+        out = subprocess.run(["ldd", p], capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            line = line.strip()
+            m = re.match(r"(\S+) => (/\S+) \(", line)
+            if m:
+                libs[m.group(1)] = m.group(2)
+            elif line.startswith("/") and "=>" not in line:  # the dynamic loader itself
+                path = line.split()[0]
+                loader = os.path.basename(path)
+                libs[loader] = path
+            elif "not found" in line:
+                raise SystemExit(f"build-bundle: {p} needs {line.split()[0]}, which is not on this machine")
+    if loader is None:
+        raise SystemExit("build-bundle: the interpreter is not dynamically linked; this builder needs ldd's view of it")
+    return libs, loader
+
+
+def _requirements(root: str) -> list[str]:
+    """gpuhook's dependencies, from pyproject.toml next to the package (else its metadata)."""
+    pyproject = os.path.join(root, "pyproject.toml")
+    if os.path.exists(pyproject):
+        with open(pyproject, "rb") as f:
+            return list(tomllib.load(f)["project"].get("dependencies", []))
+    return [r for r in metadata.requires("gpuhook") or [] if "extra ==" not in r]
+
+
+def _wanted(req: str) -> str | None:
+    """The distribution a requirement names, or None when its marker excludes this Python."""
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:
+        name, _, marker = req.partition(";")
+        if "extra" in marker:
+            return None
+        return re.split(r"[<>=!~\[ (]", name.strip(), 1)[0]
+    r = Requirement(req)
+    if r.marker is not None and not r.marker.evaluate({"extra": ""}):
+        return None
+    return r.name
+
+
+def _distributions(reqs: list[str]) -> list[metadata.Distribution]:
+    seen: dict[str, metadata.Distribution] = {}
+    todo = [n for n in map(_wanted, reqs) if n]
+    while todo:
+        name = todo.pop()
+        key = re.sub(r"[-_.]+", "-", name).lower()
+        if key in seen:
+            continue
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            raise SystemExit(f"build-bundle: {name} (a gpuhook dependency) is not installed for {sys.executable}") from None
+        seen[key] = dist
+        todo.extend(n for n in map(_wanted, dist.requires or []) if n)
+    return list(seen.values())
+
+
+def _copy_tree(src: str, dst: str, skip) -> None:
+    for dirpath, dirnames, filenames in os.walk(src):
+        rel = os.path.relpath(dirpath, src)
+        dirnames[:] = [d for d in dirnames if not skip(d)]
+        os.makedirs(os.path.join(dst, rel), exist_ok=True)
+        for name in filenames:
+            s = os.path.join(dirpath, name)
+            if skip(name) or not os.path.exists(s):  # dangling links (Debian's sitecustomize)
+                continue
+            shutil.copy2(s, os.path.join(dst, rel, name))
+
+
+def build(out: str) -> dict:
+    if os.path.exists(out):
+        shutil.rmtree(out)
+    pkg = os.path.dirname(os.path.abspath(gpuhook.__file__))
+    repo = os.path.dirname(pkg)
+    exe = os.path.realpath(sys._base_executable if hasattr(sys, "_base_executable") else sys.executable)
+    stdlib = sysconfig.get_paths()["stdlib"]
+    dynload = sysconfig.get_config_var("DESTSHARED") or os.path.join(stdlib, "lib-dynload")
+    lib = os.path.join(out, "lib")
+    pylib = os.path.join(lib, PY)
+    site = os.path.join(pylib, "site-packages")
+
+    # the stdlib, then gpuhook (from this source tree) and its dependencies (from this Python)
+    _copy_tree(stdlib, pylib, lambda n: n in SKIP_STDLIB or n.startswith(SKIP_STDLIB_PREFIX)
+               or n == "lib-dynload" or n.endswith((".pyc", ".pyo")))
+    os.makedirs(os.path.join(pylib, "lib-dynload"), exist_ok=True)
+    for name in sorted(os.listdir(dynload)):
+        if name.endswith(".so") and not SKIP_DYNLOAD.match(name):
+            shutil.copy2(os.path.join(dynload, name), os.path.join(pylib, "lib-dynload", name))
+    _copy_tree(pkg, os.path.join(site, "gpuhook"), lambda n: n == "__pycache__" or n.endswith(".pyc"))
+    dists = _distributions(_requirements(repo))
+    for dist in dists:
+        for f in dist.files or []:
+            if f.parts[0] == ".." or "__pycache__" in f.parts or f.name.endswith(".pyc") \
+                    or f.parts[0].startswith("gpuhook"):
+                continue
+            src = str(dist.locate_file(f))
+            if os.path.isfile(src):
+                os.makedirs(os.path.join(site, os.path.dirname(str(f))), exist_ok=True)
+                shutil.copy2(src, os.path.join(site, str(f)))
+
+    # the interpreter and every shared library anything here loads, glibc's included
+    os.makedirs(os.path.join(out, "libexec"))
+    shutil.copy2(exe, os.path.join(out, "libexec", "python3"))
+    objects = [exe] + [os.path.join(d, n) for d, _, names in os.walk(lib) for n in names if ".so" in n]
+    libs, loader = _libs(objects)
+    for soname, path in sorted(libs.items()):
+        shutil.copy2(path, os.path.join(lib, soname))  # follows links: the real file, named as asked
+
+    os.makedirs(os.path.join(out, "bin"))
+    for name, text in (("python3", PYTHON_SH.format(loader=loader)), ("gpuhook", GPUHOOK_SH.format(py=PY))):
+        with open(os.path.join(out, "bin", name), "w") as f:
+            f.write(text)
+        os.chmod(os.path.join(out, "bin", name), 0o755)
+    shutil.copy2(os.path.join(pkg, "sh", "gpuhook-runtime"), os.path.join(out, "bin", "gpuhook-runtime"))
+    os.chmod(os.path.join(out, "bin", "gpuhook-runtime"), 0o755)
+
+    # compiled ahead, with the paths they will have on the node (for tracebacks)
+    ok = compileall.compile_dir(pylib, quiet=2, workers=0, stripdir=out, prependdir="/opt/gpuhook",
+                                invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    if not ok:
+        print("build-bundle: some modules did not compile (left as source)", file=sys.stderr)
+
+    record = {
+        "gpuhook": gpuhook.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "libc": "-".join(platform.libc_ver()),
+        "packages": sorted(f"{d.metadata['Name']}=={d.version}" for d in dists),
+    }
+    names = []
+    for dirpath, _, filenames in os.walk(out):
+        names += [os.path.relpath(os.path.join(dirpath, n), out) for n in filenames]
+    record["files"] = sorted(names + ["gpuhook-bundle.json"])
+    with open(os.path.join(out, "gpuhook-bundle.json"), "w") as f:
+        json.dump(record, f, indent=1)
+        f.write("\n")
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m gpuhook.install.build OUT_DIR", file=sys.stderr)
+        return 2
+    record = build(os.path.abspath(args[0]))
+    size = sum(os.path.getsize(os.path.join(args[0], f)) for f in record["files"])
+    print(f"bundle: {args[0]}: gpuhook {record['gpuhook']}, Python {record['python']} ({record['machine']}, "
+          f"{record['libc']}), {len(record['files'])} files, {size / 1e6:.1f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""`gpuhook install` and `gpuhook uninstall` on the command line (wired in gpuhook.cli)."""
+
+from __future__ import annotations
+
+import sys
+
+
+def _common(sp) -> None:
+    sp.add_argument("--host-root", default="/", metavar="DIR",
+                    help="where the node's / is (default /; /host in the DaemonSet)")
+    sp.add_argument("--runtime", choices=("containerd", "crio", "auto"), default="auto",
+                    help="the node's container runtime (default auto: containerd when its config or "
+                         "socket is there, else CRI-O)")
+    sp.add_argument("--restart", choices=("signal", "systemd", "none"), default="none",
+                    help="how the runtime loads a changed config: signal (containerd: SIGTERM and its "
+                         "supervisor starts it again; CRI-O: SIGHUP reload), systemd (systemctl restart), "
+                         "none (default: the next start loads it)")
+    sp.add_argument("--restart-timeout", type=float, default=30.0, metavar="SECONDS",
+                    help="how long --restart signal waits for the runtime to stop and come back (default 30)")
+    sp.add_argument("--dry-run", action="store_true", help="say what would change, change nothing")
+
+
+def add_commands(sub) -> None:
+    sp = sub.add_parser("install", help="put gpuhook on this node and add the gpu-optional runtime handler")
+    _common(sp)
+    sp.add_argument("--bundle-dir", metavar="DIR",
+                    help="the host bundle to copy to /opt/gpuhook (default: $GPUHOOK_BUNDLE_DIR, else the "
+                         "bundle this gpuhook runs from)")
+    sp.set_defaults(func=cmd_install)
+
+    sp = sub.add_parser("uninstall", help="remove the gpu-optional handler and gpuhook from this node")
+    _common(sp)
+    sp.add_argument("--keep-bundle", action="store_true", help="leave /opt/gpuhook in place")
+    sp.set_defaults(func=cmd_uninstall)
+
+
+def _options(args):
+    from .core import Options
+
+    return Options(host_root=args.host_root, runtime=args.runtime, restart=args.restart,
+                   bundle_dir=getattr(args, "bundle_dir", None), dry_run=args.dry_run,
+                   keep_bundle=getattr(args, "keep_bundle", False), restart_timeout=args.restart_timeout)
+
+
+def _run(action, args) -> int:
+    from ..cli import UsageError
+    from . import InstallError
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    try:
+        action(_options(args), say)
+    except InstallError as e:
+        raise UsageError(str(e)) from None
+    except BrokenPipeError:
+        raise
+    except OSError as e:  # anything the steps did not word themselves
+        where = f"{e.filename}: " if e.filename else ""
+        raise UsageError(f"{where}{e.strerror or e}") from None
+    sys.stdout.flush()
+    return 0
+
+
+def cmd_install(args) -> int:
+    from .core import install
+
+    return _run(install, args)
+
+
+def cmd_uninstall(args) -> int:
+    from .core import uninstall
+
+    return _run(uninstall, args)

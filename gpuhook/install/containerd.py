@@ -1,0 +1,214 @@
+"""containerd's config.toml: add or remove the `gpu-optional` runtime handler, in place.
+
+Version 2 (containerd 1.x) keeps the CRI runtime handlers under
+`plugins."io.containerd.grpc.v1.cri".containerd.runtimes`, version 3 (containerd 2.x) under
+`plugins."io.containerd.cri.v1.runtime".containerd.runtimes`. A file with no `version` is
+version 1 (containerd before 1.5's layout), which is refused rather than guessed at.
+
+The file is edited in place with tomlkit, which keeps every comment, key order and layout of
+the rest. Not a conf.d drop-in: containerd reads conf.d only through an `imports` line of
+config.toml (so config.toml is edited anyway), and in containerd 1.x an imported file's
+plugin section *replaces* config.toml's whole section for that plugin instead of merging
+into it: a drop-in would have to carry a copy of the node's entire CRI config, and would go
+stale as soon as the operator changes config.toml. For the same reason an existing import
+that defines the CRI plugin's section would silently undo an edit of config.toml: that case
+is refused with the file's name (see `shadowing_imports`).
+
+A second trap, checked with containerd 1.6: a file that defines any runtime handler replaces
+the built-in handler map, so the built-in `runc` handler is gone. On a file that defines
+none, the stock `runc` handler is written next to ours so the node keeps its default.
+"""
+
+from __future__ import annotations
+
+import copy
+import glob
+import os
+
+import tomlkit
+from tomlkit.exceptions import TOMLKitError
+
+from . import InstallError
+
+HANDLER = "gpu-optional"
+ANNOTATIONS = ["gpuhook.dev/*"]
+RUNC_V2 = "io.containerd.runc.v2"
+CRI_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
+DEFAULT_CONFIG = "/etc/containerd/config.toml"
+
+
+def parse(text: str, where: str) -> tuple[tomlkit.TOMLDocument, int]:
+    """(document, version); InstallError for invalid TOML or a version gpuhook does not edit."""
+    try:
+        doc = tomlkit.parse(text)
+    except (TOMLKitError, ValueError) as e:
+        raise InstallError(f"{where}: not valid TOML ({str(e).splitlines()[0]})") from None
+    version = doc.get("version")
+    if version is None:
+        raise InstallError(f"{where}: no `version` line, so containerd reads it as config version 1, "
+                           "which gpuhook does not edit; convert it to version 2 (containerd 1.x) "
+                           "or 3 (containerd 2.x) first")
+    if isinstance(version, bool) or version not in CRI_PLUGIN:
+        raise InstallError(f"{where}: config version {version!r} is not supported (2 or 3)")
+    return doc, int(version)
+
+
+def dumps(doc) -> str:
+    return tomlkit.dumps(doc)
+
+
+def _runtimes(doc, version: int, create: bool):
+    """The `runtimes` table of the CRI plugin; None when absent and not `create`d."""
+    node = doc
+    path = ["plugins", CRI_PLUGIN[version], "containerd", "runtimes"]
+    for i, key in enumerate(path):
+        child = node.get(key)
+        if child is None:
+            if not create:
+                return None
+            node.add(key, tomlkit.table(is_super_table=True))
+            child = node[key]
+        elif not isinstance(child, dict):
+            raise InstallError(f"{'.'.join(path[:i + 1])} is a {type(child).__name__}, not a table")
+        node = child
+    return node
+
+
+def _default_name(doc, version: int) -> str:
+    try:
+        name = doc["plugins"][CRI_PLUGIN[version]]["containerd"]["default_runtime_name"]
+    except (KeyError, TypeError):
+        return "runc"
+    return str(name) if name else "runc"
+
+
+def _plain(value):
+    """A tomlkit value as plain Python (dicts, lists, scalars)."""
+    return copy.deepcopy(value.unwrap() if hasattr(value, "unwrap") else value)
+
+
+def _is_runc(handler) -> bool:
+    return isinstance(handler, dict) and handler.get("runtime_type") == RUNC_V2
+
+
+def desired_handler(doc, version: int, binary: str) -> dict:
+    """Our handler: a copy of the default runc handler (SystemdCgroup and the rest), with
+    runc.v2, our pod annotations and `options.BinaryName` = the host's gpuhook-runtime."""
+    runtimes = _runtimes(doc, version, create=False) or {}
+    source = runtimes.get(_default_name(doc, version))
+    if not _is_runc(source):
+        source = runtimes.get("runc")
+    handler = _plain(source) if _is_runc(source) else {}
+    handler["runtime_type"] = RUNC_V2
+    pods = [a for a in handler.get("pod_annotations") or [] if a not in ANNOTATIONS]
+    handler["pod_annotations"] = pods + ANNOTATIONS
+    options = handler.pop("options", None)
+    options = dict(options) if isinstance(options, dict) else {}
+    options["BinaryName"] = binary
+    handler["options"] = options  # last: a sub-table renders after the handler's keys
+    return handler
+
+
+def has_handler(doc, version: int, binary: str) -> bool:
+    runtimes = _runtimes(doc, version, create=False)
+    current = runtimes.get(HANDLER) if runtimes is not None else None
+    return current is not None and _plain(current) == desired_handler(doc, version, binary)
+
+
+def _style(runtimes) -> tuple[str, str]:
+    """(header indent, one indent step) of the existing handlers, so ours looks like them."""
+    for value in runtimes.values():
+        if isinstance(value, tomlkit.items.Table):
+            head = value.trivia.indent
+            for _, item in value.value.body:
+                if isinstance(item, tomlkit.items.Item) and not isinstance(item, (tomlkit.items.Table, tomlkit.items.Whitespace)):
+                    key = item.trivia.indent
+                    return head, key[len(head):] if key.startswith(head) else ""
+            return head, ""
+    return "", ""
+
+
+def _table(data: dict, indent: str, step: str) -> tomlkit.items.Table:
+    """A table laid out like containerd's own: keys one step in, sub-tables after, a blank line."""
+    table = tomlkit.table()
+    table.trivia.indent = indent
+    subs = [(k, v) for k, v in data.items() if isinstance(v, dict)]
+    for key, value in data.items():
+        if not isinstance(value, dict):
+            table.add(key, value)
+            table.item(key).trivia.indent = indent + step
+    table.add(tomlkit.nl())
+    for key, value in subs:
+        table.add(key, _table(value, indent + step, step))
+    return table
+
+
+def _indent_headers(table, indent: str, step: str) -> None:
+    """tomlkit indents a table's header by its parent's when it is added: set it back."""
+    table.trivia.indent = indent
+    for value in table.values():
+        if isinstance(value, tomlkit.items.Table):
+            _indent_headers(value, indent + step, step)
+
+
+def add_handler(doc, version: int, binary: str) -> bool:
+    """Add (or bring up to date) our handler; False when it is already exactly right."""
+    if has_handler(doc, version, binary):
+        return False
+    handler = desired_handler(doc, version, binary)
+    runtimes = _runtimes(doc, version, create=True)
+    if not any(isinstance(v, dict) for v in runtimes.values()):
+        # The file sets no handler: containerd's built-in runc is in force, and would vanish
+        # as soon as the file sets ours. Write it down too.
+        runtimes.add("runc", _table({"runtime_type": RUNC_V2}, "", ""))
+    head, step = _style(runtimes)
+    if HANDLER in runtimes:
+        runtimes[HANDLER] = _table(handler, head, step)
+    else:
+        runtimes.add(HANDLER, _table(handler, head, step))
+    _indent_headers(runtimes[HANDLER], head, step)
+    return True
+
+
+def remove_handler(doc, version: int) -> bool:
+    """Remove our handler; False when there is none. A runc handler that install wrote
+    (file with no handler of its own) stays: it equals containerd's built-in one."""
+    runtimes = _runtimes(doc, version, create=False)
+    if runtimes is None or HANDLER not in runtimes:
+        return False
+    del runtimes[HANDLER]
+    return True
+
+
+def shadowing_imports(doc, version: int, host_root: str, config_path: str) -> list[str]:
+    """Files `imports`ed by config.toml that define the CRI plugin's section: containerd
+    loads them after config.toml and their section replaces the one we edit."""
+    import tomllib
+
+    found = []
+    imports = doc.get("imports") or []
+    here = os.path.realpath(_host(host_root, config_path))
+    for pattern in imports if isinstance(imports, list) else []:
+        if not isinstance(pattern, str):
+            continue
+        path = pattern if pattern.startswith("/") else os.path.join(os.path.dirname(config_path), pattern)
+        for f in sorted(glob.glob(_host(host_root, path))):
+            if os.path.realpath(f) == here:
+                continue
+            try:
+                with open(f, "rb") as fh:
+                    data = tomllib.load(fh)
+            except (OSError, ValueError) as e:
+                raise InstallError(f"{_unhost(host_root, f)} (imported by {config_path}): cannot read it ({e})") from None
+            if CRI_PLUGIN[version] in (data.get("plugins") or {}):
+                found.append(_unhost(host_root, f))
+    return found
+
+
+def _host(host_root: str, path: str) -> str:
+    return os.path.join(host_root, path.lstrip("/"))
+
+
+def _unhost(host_root: str, path: str) -> str:
+    rel = os.path.relpath(path, host_root)
+    return "/" + rel if not rel.startswith("..") else path

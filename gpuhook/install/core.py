@@ -1,0 +1,339 @@
+"""`gpuhook install` and `gpuhook uninstall`: the steps, and what each leaves on the host.
+
+install (every step is skipped when its result is already there: a second run writes nothing)
+  1. the host bundle -> /opt/gpuhook (not when gpuhook runs from that very bundle: the .deb)
+  2. /etc/gpuhook/config.toml, only when absent: the operator's file is never overwritten
+  3. the runtime: containerd's config.toml edited in place, after a byte copy of the original
+     in /etc/gpuhook/backup/; or CRI-O's drop-in
+  4. /etc/gpuhook/backup/install-state.json: what was done, with the hash of each file as
+     written; then the restart, only when the runtime's config changed (or an earlier change
+     still waits for one)
+
+uninstall undoes it: config.toml gets the original bytes back when nobody changed it since
+install wrote it; otherwise only our handler is removed (with tomlkit) and the backup stays.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+from typing import Callable
+
+from . import InstallError, containerd, crio, files, restart
+from .files import host, sha256
+
+PREFIX = "/opt/gpuhook"
+BINARY = PREFIX + "/bin/gpuhook-runtime"
+NODE_CONFIG = "/etc/gpuhook/config.toml"
+BACKUP = files.STATE_DIR + "/containerd-config.toml"
+CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
+CRIO_MARKS = ("/etc/crio", "/run/crio/crio.sock", "/var/run/crio/crio.sock")
+
+NODE_CONFIG_TEXT = """\
+# gpuhook node config, read by gpuhook-runtime at every container create.
+# Written once by `gpuhook install` and never overwritten: it is yours to edit.
+# Every line below is commented out: the defaults apply.
+
+# The real OCI runtime gpuhook-runtime execs: a name on PATH or a path (default: runc, else crun).
+# runtime = "runc"
+
+# One JSON line per container create; "" turns the log off.
+# log_file = "/var/log/gpuhook.log"
+
+# open: a failure in gpuhook starts the container unchanged (on CPU); closed: the create fails.
+# fail_mode = "open"
+"""
+
+
+@dataclasses.dataclass
+class Options:
+    host_root: str = "/"
+    runtime: str = "auto"          # containerd | crio | auto
+    restart: str = "none"          # signal | systemd | none
+    bundle_dir: str | None = None
+    dry_run: bool = False
+    keep_bundle: bool = False      # uninstall only
+    restart_timeout: float = 30.0
+
+
+Say = Callable[[str], None]
+
+
+def _root(path: str) -> str:
+    if not os.path.isdir(path):
+        raise InstallError(f"--host-root {path}: not a directory")
+    return os.path.abspath(path)
+
+
+def detect(root: str) -> str:
+    """--runtime auto: containerd when its config or socket is there, else CRI-O."""
+    if os.path.exists(host(root, containerd.DEFAULT_CONFIG)) or os.path.exists(host(root, CONTAINERD_SOCKET)):
+        return "containerd"
+    if any(os.path.exists(host(root, p)) for p in CRIO_MARKS):
+        return "crio"
+    raise InstallError(f"--runtime auto: no containerd ({containerd.DEFAULT_CONFIG}, {CONTAINERD_SOCKET}) "
+                       f"nor CRI-O ({', '.join(CRIO_MARKS)}) under {root}; pass --runtime")
+
+
+def _bundle_source(opts: Options) -> str:
+    src = opts.bundle_dir or os.environ.get("GPUHOOK_BUNDLE_DIR") or files.running_bundle()
+    if not src:
+        raise InstallError("no host bundle to install: pass --bundle-dir DIR (build one with "
+                           "packaging/build-bundle.sh), or run the gpuhook of a bundle or of the gpuhook image")
+    if not os.path.isdir(src):
+        raise InstallError(f"--bundle-dir {src}: not a directory")
+    return src
+
+
+# -- install -----------------------------------------------------------------------------
+
+def install(opts: Options, say: Say) -> None:
+    root = _root(opts.host_root)
+    runtime = detect(root) if opts.runtime == "auto" else opts.runtime
+    state = files.load_state(root)
+    if state.get("runtime") not in (None, runtime):
+        raise InstallError(f"gpuhook is installed for {state['runtime']} on this node; "
+                           "run `gpuhook uninstall` first to switch runtimes")
+    before = copy.deepcopy(state)
+    would = "would be " if opts.dry_run else ""
+    say(f"gpuhook install: host root {root}, runtime {runtime}{' (dry run: nothing is written)' if opts.dry_run else ''}")
+
+    read = _read_containerd(root) if runtime == "containerd" else None  # refuse before writing anything
+    src = _bundle_source(opts)
+    files.manifest(src)
+    dst = host(root, PREFIX)
+    if files.same_dir(src, dst):
+        say(f"bundle: {PREFIX} is the bundle this gpuhook runs from: left as it is")
+        state.setdefault("bundle", {"path": PREFIX, "copied": False})
+    else:
+        total, written, removed = files.sync_bundle(src, dst, opts.dry_run)
+        say(f"bundle: {PREFIX}: {total} files, {written} {would}written, {removed} {would}removed"
+            if written or removed else f"bundle: {PREFIX}: {total} files, all up to date")
+        state["bundle"] = {"path": PREFIX, "copied": True}
+
+    path = host(root, NODE_CONFIG)
+    if os.path.lexists(path):
+        say(f"node config: {NODE_CONFIG} exists: kept as it is")
+    else:
+        if not opts.dry_run:
+            files.write(path, NODE_CONFIG_TEXT.encode(), 0o644, NODE_CONFIG)
+            state["node_config"] = {"path": NODE_CONFIG, "written": sha256(NODE_CONFIG_TEXT.encode())}
+        say(f"node config: {NODE_CONFIG} {would}written (all defaults)")
+
+    if runtime == "containerd":
+        changed = _install_containerd(root, state, opts.dry_run, say, read)
+        config_file = host(root, containerd.DEFAULT_CONFIG)
+    else:
+        changed = _install_crio(root, state, opts.dry_run, say)
+        config_file = None
+    state["runtime"] = runtime
+    state["restart_pending"] = bool(changed or state.get("restart_pending"))
+    if opts.dry_run:
+        say(_dry_restart(opts, runtime, state["restart_pending"]))
+        return
+    if state != before:
+        files.save_state(root, state)  # before the restart: a failed one is retried next time
+    if _restart(opts, runtime, root, config_file, state, say):
+        files.save_state(root, state)
+
+
+def _read_containerd(root: str) -> tuple[bytes | None, object, int]:
+    """(original bytes or None, document, version), checked before anything is written.
+    No config.toml: containerd runs on its built-in defaults; a version 2 file with only the
+    handlers keeps them (containerd 2.x reads version 2 too)."""
+    name = containerd.DEFAULT_CONFIG
+    raw = files.read(host(root, name), name)
+    doc, version = containerd.parse(_text(raw, name) if raw is not None else "version = 2\n", name)
+    shadows = containerd.shadowing_imports(doc, version, root, name)
+    if shadows:
+        raise InstallError(f"{shadows[0]} (imported by {name}) sets the {containerd.CRI_PLUGIN[version]} plugin's "
+                           f"section, which replaces {name}'s when containerd loads it: add the gpu-optional "
+                           "handler there by hand, or fold that file into config.toml, then run install again")
+    return raw, doc, version
+
+
+def _install_containerd(root: str, state: dict, dry_run: bool, say: Say, read) -> bool:
+    name = containerd.DEFAULT_CONFIG
+    path = host(root, name)
+    raw, doc, version = read
+    existed = raw is not None
+    if not containerd.add_handler(doc, version, BINARY):
+        say(f"containerd: {name}: handler gpu-optional already in place (config version {version})")
+        return False
+    new = containerd.dumps(doc).encode()
+    mine = state.get("containerd")
+    if dry_run:
+        say(f"containerd: {name}: handler gpu-optional would be added (config version {version})")
+        return True
+    if mine is None:
+        # First change: keep the original bytes for uninstall.
+        if existed:
+            files.write(host(root, BACKUP), raw, 0o600, BACKUP)
+        mine = state["containerd"] = {"config": name, "existed": existed, "backup": BACKUP if existed else None,
+                                      "original": sha256(raw), "restorable": True}
+    elif sha256(raw) not in (mine.get("written"), mine.get("original")):
+        # Someone changed the file since we wrote it: the backup no longer equals "the file
+        # without gpuhook", so uninstall will only remove our handler.
+        mine["restorable"] = False
+    mine["written"] = sha256(new)
+    files.save_state(root, state)  # first: a crash right after the write still knows the backup
+    files.write(path, new, None if existed else 0o644, name)
+    say(f"containerd: {name}: handler gpu-optional {'added' if existed else 'written to a new file'} "
+        f"(config version {version}, BinaryName {BINARY})"
+        + (f"; original kept in {BACKUP}" if existed and mine.get("backup") else ""))
+    return True
+
+
+def _install_crio(root: str, state: dict, dry_run: bool, say: Say) -> bool:
+    data = crio.render(BINARY)
+    path = host(root, crio.DROPIN)
+    if files.read(path, crio.DROPIN) == data:
+        say(f"crio: {crio.DROPIN}: handler gpu-optional already in place")
+        return False
+    if not dry_run:
+        files.write(path, data, 0o644, crio.DROPIN)
+        state["crio"] = {"dropin": crio.DROPIN, "written": sha256(data)}
+    say(f"crio: {crio.DROPIN}: {'would be ' if dry_run else ''}written (handler gpu-optional, runtime_path {BINARY})")
+    return True
+
+
+def _text(raw: bytes, name: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InstallError(f"{name}: not UTF-8 text") from None
+
+
+def _dry_restart(opts: Options, runtime: str, pending: bool) -> str:
+    if not pending:
+        return "restart: not needed"
+    if opts.restart == "none":
+        return f"restart: {runtime} would need one (--restart none: not done)"
+    return f"restart: {runtime} would be restarted (--restart {opts.restart})"
+
+
+def _restart(opts: Options, runtime: str, root: str, config_file: str | None, state: dict, say: Say) -> bool:
+    """Restart the runtime when a change waits for it; True when that cleared the wait."""
+    if not state.get("restart_pending"):
+        say(f"restart: not needed ({runtime}'s config is unchanged)")
+        return False
+    if opts.restart == "none" and restart.host_pid_namespace(root) and not restart.find(runtime, root, config_file):
+        say(f"restart: {runtime} is not running: it loads the handler when it starts")
+    elif opts.restart == "none":
+        say(f"restart: not done (--restart none): restart {runtime} to load its new config "
+            f"(systemctl restart {restart.UNITS[runtime]})")
+        return False
+    else:
+        say(restart.restart(opts.restart, runtime, root, config_file, opts.restart_timeout))
+    state["restart_pending"] = False
+    return True
+
+
+# -- uninstall ---------------------------------------------------------------------------
+
+def uninstall(opts: Options, say: Say) -> None:
+    root = _root(opts.host_root)
+    state = files.load_state(root)
+    runtime = state.get("runtime")
+    if runtime and opts.runtime not in ("auto", runtime):
+        raise InstallError(f"gpuhook was installed for {runtime} on this node, not {opts.runtime}")
+    if not runtime:
+        runtime = detect(root) if opts.runtime == "auto" else opts.runtime
+    say(f"gpuhook uninstall: host root {root}, runtime {runtime}{' (dry run: nothing is changed)' if opts.dry_run else ''}")
+    if not state:
+        say(f"no install state ({files.STATE}): removing only what is recognisably gpuhook's")
+
+    if runtime == "containerd":
+        changed = _uninstall_containerd(root, state.get("containerd"), opts.dry_run, say)
+        config_file = host(root, containerd.DEFAULT_CONFIG)
+    else:
+        changed = _uninstall_crio(root, state.get("crio"), opts.dry_run, say)
+        config_file = None
+
+    mine = state.get("node_config")
+    path = host(root, NODE_CONFIG)
+    if mine and files.sha256(files.read(path, NODE_CONFIG)) == mine.get("written"):
+        if not opts.dry_run:
+            files.remove(path, NODE_CONFIG)
+        say(f"node config: {NODE_CONFIG} {'would be ' if opts.dry_run else ''}removed (unchanged since install)")
+    elif os.path.exists(path):
+        say(f"node config: {NODE_CONFIG} kept ({'edited since install' if mine else 'not written by install'})")
+
+    if opts.dry_run:
+        say(_dry_restart(opts, runtime, bool(changed or state.get("restart_pending"))))
+        return
+    state.pop("containerd", None)
+    state.pop("crio", None)
+    state.pop("node_config", None)
+    state["restart_pending"] = bool(changed or state.get("restart_pending"))
+    files.save_state(root, state)
+    _restart(opts, runtime, root, config_file, state, say)
+
+    bundle = state.get("bundle") or {}
+    dst = host(root, PREFIX)
+    if opts.keep_bundle:
+        say(f"bundle: {PREFIX} kept (--keep-bundle)")
+    elif files.running_bundle() and files.same_dir(files.running_bundle(), dst):
+        say(f"bundle: {PREFIX} kept: it is the gpuhook running this uninstall (remove it afterwards)")
+    elif bundle.get("copied") and os.path.exists(os.path.join(dst, files.MANIFEST)):
+        n = files.remove_bundle(dst)
+        say(f"bundle: {PREFIX}: {n} files removed")
+    elif os.path.exists(dst):
+        say(f"bundle: {PREFIX} kept ({'installed by a package' if bundle else 'not copied by install'})")
+    files.drop_state(root)
+    for d in (files.STATE_DIR, os.path.dirname(NODE_CONFIG)):
+        try:
+            os.rmdir(host(root, d))  # only when empty
+        except OSError:
+            pass
+
+
+def _uninstall_containerd(root: str, mine: dict | None, dry_run: bool, say: Say) -> bool:
+    name = containerd.DEFAULT_CONFIG
+    path = host(root, name)
+    raw = files.read(path, name)
+    would = "would be " if dry_run else ""
+    if mine and mine.get("restorable") and raw is not None and sha256(raw) == mine.get("written"):
+        if not mine.get("existed"):
+            if not dry_run:
+                files.remove(path, name)
+            say(f"containerd: {name}: {would}removed (install had created it)")
+            return True
+        backup = files.read(host(root, BACKUP), BACKUP)
+        if backup is not None and sha256(backup) == mine.get("original"):
+            if not dry_run:
+                files.write(path, backup, None, name)
+                files.remove(host(root, BACKUP), BACKUP)
+            say(f"containerd: {name}: original {would}restored byte for byte from {BACKUP}")
+            return True
+        say(f"containerd: {BACKUP} is missing or changed: removing only the handler")
+    if raw is None:
+        say(f"containerd: {name} does not exist: nothing to remove")
+        return False
+    doc, version = containerd.parse(_text(raw, name), name)
+    if not containerd.remove_handler(doc, version):
+        say(f"containerd: {name}: no gpu-optional handler: left as it is")
+        return False
+    if not dry_run:
+        files.write(path, containerd.dumps(doc).encode(), None, name)
+    why = "changed since install" if mine else "no install record"
+    keep = f"; the pre-install copy stays in {BACKUP}" if mine and mine.get("backup") and os.path.exists(host(root, BACKUP)) else ""
+    say(f"containerd: {name}: {why}, so only the gpu-optional handler was {'' if not dry_run else 'to be '}removed{keep}")
+    return True
+
+
+def _uninstall_crio(root: str, mine: dict | None, dry_run: bool, say: Say) -> bool:
+    path = host(root, crio.DROPIN)
+    raw = files.read(path, crio.DROPIN)
+    if raw is None:
+        say(f"crio: {crio.DROPIN} does not exist: nothing to remove")
+        return False
+    if not mine and not raw.startswith(crio.MARK.encode()):
+        say(f"crio: {crio.DROPIN} was not written by gpuhook: left as it is")
+        return False
+    if not dry_run:
+        files.remove(path, crio.DROPIN)
+    edited = " (it had been edited since install)" if mine and sha256(raw) != mine.get("written") else ""
+    say(f"crio: {crio.DROPIN} {'would be ' if dry_run else ''}removed{edited}")
+    return True

@@ -1,0 +1,183 @@
+"""Make the container runtime load its new config.
+
+containerd (1.6, checked) has no config reload: SIGHUP is not handled and kills it on the
+spot (exit by signal, no clean shutdown). So:
+
+  signal   containerd: SIGTERM to the containerd that reads the config we edited (found
+           through <host-root>/proc, matched by that file's inode), wait for it to exit
+           cleanly, then wait for its supervisor to start a new one (containerd.service has
+           Restart=always upstream and in Debian; a runtime run without a supervisor stays
+           down, and we say so). Running containers are untouched: their shims live on.
+           CRI-O: SIGHUP, a live reload: crio.conf(5) marks the runtimes table as reloadable
+           (not tried here: no CRI-O package on Debian 12; an older CRI-O that does not
+           reload runtimes needs --restart systemd).
+  systemd  `systemctl restart containerd` (or crio) on the host: through
+           `nsenter -t 1 -m` when the host root is not / (a pod with hostPID: true).
+  none     nothing; the runtime loads the handler the next time it starts.
+
+signal and systemd from a container need the host's PID namespace (hostPID: true).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+from . import InstallError
+
+UNITS = {"containerd": "containerd.service", "crio": "crio.service"}
+COMMS = {"containerd": "containerd", "crio": "crio"}
+# containerd's global flags that take a value (urfave/cli: "--flag value" or "--flag=value")
+_VALUE_FLAGS = {"--config", "-c", "--log-level", "-l", "--address", "-a", "--root", "--state"}
+
+
+def _proc(host_root: str) -> str:
+    return os.path.join(host_root, "proc")
+
+
+def host_pid_namespace(host_root: str) -> bool:
+    """True when pids under <host-root>/proc are ours to signal: that procfs belongs to our
+    PID namespace, so its `self` is our own pid (in another namespace it is another number,
+    or nothing at all)."""
+    try:
+        return os.readlink(os.path.join(_proc(host_root), "self")) == str(os.getpid())
+    except OSError:
+        return False
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _alive(proc: str, pid: int) -> bool:
+    stat = _read(os.path.join(proc, str(pid), "stat"))
+    if stat is None:
+        return False
+    state = stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3]
+    return state not in (b"Z", b"X")
+
+
+def _containerd_config(proc: str, pid: int, argv: list[str]) -> str | None:
+    """The config file a containerd daemon reads, as a path from here; None for a
+    `containerd <subcommand>` run (config dump, publish...), which is not the daemon."""
+    config = "/etc/containerd/config.toml"
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        name, eq, value = arg.partition("=")
+        if name in _VALUE_FLAGS:
+            if not eq:
+                i += 1
+                value = argv[i] if i < len(argv) else ""
+            if name in ("--config", "-c"):
+                config = value
+        elif not arg.startswith("-"):
+            return None
+        i += 1
+    base = os.path.join(proc, str(pid), "root") if config.startswith("/") else os.path.join(proc, str(pid), "cwd")
+    return os.path.join(base, config.lstrip("/"))
+
+
+def find(runtime: str, host_root: str, config_file: str | None = None) -> list[int]:
+    """Pids of the runtime's daemon; for containerd only those reading `config_file`
+    (a path from here): other containerds on the machine are left alone."""
+    proc = _proc(host_root)
+    want = None
+    if config_file is not None:
+        try:
+            st = os.stat(config_file)
+            want = (st.st_dev, st.st_ino)
+        except OSError:
+            return []
+    pids = []
+    try:
+        entries = os.listdir(proc)
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        comm = _read(os.path.join(proc, entry, "comm"))
+        if comm is None or comm.strip().decode(errors="replace") != COMMS[runtime] or not _alive(proc, int(entry)):
+            continue
+        if runtime == "containerd" and want is not None:
+            argv = [a.decode(errors="replace") for a in (_read(os.path.join(proc, entry, "cmdline")) or b"").split(b"\0") if a]
+            path = _containerd_config(proc, int(entry), argv)
+            try:
+                st = os.stat(path) if path else None
+            except OSError:
+                st = None
+            if st is None or (st.st_dev, st.st_ino) != want:
+                continue
+        pids.append(int(entry))
+    return sorted(pids)
+
+
+def restart(mode: str, runtime: str, host_root: str, config_file: str | None, timeout: float = 30.0) -> str:
+    """Do it; one line saying what happened. InstallError when it could not be done."""
+    if mode == "none":
+        return f"restart: none asked; {runtime} loads the handler when it next starts"
+    if mode == "systemd":
+        return _systemctl(runtime, host_root, timeout)
+    if not host_pid_namespace(host_root):
+        raise InstallError(f"--restart signal: {_proc(host_root)} is not this PID namespace's "
+                           "(run in the host's: hostPID: true)")
+    pids = find(runtime, host_root, config_file)
+    if not pids:
+        return f"restart: {runtime} is not running; it loads the handler when it starts"
+    if runtime == "crio":
+        for pid in pids:
+            _kill(pid, signal.SIGHUP)
+        return f"restart: sent SIGHUP to crio (pid {', '.join(map(str, pids))}): CRI-O reloads its runtimes"
+    for pid in pids:
+        _kill(pid, signal.SIGTERM)
+    proc = _proc(host_root)
+    deadline = time.monotonic() + timeout
+    while any(_alive(proc, p) for p in pids):
+        if time.monotonic() > deadline:
+            raise InstallError(f"--restart signal: containerd (pid {pids[0]}) did not exit within {timeout:g}s of SIGTERM")
+        time.sleep(0.05)
+    while True:
+        new = [p for p in find(runtime, host_root, config_file) if p not in pids]
+        if new:
+            return f"restart: containerd stopped (SIGTERM, pid {pids[0]}); its supervisor started it again (pid {new[0]})"
+        if time.monotonic() > deadline:
+            raise InstallError(f"--restart signal: containerd stopped (pid {pids[0]}) but nothing started it again "
+                               f"within {timeout:g}s: is it supervised (containerd.service Restart=always)? "
+                               "Start it by hand")
+        time.sleep(0.1)
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+    except OSError as e:
+        raise InstallError(f"--restart signal: cannot signal pid {pid}: {e.strerror or e}") from None
+
+
+def _systemctl(runtime: str, host_root: str, timeout: float) -> str:
+    cmd = ["systemctl", "restart", UNITS[runtime]]
+    if os.path.realpath(host_root) != "/":
+        if not host_pid_namespace(host_root):
+            raise InstallError("--restart systemd: not in the host's PID namespace, so the host's systemd "
+                               "cannot be reached (run with hostPID: true, or on the node)")
+        cmd = ["nsenter", "--target", "1", "--mount", "--"] + cmd
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=max(timeout, 90.0),
+                              stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise InstallError(f"--restart systemd: {cmd[0]} not found") from None
+    except subprocess.TimeoutExpired:
+        raise InstallError(f"--restart systemd: `{' '.join(cmd)}` did not finish in time") from None
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        raise InstallError(f"--restart systemd: `{' '.join(cmd)}` failed: {why}")
+    return f"restart: {UNITS[runtime]} restarted (systemctl{' via nsenter' if cmd[0] == 'nsenter' else ''})"

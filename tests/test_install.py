@@ -1,0 +1,849 @@
+"""gpuhook install / uninstall on temp host roots, checked against the real thing.
+
+- containerd: the stock `containerd config default` (version 2), a version 3 sample, a
+  version 1 file (refused). After install, the real `containerd --config X config dump` shows
+  the gpu-optional handler with our BinaryName and pod_annotations, and every other line of
+  the dump is unchanged. Install twice = same bytes; uninstall = the original bytes; an
+  operator's edit in between is kept.
+- CRI-O: the drop-in, written and removed.
+- --restart signal against a real containerd run under a tiny supervisor; SIGHUP shown not
+  to be a reload.
+- The host bundle (packaging/build-bundle.sh): the bundled gpuhook-runtime's create path with
+  an empty environment, and in a chroot that has nothing but busybox.
+- The .deb (packaging/build-deb.sh), the systemd unit, the DaemonSet manifests.
+"""
+
+from __future__ import annotations
+
+import configparser
+import difflib
+import glob
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+
+import pytest
+
+from conftest import REPO, is_root
+from gpuhook import __version__, bundle, fakehost
+from gpuhook.install import containerd as ctd
+from gpuhook.install import core
+
+CONFIG = "etc/containerd/config.toml"
+BACKUP = "etc/gpuhook/backup/containerd-config.toml"
+STATE = "etc/gpuhook/backup/install-state.json"
+CRIO_DROPIN = "etc/crio/crio.conf.d/99-gpuhook.toml"
+BINARY = "/opt/gpuhook/bin/gpuhook-runtime"
+V2_RUNTIMES = 'plugins."io.containerd.grpc.v1.cri".containerd.runtimes'
+
+needs_containerd = pytest.mark.skipif(shutil.which("containerd") is None,
+                                      reason="needs Debian's containerd (make deps installs it)")
+needs_root_containerd = pytest.mark.skipif(not (is_root() and shutil.which("containerd")),
+                                           reason="needs root and containerd to run a real containerd")
+
+V3_SAMPLE = """\
+# containerd 2.x (config version 3), trimmed from `containerd config default`
+version = 3
+root = '/var/lib/containerd'
+state = '/run/containerd'
+
+[grpc]
+  address = '/run/containerd/containerd.sock'
+
+[plugins]
+  [plugins.'io.containerd.cri.v1.images']
+    snapshotter = 'overlayfs'
+
+    [plugins.'io.containerd.cri.v1.images'.pinned_images]
+      sandbox = 'registry.k8s.io/pause:3.10'
+
+  [plugins.'io.containerd.cri.v1.runtime']
+    enable_selinux = false
+
+    [plugins.'io.containerd.cri.v1.runtime'.containerd]
+      default_runtime_name = 'runc'
+
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes]
+        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+          runtime_type = 'io.containerd.runc.v2'
+          runtime_path = ''
+          pod_annotations = []
+          container_annotations = []
+          privileged_without_host_devices = false
+          sandboxer = 'podsandbox'
+
+          [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+            BinaryName = ''
+            Root = ''
+            # this node runs the systemd cgroup driver
+            SystemdCgroup = true
+
+    [plugins.'io.containerd.cri.v1.runtime'.cni]
+      bin_dir = '/opt/cni/bin'
+      conf_dir = '/etc/cni/net.d'
+"""
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+def gpuhook(*args, env=None) -> subprocess.CompletedProcess:
+    """`python -m gpuhook ...` from this source tree."""
+    return subprocess.run([sys.executable, "-m", "gpuhook", *map(str, args)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+
+def ok(r: subprocess.CompletedProcess) -> str:
+    assert r.returncode == 0, f"exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
+    return r.stdout
+
+
+def refused(r: subprocess.CompletedProcess) -> str:
+    """One clear line on stderr, exit 2, no traceback."""
+    assert r.returncode == 2, f"exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
+    assert "Traceback" not in r.stderr + r.stdout
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpuhook: "), r.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def stock() -> str:
+    """What `containerd config default` prints (Debian's containerd 1.6: version 2)."""
+    if shutil.which("containerd") is None:
+        pytest.skip("needs Debian's containerd (make deps installs it)")
+    return subprocess.run(["containerd", "config", "default"], capture_output=True, text=True, check=True).stdout
+
+
+def dump(path) -> list[str]:
+    r = subprocess.run(["containerd", "--config", str(path), "config", "dump"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.splitlines()
+
+
+def inserted(before: list[str], after: list[str]) -> list[str]:
+    """The lines `after` adds to `before`; fails when anything else differs."""
+    ops = [op for op in difflib.SequenceMatcher(a=before, b=after, autojunk=False).get_opcodes() if op[0] != "equal"]
+    assert [op[0] for op in ops] == ["insert"], "\n".join(difflib.unified_diff(before, after, lineterm=""))
+    return after[ops[0][3]:ops[0][4]]
+
+
+def v2_runtimes(lines: list[str]) -> dict:
+    return tomllib.loads("\n".join(lines))["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]
+
+
+@pytest.fixture
+def fake_bundle(tmp_path) -> str:
+    """A two-file bundle (the sh front and the manifest): enough for the config tests."""
+    b = tmp_path / "bundle"
+    (b / "bin").mkdir(parents=True)
+    shutil.copy2(os.path.join(REPO, "gpuhook", "sh", "gpuhook-runtime"), b / "bin" / "gpuhook-runtime")
+    (b / "gpuhook-bundle.json").write_text(json.dumps({"files": ["bin/gpuhook-runtime", "gpuhook-bundle.json"]}))
+    return str(b)
+
+
+def make_node(tmp_path, config: str | None = None, name: str = "node"):
+    root = tmp_path / name
+    (root / "etc" / "containerd").mkdir(parents=True)
+    if config is not None:
+        (root / CONFIG).write_text(config)
+    return root
+
+
+def snapshot(root) -> dict:
+    out = {}
+    for d, _, names in os.walk(root):
+        for n in names:
+            p = os.path.join(d, n)
+            st = os.lstat(p)
+            out[os.path.relpath(p, root)] = (st.st_mtime_ns, st.st_ino, open(p, "rb").read() if os.path.isfile(p) else None)
+    return out
+
+
+# -- containerd config ---------------------------------------------------------------------
+
+@needs_containerd
+def test_stock_v2_config_gets_the_handler_and_nothing_else_changes(tmp_path, stock, fake_bundle):
+    node = make_node(tmp_path, stock)
+    before = dump(node / CONFIG)
+    out = ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))
+    assert "handler gpu-optional added (config version 2" in out
+    after = dump(node / CONFIG)
+    added = inserted(before, after)
+    assert [line.strip() for line in added if line.strip()][0] == f'[{V2_RUNTIMES}.gpu-optional]'
+    mine = v2_runtimes(after)["gpu-optional"]
+    assert mine["runtime_type"] == "io.containerd.runc.v2"
+    assert mine["pod_annotations"] == ["gpuhook.dev/*"]
+    assert mine["options"]["BinaryName"] == BINARY
+    assert mine["options"]["SystemdCgroup"] is False  # copied from runc
+    # the file itself: the handler was inserted, every other line is the operator's
+    inserted(stock.splitlines(), (node / CONFIG).read_text().splitlines())
+    assert (node / BACKUP).read_text() == stock
+    assert os.path.exists(node / "opt/gpuhook/bin/gpuhook-runtime")
+
+
+@needs_containerd
+def test_handler_copies_the_default_runc_options(tmp_path, stock, fake_bundle):
+    systemd = stock.replace("SystemdCgroup = false", "SystemdCgroup = true")
+    systemd = systemd.replace('            Root = ""', '            Root = "/run/runc-k8s"')
+    node = make_node(tmp_path, systemd)
+    ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))
+    runtimes = v2_runtimes(dump(node / CONFIG))
+    assert runtimes["gpu-optional"]["options"]["SystemdCgroup"] is True
+    assert runtimes["gpu-optional"]["options"]["Root"] == "/run/runc-k8s"
+    assert runtimes["runc"]["options"]["BinaryName"] == ""  # the default handler is untouched
+
+
+@needs_containerd
+def test_install_twice_changes_nothing_and_uninstall_restores_the_bytes(tmp_path, stock, fake_bundle):
+    node = make_node(tmp_path, stock)
+    ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))
+    first = snapshot(node)
+    out = ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))
+    assert snapshot(node) == first  # same bytes, same inodes: nothing rewritten, no new backup
+    assert "already in place" in out and "all up to date" in out
+
+    out = ok(gpuhook("uninstall", "--host-root", node))
+    assert "restored byte for byte" in out
+    assert (node / CONFIG).read_bytes() == stock.encode()
+    assert sorted(os.path.relpath(p, node) for p in glob.glob(f"{node}/**", recursive=True)) == \
+        [".", "etc", "etc/containerd", "etc/containerd/config.toml", "opt"]
+
+
+@needs_containerd
+def test_operator_edit_between_install_and_uninstall_is_kept(tmp_path, stock, fake_bundle):
+    node = make_node(tmp_path, stock)
+    ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))
+    cfg = node / CONFIG
+    cfg.write_text(cfg.read_text().replace('sandbox_image = "registry.k8s.io/pause:3.6"',
+                                           'sandbox_image = "registry.example/pause:3.9"  # mirror'))
+    out = ok(gpuhook("uninstall", "--host-root", node))
+    assert "changed since install, so only the gpu-optional handler was removed" in out
+    assert "gpu-optional" not in cfg.read_text()
+    assert "# mirror" in cfg.read_text()
+    result = dump(cfg)
+    cfg.write_text(stock.replace('sandbox_image = "registry.k8s.io/pause:3.6"',
+                                 'sandbox_image = "registry.example/pause:3.9"  # mirror'))
+    assert result == dump(cfg)  # exactly the operator's config, without ours
+
+
+@needs_containerd
+def test_reinstall_after_operator_rewrote_the_file(tmp_path, stock, fake_bundle):
+    """The operator put back their own file (without our handler): install adds it again,
+    and uninstall then removes only the handler: the old backup would lose their change."""
+    node = make_node(tmp_path, stock)
+    ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))
+    cfg = node / CONFIG
+    theirs = stock.replace("max_concurrent_downloads = 3", "max_concurrent_downloads = 8")
+    cfg.write_text(theirs)
+    assert "handler gpu-optional added" in ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))
+    assert (node / BACKUP).read_text() == stock  # the first backup stays
+    out = ok(gpuhook("uninstall", "--host-root", node))
+    assert "only the gpu-optional handler was removed" in out
+    assert cfg.read_text() == theirs
+
+
+@needs_containerd
+def test_config_without_handlers_keeps_the_builtin_runc(tmp_path, fake_bundle):
+    """containerd replaces its built-in handler map as soon as the file sets one handler."""
+    node = make_node(tmp_path, "version = 2\n")
+    before = v2_runtimes(dump(node / CONFIG))
+    assert list(before) == ["runc"]
+    ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))
+    after = v2_runtimes(dump(node / CONFIG))
+    assert sorted(after) == ["gpu-optional", "runc"]
+    assert after["runc"]["runtime_type"] == before["runc"]["runtime_type"] == "io.containerd.runc.v2"
+    assert after["gpu-optional"]["options"] == {"BinaryName": BINARY}
+    ok(gpuhook("uninstall", "--host-root", node))
+    assert (node / CONFIG).read_text() == "version = 2\n"
+
+
+@needs_containerd
+def test_no_config_file_but_a_socket(tmp_path, fake_bundle):
+    node = make_node(tmp_path)
+    (node / "run" / "containerd").mkdir(parents=True)
+    (node / "run" / "containerd" / "containerd.sock").touch()
+    assert "written to a new file" in ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))
+    assert sorted(v2_runtimes(dump(node / CONFIG))) == ["gpu-optional", "runc"]
+    assert "removed (install had created it)" in ok(gpuhook("uninstall", "--host-root", node))
+    assert not (node / CONFIG).exists()
+
+
+def test_v3_config(tmp_path, fake_bundle):
+    node = make_node(tmp_path, V3_SAMPLE)
+    out = ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))
+    assert "config version 3" in out
+    text = (node / CONFIG).read_text()
+    inserted(V3_SAMPLE.splitlines(), text.splitlines())
+    assert "# this node runs the systemd cgroup driver" in text
+    runtimes = tomllib.loads(text)["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]
+    mine = runtimes["gpu-optional"]
+    assert mine["runtime_type"] == "io.containerd.runc.v2"
+    assert mine["pod_annotations"] == ["gpuhook.dev/*"]
+    assert mine["sandboxer"] == "podsandbox"
+    assert mine["options"] == {"BinaryName": BINARY, "Root": "", "SystemdCgroup": True}
+    assert "io.containerd.grpc.v1.cri" not in tomllib.loads(text)["plugins"]
+    ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))
+    assert (node / CONFIG).read_text() == text
+    ok(gpuhook("uninstall", "--host-root", node))
+    assert (node / CONFIG).read_text() == V3_SAMPLE
+
+
+def test_version_1_is_refused_and_nothing_is_written(tmp_path, fake_bundle):
+    v1 = '# containerd 1.x without a version line\nroot = "/var/lib/containerd"\n[plugins.cri]\n  sandbox_image = "pause"\n'
+    node = make_node(tmp_path, v1)
+    line = refused(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))
+    assert "config version 1" in line and CONFIG in line
+    assert (node / CONFIG).read_text() == v1
+    assert sorted(os.listdir(node)) == ["etc"] and os.listdir(node / "etc") == ["containerd"]
+
+
+def test_drop_in_that_replaces_the_cri_section_is_refused(tmp_path, stock, fake_bundle):
+    node = make_node(tmp_path, stock.replace("imports = []", 'imports = ["/etc/containerd/conf.d/*.toml"]'))
+    (node / "etc/containerd/conf.d").mkdir()
+    (node / "etc/containerd/conf.d/10-mirror.toml").write_text(
+        'version = 2\n[plugins."io.containerd.grpc.v1.cri".registry]\n  config_path = "/etc/containerd/certs.d"\n')
+    line = refused(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))
+    assert "/etc/containerd/conf.d/10-mirror.toml" in line and "replaces" in line
+    assert not (node / "opt").exists()
+
+
+@pytest.mark.parametrize("case", ["no host root", "invalid toml", "config is a directory", "not utf-8",
+                                  "no bundle dir", "not a bundle", "no runtime found", "bad state file"])
+def test_bad_input_gives_one_line_and_exit_2(tmp_path, fake_bundle, case):
+    node = make_node(tmp_path, "version = 2\n")
+    args = ["install", "--host-root", node, "--bundle-dir", fake_bundle]
+    if case == "no host root":
+        args[2] = tmp_path / "nowhere"
+    elif case == "invalid toml":
+        (node / CONFIG).write_text("version = 2\n[plugins\n")
+    elif case == "config is a directory":
+        (node / CONFIG).unlink()
+        (node / CONFIG).mkdir()
+    elif case == "not utf-8":
+        (node / CONFIG).write_bytes(b"version = 2\n# \xff\xfe\n")
+    elif case == "no bundle dir":
+        args[4] = tmp_path / "no-bundle"
+    elif case == "not a bundle":
+        args[4] = tmp_path
+    elif case == "no runtime found":
+        args[2] = tmp_path / "empty"
+        os.mkdir(args[2])
+    elif case == "bad state file":
+        (node / STATE).parent.mkdir(parents=True)
+        (node / STATE).write_text("{not json")
+    line = refused(gpuhook(*args))
+    assert len(line) < 400
+    if case not in ("no host root", "no runtime found"):
+        assert not (node / "opt").exists()
+
+
+@pytest.mark.parametrize("case", ["no host root", "invalid toml", "bad state file"])
+def test_uninstall_bad_input_gives_one_line_and_exit_2(tmp_path, case):
+    node = make_node(tmp_path, "version = 2\n[plugins\n")
+    if case == "no host root":
+        node = tmp_path / "nowhere"
+    elif case == "bad state file":
+        (node / STATE).parent.mkdir(parents=True)
+        (node / STATE).write_text("[]]")
+    refused(gpuhook("uninstall", "--host-root", node))
+
+
+def test_dry_run_writes_nothing(tmp_path, fake_bundle):
+    node = make_node(tmp_path, V3_SAMPLE)
+    before = snapshot(node)
+    out = ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle, "--dry-run", "--restart", "systemd"))
+    assert "would be added" in out and "2 would be written" in out and "restart: containerd would be restarted (--restart systemd)" in out
+    assert snapshot(node) == before
+
+
+# -- CRI-O and the node config -----------------------------------------------------------------
+
+def test_crio_drop_in(tmp_path, fake_bundle):
+    node = tmp_path / "node"
+    (node / "etc/crio/crio.conf.d").mkdir(parents=True)
+    (node / "etc/crio/crio.conf").write_text('[crio.runtime]\ndefault_runtime = "runc"\n')
+    out = ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))  # auto: CRI-O
+    assert "runtime crio" in out
+    drop = tomllib.loads((node / CRIO_DROPIN).read_text())
+    assert drop == {"crio": {"runtime": {"runtimes": {"gpu-optional": {
+        "runtime_path": BINARY, "runtime_type": "oci", "runtime_root": "/run/gpuhook-runc"}}}}}
+    first = snapshot(node)
+    assert "already in place" in ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))
+    assert snapshot(node) == first
+    assert refused(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle, "--runtime", "containerd"))
+    ok(gpuhook("uninstall", "--host-root", node))
+    assert not (node / CRIO_DROPIN).exists()
+    assert (node / "etc/crio/crio.conf").read_text() == '[crio.runtime]\ndefault_runtime = "runc"\n'
+    assert not (node / "opt/gpuhook").exists() and not (node / "etc/gpuhook").exists()
+
+
+def test_node_config_is_written_once_and_never_overwritten(tmp_path, fake_bundle):
+    node = make_node(tmp_path, "version = 2\n")
+    ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))
+    written = (node / "etc/gpuhook/config.toml").read_text()
+    assert tomllib.loads(written) == {}  # all defaults, commented
+    from gpuhook.config import parse
+    assert parse(written) == parse("")
+    ok(gpuhook("uninstall", "--host-root", node))
+    assert not (node / "etc/gpuhook").exists()  # unchanged since install: removed
+
+    mine = 'fail_mode = "closed"\nlog_file = "/var/log/mine.log"\n'
+    (node / "etc/gpuhook").mkdir()
+    (node / "etc/gpuhook/config.toml").write_text(mine)
+    assert "exists: kept" in ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))
+    assert "kept" in ok(gpuhook("uninstall", "--host-root", node))
+    assert (node / "etc/gpuhook/config.toml").read_text() == mine
+
+
+def test_bundle_update_replaces_changed_files_and_removes_stale_ones(tmp_path, fake_bundle):
+    node = make_node(tmp_path, "version = 2\n")
+    extra = os.path.join(fake_bundle, "lib", "old.py")
+    os.makedirs(os.path.dirname(extra))
+    open(extra, "w").write("old\n")
+    manifest = {"files": ["bin/gpuhook-runtime", "gpuhook-bundle.json", "lib/old.py"]}
+    open(os.path.join(fake_bundle, "gpuhook-bundle.json"), "w").write(json.dumps(manifest))
+    ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))
+    assert (node / "opt/gpuhook/lib/old.py").exists()
+    os.unlink(extra)
+    os.rmdir(os.path.dirname(extra))
+    open(os.path.join(fake_bundle, "bin", "gpuhook-runtime"), "a").write("# new\n")
+    open(os.path.join(fake_bundle, "gpuhook-bundle.json"), "w").write(json.dumps({"files": manifest["files"][:2]}))
+    out = ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))
+    assert "2 written, 1 removed" in out
+    assert not (node / "opt/gpuhook/lib").exists()
+    assert (node / "opt/gpuhook/bin/gpuhook-runtime").read_text().endswith("# new\n")
+    assert os.access(node / "opt/gpuhook/bin/gpuhook-runtime", os.X_OK)
+
+
+# -- restart, with a real containerd ---------------------------------------------------------
+
+def containerd_config(base) -> str:
+    os.makedirs(base, exist_ok=True)
+    return f"""version = 2
+root = "{base}/root"
+state = "{base}/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+                    "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs",
+                    "io.containerd.monitor.v1.cgroups"]
+
+[grpc]
+  address = "{base}/containerd.sock"
+
+[ttrpc]
+  address = "{base}/containerd-ttrpc.sock"
+
+[plugins]
+  [plugins."io.containerd.internal.v1.opt"]
+    path = "{base}/opt"
+
+  [plugins."io.containerd.grpc.v1.cri"]
+    restrict_oom_score_adj = true
+
+    [plugins."io.containerd.grpc.v1.cri".containerd]
+      default_runtime_name = "runc"
+
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+"""
+
+
+class Supervised:
+    """containerd run the way containerd.service runs it (Restart=always), in a thread."""
+
+    def __init__(self, config, logs):
+        self.config, self.logs = str(config), logs
+        self.runs: list[tuple[subprocess.Popen, str]] = []
+        self.stopping = False
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _loop(self):
+        while not self.stopping:
+            log = os.path.join(self.logs, f"containerd-{len(self.runs) + 1}.log")
+            with open(log, "wb") as f:
+                p = subprocess.Popen(["containerd", "--config", self.config], stdout=f, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL)
+            self.runs.append((p, log))
+            p.wait()
+            time.sleep(0.1)
+
+    def booted(self, n: int, timeout: float = 20) -> str:
+        """The log of run `n` once containerd said it booted."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if len(self.runs) >= n:
+                text = open(self.runs[n - 1][1], errors="replace").read()
+                if "containerd successfully booted" in text:
+                    return text
+            time.sleep(0.05)
+        raise AssertionError(f"containerd run {n} did not boot")
+
+    def stop(self):
+        self.stopping = True
+        for p, _ in self.runs:
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        self.thread.join(10)
+
+
+def cri_runtimes(log: str) -> str:
+    line = next(line for line in log.splitlines() if "Start cri plugin with config" in line)
+    return line[line.index("Runtimes:map["):line.index("] NoPivot:")]
+
+
+@needs_root_containerd
+def test_restart_signal_restarts_the_real_containerd_that_reads_the_config(tmp_path, fake_bundle):
+    node = make_node(tmp_path, containerd_config(tmp_path / "ctd"))
+    os.symlink("/proc", node / "proc")  # the "host's" /proc: this machine's
+    bystander_cfg = tmp_path / "other.toml"
+    bystander_cfg.write_text(containerd_config(tmp_path / "other"))
+    bystander = Supervised(bystander_cfg, tmp_path)
+    sup = Supervised(node / CONFIG, tmp_path / "ctd")
+    try:
+        first = sup.booted(1)
+        bystander.booted(1)
+        assert "gpu-optional" not in cri_runtimes(first)
+        out = ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle, "--restart", "signal"))
+        assert "its supervisor started it again" in out, out
+        second = sup.booted(2)
+        assert sup.runs[0][0].returncode == 0  # SIGTERM: a clean shutdown
+        assert "gpu-optional:{Type:io.containerd.runc.v2" in cri_runtimes(second)
+        assert f"BinaryName:{BINARY}" in cri_runtimes(second)
+        assert "PodAnnotations:[gpuhook.dev/*]" in cri_runtimes(second)
+        # nothing changed: no restart; and the other containerd was never touched
+        assert "restart: not needed" in ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle,
+                                                   "--restart", "signal"))
+        assert len(sup.runs) == 2 and len(bystander.runs) == 1 and bystander.runs[0][0].poll() is None
+        # uninstall restarts it too, and the handler is gone
+        ok(gpuhook("uninstall", "--host-root", node, "--restart", "signal"))
+        assert "gpu-optional" not in cri_runtimes(sup.booted(3))
+    finally:
+        sup.stop()
+        bystander.stop()
+
+
+@needs_root_containerd
+def test_restart_signal_says_so_when_nothing_brings_containerd_back(tmp_path, fake_bundle):
+    node = make_node(tmp_path, containerd_config(tmp_path / "ctd"))
+    os.symlink("/proc", node / "proc")
+    p = subprocess.Popen(["containerd", "--config", str(node / CONFIG)], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while not os.path.exists(tmp_path / "ctd" / "containerd.sock"):
+            assert time.monotonic() < deadline and p.poll() is None
+            time.sleep(0.05)
+        reaper = threading.Thread(target=p.wait, daemon=True)  # an unsupervised parent
+        reaper.start()
+        line = refused(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle, "--restart", "signal",
+                               "--restart-timeout", "1"))
+        assert "nothing started it again" in line
+        assert p.returncode == 0
+        state = json.loads((node / STATE).read_text())
+        assert state["restart_pending"] is True  # the next install with a restart mode retries
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+@needs_root_containerd
+def test_containerd_sighup_is_not_a_reload(tmp_path):
+    """Why --restart signal sends SIGTERM: containerd 1.6 dies on SIGHUP, without a clean stop."""
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(containerd_config(tmp_path / "ctd"))
+    log = tmp_path / "log"
+    with open(log, "wb") as f:
+        p = subprocess.Popen(["containerd", "--config", str(cfg)], stdout=f, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 20
+        while "successfully booted" not in log.read_text(errors="replace"):
+            assert time.monotonic() < deadline and p.poll() is None
+            time.sleep(0.05)
+        p.send_signal(signal.SIGHUP)
+        assert p.wait(10) == -signal.SIGHUP
+        assert "Stop CRI service" not in log.read_text(errors="replace")
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_restart_signal_needs_the_hosts_pid_namespace(tmp_path, fake_bundle):
+    node = make_node(tmp_path, "version = 2\n")
+    line = refused(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle, "--restart", "signal"))
+    assert "hostPID" in line
+    assert json.loads((node / STATE).read_text())["restart_pending"] is True
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_restart_systemd_runs_the_hosts_systemctl_through_nsenter(tmp_path, fake_bundle, fails):
+    """From a container (host root not /): `nsenter -t 1 -m -- systemctl restart containerd.service`.
+    A stand-in nsenter records its argv: this machine has no systemd to restart."""
+    node = make_node(tmp_path, "version = 2\n")
+    os.symlink("/proc", node / "proc")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nsenter").write_text(f"""#!/bin/sh
+printf '%s\\n' "$@" > {tmp_path}/argv
+{"echo 'Failed to restart containerd.service: Unit containerd.service not found.' >&2; exit 5" if fails else "exit 0"}
+""")
+    (bin_dir / "nsenter").chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    r = gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle, "--restart", "systemd", env=env)
+    assert (tmp_path / "argv").read_text().split() == ["--target", "1", "--mount", "--",
+                                                       "systemctl", "restart", "containerd.service"]
+    if fails:
+        assert "Unit containerd.service not found" in refused(r)
+        assert json.loads((node / STATE).read_text())["restart_pending"] is True
+    else:
+        assert "containerd.service restarted (systemctl via nsenter)" in ok(r)
+        assert json.loads((node / STATE).read_text())["restart_pending"] is False
+
+
+# -- the host bundle ---------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def real_bundle(tmp_path_factory) -> str:
+    if shutil.which("ldd") is None:
+        pytest.skip("the bundle build needs ldd (apt-get install libc-bin)")
+    out = tmp_path_factory.mktemp("bundle") / "gpuhook"
+    r = subprocess.run([os.path.join(REPO, "packaging", "build-bundle.sh"), str(out)],
+                       env=dict(os.environ, PYTHON=sys.executable), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def node_with_bundle(tmp_path_factory, real_bundle) -> str:
+    """A node root with nothing but busybox, where `gpuhook install` put the real bundle."""
+    root = tmp_path_factory.mktemp("bundled") / "node"
+    if bundle.find_busybox():
+        bundle.make_rootfs(str(root))
+    (root / "etc/crio").mkdir(parents=True)
+    out = ok(gpuhook("install", "--host-root", root, "--bundle-dir", real_bundle))
+    files = json.load(open(os.path.join(real_bundle, "gpuhook-bundle.json")))["files"]
+    assert f"bundle: /opt/gpuhook: {len(files)} files, {len(files)} written" in out
+    return str(root)
+
+
+def test_bundle_create_path_runs_with_an_empty_environment(tmp_path, node_with_bundle, make_host):
+    node = node_with_bundle
+    b = str(tmp_path / "ctr")
+    bundle.make_bundle(b, ["sh"])
+    cfg = tmp_path / "gpuhook.toml"
+    cfg.write_text(f'host_root = "{make_host("nvidia")}"\nruntime = "/bin/true"\nlog_file = "{tmp_path}/gpuhook.log"\n')
+    env = {"GPUHOOK_CONFIG": str(cfg), "GPUHOOK_CACHE_DIR": str(tmp_path / "cache")}  # env -i: no PATH at all
+    r = subprocess.run([f"{node}/opt/gpuhook/bin/gpuhook-runtime", "--root", str(tmp_path / "state"), "create",
+                        "--bundle", b, "c1"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    record = json.loads(open(tmp_path / "gpuhook.log").read().splitlines()[-1])
+    assert record["decision"] == "injected" and record["vendors"] == ["nvidia"], record
+    spec = json.load(open(os.path.join(b, "config.json")))
+    assert "GPUHOOK_ACCELERATOR=nvidia" in spec["process"]["env"]
+    # ...and that Python is the bundle's own, with its own libc
+    r = subprocess.run([f"{node}/opt/gpuhook/bin/python3", "-S", "-c",
+                        "import sys; print(sys.prefix); print(open('/proc/self/maps').read())"],
+                       env={}, capture_output=True, text=True, timeout=60)
+    prefix, maps = r.stdout.split("\n", 1)
+    assert prefix == f"{node}/opt/gpuhook"
+    libc = {line.split()[-1] for line in maps.splitlines() if "libc.so" in line}
+    assert libc == {f"{node}/opt/gpuhook/lib/libc.so.6"}
+
+
+@pytest.mark.skipif(not is_root() or bundle.find_busybox() is None, reason="needs root (chroot) and busybox-static")
+def test_bundle_runs_in_a_chroot_with_nothing_but_busybox(node_with_bundle):
+    """No host libc, no host Python: the chroot has busybox, the bundle and a fake GPU host."""
+    root = node_with_bundle
+    if not os.path.exists(f"{root}/gpuhost"):
+        fakehost.build(f"{root}/gpuhost", "nvidia", mknod=False)
+        bundle.make_bundle(f"{root}/ctr", ["sh"])
+    with open(f"{root}/etc/gpuhook/config.toml", "w") as f:
+        f.write('host_root = "/gpuhost"\nruntime = "/bin/true"\nlog_file = "/gpuhook.log"\n')
+    assert not glob.glob(f"{root}/lib*/**/libc.so*", recursive=True) and not glob.glob(f"{root}/usr/bin/python*")
+    r = subprocess.run(["/usr/sbin/chroot", root, "/opt/gpuhook/bin/gpuhook-runtime", "--root", "/run/runc",
+                        "create", "--bundle", "/ctr", "c1"], env={}, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    record = json.loads(open(f"{root}/gpuhook.log").read().splitlines()[-1])
+    assert record["decision"] == "injected", record
+    assert "GPUHOOK_ACCELERATOR=nvidia" in json.load(open(f"{root}/ctr/config.json"))["process"]["env"]
+    r = subprocess.run(["/usr/sbin/chroot", root, "/opt/gpuhook/bin/gpuhook", "--version"], env={},
+                       capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == f"gpuhook {__version__}", r.stderr
+
+
+def test_bundled_gpuhook_installs_itself(tmp_path, real_bundle):
+    node = tmp_path / "node"
+    (node / "etc/crio").mkdir(parents=True)
+    env = {"PATH": "/usr/bin:/bin"}
+    r = subprocess.run([os.path.join(real_bundle, "bin", "gpuhook"), "install", "--host-root", str(node)],
+                       env=env, capture_output=True, text=True, timeout=120)
+    files = json.load(open(os.path.join(real_bundle, "gpuhook-bundle.json")))["files"]
+    assert f"bundle: /opt/gpuhook: {len(files)} files, {len(files)} written" in ok(r)
+    # the .deb's case: the bundle is already the node's /opt/gpuhook
+    mine = str(node / "opt/gpuhook/bin/gpuhook")
+    r = subprocess.run([mine, "install", "--host-root", str(node)], env=env, capture_output=True, text=True, timeout=120)
+    assert "is the bundle this gpuhook runs from" in ok(r)
+    r = subprocess.run([mine, "uninstall", "--host-root", str(node)], env=env, capture_output=True, text=True, timeout=120)
+    assert "kept: it is the gpuhook running this uninstall" in ok(r)
+    assert not (node / CRIO_DROPIN).exists()
+
+
+# -- packaging -------------------------------------------------------------------------------
+
+@pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="needs dpkg-deb")
+def test_deb_package(tmp_path, real_bundle):
+    r = subprocess.run([os.path.join(REPO, "packaging", "build-deb.sh"), str(tmp_path / "out"), real_bundle],
+                       env=dict(os.environ, GPUHOOK_DEB_COMPRESSION="none"), capture_output=True, text=True, timeout=300)
+    deb = ok(r).strip()
+    assert os.path.basename(deb).startswith(f"gpuhook_{__version__}_")
+    listing = subprocess.run(["dpkg-deb", "-c", deb], capture_output=True, text=True, check=True).stdout
+    entries = {line.split()[-1]: line.split()[0] for line in listing.splitlines()}
+    for path in ("./opt/gpuhook/bin/gpuhook-runtime", "./opt/gpuhook/bin/gpuhook", "./opt/gpuhook/bin/python3",
+                 "./opt/gpuhook/libexec/python3"):
+        assert entries[path] == "-rwxr-xr-x", path
+    assert entries["./lib/systemd/system/gpuhook-install.service"] == "-rw-r--r--"
+    assert "./opt/gpuhook/lib/python3.11/site-packages/gpuhook/runtime.py" in entries or \
+        any(p.endswith("/site-packages/gpuhook/runtime.py") for p in entries)
+    assert all(line.split()[1] == "root/root" for line in listing.splitlines())
+    field = lambda name: subprocess.run(["dpkg-deb", "-f", deb, name], capture_output=True, text=True).stdout.strip()  # noqa: E731
+    assert (field("Package"), field("Version"), field("Depends")) == ("gpuhook", __version__, "")
+    ctrl = tmp_path / "control"
+    subprocess.run(["dpkg-deb", "-e", deb, str(ctrl)], check=True)
+    assert sorted(os.listdir(ctrl)) == ["control", "postinst", "prerm"]
+    postinst = (ctrl / "postinst").read_text()
+    for line in postinst.splitlines():  # enables the unit; installs and restarts nothing itself
+        if "gpuhook install" in line or "restart" in line:
+            assert line.strip().startswith("echo"), line
+    # what it installs runs: unpack and use it the way the unit does
+    root = tmp_path / "root"
+    subprocess.run(["dpkg-deb", "-x", deb, str(root)], check=True)
+    (root / "etc/crio").mkdir(parents=True)
+    r = subprocess.run([str(root / "opt/gpuhook/bin/gpuhook"), "install", "--host-root", str(root), "--restart", "none"],
+                       env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=120)
+    assert "is the bundle this gpuhook runs from" in ok(r)
+
+
+def test_systemd_unit():
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.optionxform = str
+    unit.read(os.path.join(REPO, "systemd", "gpuhook-install.service"))
+    assert unit["Service"]["Type"] == "oneshot"
+    assert set(unit["Unit"]["Before"].split()) >= {"containerd.service", "crio.service"}
+    assert "Requires" not in unit["Unit"] and "RequiredBy" not in unit["Install"]
+    argv = unit["Service"]["ExecStart"].split()
+    assert argv[0] == core.PREFIX + "/bin/gpuhook" and argv[1] == "install"
+    assert argv[argv.index("--restart") + 1] == "none"
+    assert unit["Unit"]["ConditionPathExists"] == argv[0]
+
+
+def test_containerfile_builds_the_bundle_and_runs_from_it():
+    text = open(os.path.join(REPO, "packaging", "Containerfile")).read()
+    stages = [line for line in text.splitlines() if line.startswith("FROM ")]
+    assert len(stages) == 2 and stages[0].endswith(" AS build")
+    assert "packaging/build-bundle.sh /out/gpuhook" in text
+    assert "COPY --from=build /out/gpuhook /opt/gpuhook" in text
+    assert "ENV PATH=/opt/gpuhook/bin:" in text
+    for src in [line.split()[1:-1] for line in text.splitlines() if line.startswith("COPY ") and "--from" not in line]:
+        for s in src:
+            assert os.path.exists(os.path.join(REPO, s)), s
+
+
+# -- the DaemonSet ---------------------------------------------------------------------------
+
+DAEMONSET = os.path.join(REPO, "daemonset")
+
+
+def load_yaml(path) -> list[dict]:
+    yaml = pytest.importorskip("yaml", reason="PyYAML (pip install kubernetes-validate brings it)")
+    with open(path) as f:
+        return [d for d in yaml.safe_load_all(f) if d is not None]
+
+
+def kustomize() -> list[dict]:
+    """What `kustomize build daemonset/` yields, for the fields this kustomization uses:
+    every resource listed exists and parses; namespace, images and labels applied."""
+    (k,) = load_yaml(os.path.join(DAEMONSET, "kustomization.yaml"))
+    assert k["apiVersion"] == "kustomize.config.k8s.io/v1beta1" and k["kind"] == "Kustomization"
+    assert set(k) <= {"apiVersion", "kind", "namespace", "resources", "images", "labels"}, set(k)
+    out = []
+    for res in k["resources"]:
+        path = os.path.join(DAEMONSET, res)
+        assert os.path.isfile(path), f"{res} listed in kustomization.yaml does not exist"
+        out += load_yaml(path)
+    images = {i["name"]: i for i in k.get("images", [])}
+    for doc in out:
+        if doc["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding", "RuntimeClass"):
+            doc["metadata"]["namespace"] = k["namespace"]
+        for pairs in k.get("labels", []):
+            doc["metadata"].setdefault("labels", {}).update(pairs["pairs"])
+        spec = doc.get("spec", {}).get("template", {}).get("spec", {})
+        for c in spec.get("containers", []):
+            name = c["image"].split(":")[0]
+            assert name in images, f"image {c['image']} has no images: entry"
+            c["image"] = f"{images[name].get('newName', name)}:{images[name]['newTag']}"
+    return out
+
+
+def validate(doc: dict) -> None:
+    kv = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate (bundles the schemas)")
+    kv.validate(doc, kv.latest_version(), strict=True)
+
+
+def test_kustomization_builds_and_every_manifest_is_valid():
+    docs = kustomize()
+    for doc in docs:
+        validate(doc)
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert kinds == {("Namespace", "gpuhook-system"), ("ServiceAccount", "gpuhook"), ("ClusterRole", "gpuhook-node"),
+                     ("ClusterRoleBinding", "gpuhook-node"), ("DaemonSet", "gpuhook"), ("RuntimeClass", "gpu-optional")}
+    by_kind = {d["kind"]: d for d in docs}
+    rc = by_kind["RuntimeClass"]
+    assert rc["handler"] == ctd.HANDLER
+    assert rc["scheduling"]["nodeSelector"] == {"gpuhook.dev/runtime-ready": "true"}
+    assert by_kind["ClusterRole"]["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    pod = by_kind["DaemonSet"]["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert pod["hostPID"] is True and c["securityContext"]["privileged"] is True
+    assert c["image"] == "gpuhook:0.1.0"
+    assert "gpuhook install --host-root /host" in " ".join(c["command"] + c["args"])
+    assert c["readinessProbe"]["exec"]["command"] == ["test", "-f", "/run/gpuhook/ready"]
+    assert "touch /run/gpuhook/ready" in c["args"][0]
+    assert set(c["resources"]) == {"requests", "limits"}
+    (mount,) = c["volumeMounts"]
+    (vol,) = pod["volumes"]
+    assert mount["mountPath"] == "/host" and vol["hostPath"]["path"] == "/" and vol["name"] == mount["name"]
+    lines = open(os.path.join(DAEMONSET, "daemonset.yaml")).read().splitlines()
+    i = next(i for i, line in enumerate(lines) if line.strip() == "privileged: true")
+    assert lines[i - 1].strip().startswith("#"), "privileged needs its reason beside it"
+
+
+def test_examples_are_valid_and_gpu_optional():
+    examples = {os.path.basename(p): load_yaml(p) for p in sorted(glob.glob(os.path.join(DAEMONSET, "examples", "*.yaml")))}
+    assert {"worker-deployment.yaml", "print-accelerator-pod.yaml", "uninstall-node.yaml"} <= set(examples)
+    for docs in examples.values():
+        for doc in docs:
+            validate(doc)
+    (worker,) = examples["worker-deployment.yaml"]
+    spec = worker["spec"]["template"]["spec"]
+    assert spec["runtimeClassName"] == "gpu-optional"
+    (pref,) = spec["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert pref["preference"]["matchExpressions"] == [
+        {"key": "gpuhook.dev/accelerator", "operator": "In", "values": ["nvidia", "amd", "intel"]}]
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in spec["affinity"]["nodeAffinity"]
+    assert "nvidia.com/gpu" not in json.dumps(worker)
+    (pod,) = examples["print-accelerator-pod.yaml"]
+    assert pod["spec"]["runtimeClassName"] == "gpu-optional"
+    assert "GPUHOOK_ACCELERATOR" in " ".join(pod["spec"]["containers"][0]["command"])
+    (un,) = examples["uninstall-node.yaml"]
+    assert un["spec"]["containers"][0]["command"][:2] == ["gpuhook", "uninstall"]
