@@ -174,10 +174,10 @@ def containerd(tmp_path, busybox_image_tar):
 
     def make(rt: Runtime, namespace: str = "gpuhook-test", cri: bool = False,
              runtimes: dict | None = None, config_path: str | None = None,
-             edit_config=None) -> containerd_harness.Containerd:
+             edit_config=None, binds: dict | None = None) -> containerd_harness.Containerd:
         env = {k: v for k, v in rt.env.items() if k.startswith("GPUHOOK_")}
         c = containerd_harness.Containerd(str(tmp_path / f"ctd{len(made)}"), env=env, cri=cri,
-                                          runtimes=runtimes, config_path=config_path)
+                                          runtimes=runtimes, config_path=config_path, binds=binds)
         made.append(c)
         c.write_config()
         if edit_config:
@@ -204,3 +204,15 @@ def cri_stubs(tmp_path_factory):
     import cri_client
 
     return cri_client.generate(str(tmp_path_factory.mktemp("cri-stubs")))
+
+
+@pytest.fixture(scope="session")
+def real_bundle(tmp_path_factory) -> str:
+    """The self-contained host bundle, built once per run by packaging/build-bundle.sh."""
+    if shutil.which("ldd") is None:
+        pytest.skip("the bundle build needs ldd (apt-get install libc-bin)")
+    out = tmp_path_factory.mktemp("bundle") / "gpuhook"
+    r = subprocess.run([os.path.join(REPO, "packaging", "build-bundle.sh"), str(out)],
+                       env=dict(os.environ, PYTHON=sys.executable), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    return str(out)

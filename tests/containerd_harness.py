@@ -24,6 +24,7 @@ import io
 import json
 import os
 import platform
+import shlex
 import shutil
 import signal
 import subprocess
@@ -185,13 +186,19 @@ class Containerd:
 
     def __init__(self, base_dir: str, *, env: dict[str, str] | None = None, cri: bool = True,
                  runtimes: dict[str, dict] | None = None, sandbox_image: str = IMAGE_NAME,
-                 extra_toml: str = "", log_level: str = "info", config_path: str | None = None) -> None:
+                 extra_toml: str = "", log_level: str = "info", config_path: str | None = None,
+                 binds: dict[str, str] | None = None) -> None:
         """runtimes: CRI handlers, name -> {"binary": path (options.BinaryName, optional),
         "pod_annotations": [...], "container_annotations": [...]} (all optional); a handler
         "runc" with plain runc is always there and is the default. extra_toml is appended
         to the config. config_path: where config.toml goes (default: in base_dir); to let
         another tool edit it (an installer adding a handler), call write_config(), run the
-        tool, then start(write_config=False)."""
+        tool, then start(write_config=False). binds: {node path: source dir}: containerd (and
+        the shims and runc it starts) runs in a mount namespace of its own where each source
+        is bind-mounted at its node path, over a tmpfs on the parent, so nothing is created
+        on this machine's root (e.g. the host bundle that `gpuhook install --host-root H`
+        puts in H/opt/gpuhook, at /opt/gpuhook where the handler's BinaryName points); a
+        source that is gone (an uninstall removed it) leaves the target empty."""
         self.base = os.path.abspath(base_dir)
         self.root = os.path.join(self.base, "root")
         self.state = os.path.join(self.base, "state")
@@ -213,6 +220,7 @@ class Containerd:
         self._log_file = None
         self._made_run_dir = False
         self.start_seconds: float | None = None
+        self.binds = dict(binds or {})
 
     # -- config ------------------------------------------------------------------
     def config_toml(self) -> str:
@@ -297,7 +305,16 @@ class Containerd:
         env.update(self.env)
         self._log_file = open(self.log_path, "ab")
         started = time.monotonic()
-        self.proc = subprocess.Popen([CONTAINERD, "--config", self.config_path], env=env,
+        cmd = [CONTAINERD, "--config", self.config_path]
+        if self.binds:
+            steps = []
+            for target, source in self.binds.items():
+                parent = os.path.dirname(target)
+                steps += [f"mount -t tmpfs gpuhook-test {shlex.quote(parent)}", f"mkdir -p {shlex.quote(target)}",
+                          f"if [ -d {shlex.quote(source)} ]; then mount --bind {shlex.quote(source)} {shlex.quote(target)}; fi"]
+            cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-ec",
+                   "; ".join(steps) + '; exec "$@"', "sh"] + cmd
+        self.proc = subprocess.Popen(cmd, env=env,
                                      stdin=subprocess.DEVNULL, stdout=self._log_file,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         deadline = started + timeout
@@ -346,6 +363,15 @@ class Containerd:
             opts += ["--runc-binary", runc_binary]
         return self.ctr(*opts, *(extra or []), image, cid, *args, namespace=namespace, check=False,
                         timeout=timeout)
+
+    def restart(self, timeout: float = 30) -> None:
+        """Stop containerd (SIGTERM, as a supervisor would) and start it again on the same
+        config file, as edited since; shims and their containers keep running."""
+        self._stop_containerd()
+        if self._log_file:
+            self._log_file.close()
+            self._log_file = None
+        self.start(timeout, write_config=False)
 
     def before_stop(self, fn) -> None:
         """Call `fn()` first thing in cleanup (e.g. remove CRI pods through CRI)."""

@@ -163,3 +163,59 @@ def test_unconfigured_handler_is_refused(kubelet):
     assert e.value.code() == grpc.StatusCode.UNKNOWN
     assert 'no runtime for "no-such-handler" is configured' in e.value.details()
     assert kubelet.cri.list_pod_sandbox() == []
+
+
+# -- the handler as `gpuhook install` writes it, and as `gpuhook uninstall` takes it away ------
+
+def test_installed_handler_through_cri_then_uninstalled(make_host, runtime, containerd, cri_stubs,
+                                                        real_bundle, tmp_path):
+    """The node as an operator gets it: containerd's own config.toml under a node root, edited
+    by `gpuhook install --runtime containerd --restart none`, BinaryName at /opt/gpuhook (the
+    host bundle, bind-mounted there for containerd only); after `gpuhook uninstall` and a
+    restart, the handler is gone."""
+    import subprocess
+    import sys
+
+    import cri_client
+    import grpc
+
+    node = tmp_path / "node"
+    config = node / "etc" / "containerd" / "config.toml"
+
+    def gpuhook(*args):
+        r = subprocess.run([sys.executable, "-m", "gpuhook", *args, "--host-root", str(node)],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    def install(path):
+        original[0] = open(path, "rb").read()
+        gpuhook("install", "--runtime", "containerd", "--restart", "none", "--bundle-dir", real_bundle)
+
+    original = [b""]
+    rt = runtime(make_host("nvidia", mknod=True))
+    ctd = containerd(rt, cri=True, config_path=str(config), edit_config=install,
+                     binds={"/opt/gpuhook": str(node / "opt" / "gpuhook")})
+    client = cri_client.CRIClient(ctd.address, cri_stubs)
+    ctd.before_stop(client.close)
+    ctd.before_stop(client.remove_all)
+    client.wait_image(IMAGE_NAME)
+    k = Kubelet(ctd, client, tmp_path)
+
+    pod_id, pod_config = k.run_pod("installed")
+    status, out = k.run_to_completion(pod_id, pod_config, "app", SHOW)
+    assert status.exit_code == 0, out
+    assert nodes_of(out)["/dev/nvidia3"] == (195, 3) and "accel=nvidia" in out
+    assert "open: cat: can't open '/dev/nvidia0': No such device or address" in out
+    # the bundled gpuhook-runtime (its own Python) did it, and left the pause container alone
+    assert [r["decision"] for r in records(rt, status.id)] == ["injected"]
+    assert [r["decision"] for r in records(rt, pod_id)] == ["sandbox"]
+
+    client.remove_all()
+    gpuhook("uninstall", "--runtime", "containerd", "--restart", "none")
+    assert config.read_bytes() == original[0]
+    ctd.restart()  # the gRPC channel reconnects by itself
+    client.wait_image(IMAGE_NAME)
+    with pytest.raises(grpc.RpcError) as e:
+        k.run_pod("after-uninstall")
+    assert 'no runtime for "gpu-optional" is configured' in e.value.details()

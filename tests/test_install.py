@@ -614,17 +614,6 @@ printf '%s\\n' "$@" > {tmp_path}/argv
 # -- the host bundle ---------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def real_bundle(tmp_path_factory) -> str:
-    if shutil.which("ldd") is None:
-        pytest.skip("the bundle build needs ldd (apt-get install libc-bin)")
-    out = tmp_path_factory.mktemp("bundle") / "gpuhook"
-    r = subprocess.run([os.path.join(REPO, "packaging", "build-bundle.sh"), str(out)],
-                       env=dict(os.environ, PYTHON=sys.executable), capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr
-    return str(out)
-
-
-@pytest.fixture(scope="module")
 def node_with_bundle(tmp_path_factory, real_bundle) -> str:
     """A node root with nothing but busybox, where `gpuhook install` put the real bundle."""
     root = tmp_path_factory.mktemp("bundled") / "node"
