@@ -34,13 +34,45 @@ def _list(parent: dict, key: str, where: str = "") -> list:
     return _field(parent, key, list, where)
 
 
+# The fields gpuhook reads or edits, the JSON type the real runtime wants for each, and for
+# their items. A spec where one has another type is not edited at all: gpuhook would read it
+# otherwise than runc does, and runc refuses it anyway, in its own words.
+_SHAPE = (
+    (("process",), dict, None), (("process", "env"), list, str), (("process", "user"), dict, None),
+    (("process", "user", "additionalGids"), list, int), (("root",), dict, None),
+    (("annotations",), dict, str), (("linux",), dict, None), (("linux", "devices"), list, dict),
+    (("linux", "resources"), dict, None), (("linux", "resources", "devices"), list, dict),
+    (("mounts",), list, dict), (("hooks",), dict, list),
+)
+
+
+def check(spec: dict) -> None:
+    """SpecError when a field that gpuhook reads or edits, or one of its items, has a type
+    the real runtime would refuse (null counts as absent)."""
+    for path, kind, item in _SHAPE:
+        node = spec
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if node is None:
+            continue
+        where = ".".join(path)
+        if not isinstance(node, kind):
+            raise SpecError(f"{where} is a {type(node).__name__}, not a{'n object' if kind is dict else ' list'}")
+        for value in (node.values() if kind is dict else node) if item is not None else ():
+            if not isinstance(value, item) or isinstance(value, bool):
+                raise SpecError(f"{where} has an item of type {type(value).__name__}")
+            if path == ("hooks",) and any(not isinstance(h, dict) for h in value):
+                raise SpecError("hooks has an entry that is not an object")
+
+
 def apply(spec: dict, edits: Edits) -> dict:
     """Edit a copy of `spec` and return it; empty edits return `spec` itself, untouched.
 
-    SpecError when a field that an edit needs has the wrong type (the input is never
-    modified, whatever happens)."""
+    SpecError when a field that gpuhook reads or edits has the wrong type (check()); the
+    input is never modified, whatever happens."""
     if not edits:
         return spec
+    check(spec)
     spec = _copy(spec)
     if edits.env:
         env = _list(_dict(spec, "process"), "env", "process.")
@@ -118,8 +150,16 @@ def write_atomic(path: str, data: bytes, mode: int | None = None, sync_dir: bool
             mode = os.stat(path).st_mode & 0o7777
         except FileNotFoundError:
             mode = 0o644
-    tmp = os.path.join(d, f".{os.path.basename(path)}.gpuhook-{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    # A random part besides the pid: a temp file left by a killed writer whose pid is now
+    # another's (or the same pid in another pid namespace) must not make every write fail.
+    for attempt in range(8):
+        tmp = os.path.join(d, f".{os.path.basename(path)}.gpuhook-{os.getpid()}-{os.urandom(6).hex()}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+            break
+        except FileExistsError:
+            if attempt == 7:
+                raise
     try:
         try:
             view = memoryview(data)

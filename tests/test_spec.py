@@ -166,9 +166,16 @@ def test_fastjson_matches_json(value):
 
 @given(st.one_of(st.text(max_size=64), st.text(alphabet='[]{}",:0123456789.eE-+ truefalsnNaIfiy\\u', max_size=24)))
 def test_fastjson_rejects_or_parses_like_json(text):
-    """Same as json.loads, except that NaN and Infinity (not JSON) are refused."""
+    """Same as json.loads, except that NaN and Infinity (not JSON) and duplicate keys
+    (which runc reads otherwise) are refused."""
+    def no_duplicates(pairs):
+        if len(dict(pairs)) != len(pairs):
+            raise ValueError("duplicate key")
+        return dict(pairs)
+
     try:
-        want = json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+        want = json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)),
+                          object_pairs_hook=no_duplicates)
     except (ValueError, RecursionError):
         with pytest.raises(ValueError):
             fastjson.loads(text)

@@ -59,6 +59,9 @@ def probe_cached(root: str, cache_dir: str, ttl: float) -> Inventory:
     path = _file(cache_dir, root)
     try:
         with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+                raise ValueError("not written by gpuhook")  # never trusted (SECURITY.md)
             record = fastjson.loads(f.read(1 << 22))
         if record["fingerprint"] == key and 0 <= time.time() - record["time"] < ttl:
             return inventory_from_dict(record["inventory"])
