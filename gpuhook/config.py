@@ -19,19 +19,25 @@ DEFAULT_PATH = "/etc/gpuhook/config.toml"
 FAIL_MODES = ("open", "closed")
 
 
-class Config(Record, fields="runtime host_root log_file fail_mode ldconfig probe_cache_ttl",
-             defaults=(None, "/", "/var/log/gpuhook.log", "open", None, 10.0)):
+SHARE_MODES = ("all", "unallocated")
+MPS_PIPE_DIR = "/tmp/nvidia-mps"
+
+
+class Config(Record, fields="runtime host_root log_file fail_mode ldconfig probe_cache_ttl share mps_pipe_dir",
+             defaults=(None, "/", "/var/log/gpuhook.log", "open", None, 10.0, "all", MPS_PIPE_DIR)):
     """runtime: the real OCI runtime, a name on PATH or a path (None: first of runc, crun).
     host_root: where the node's / is (tests and dry runs point it at a fake host).
     log_file: one JSON line per create ("" disables). fail_mode: open | closed.
     ldconfig: the node's ldconfig for the ld-cache hook (None: found on the node).
-    probe_cache_ttl: seconds a probe result may be reused (probe/cache.py); 0 disables."""
+    probe_cache_ttl: seconds a probe result may be reused (probe/cache.py); 0 disables.
+    share: all | unallocated (GPUs the kubelet allocated to other pods are never given).
+    mps_pipe_dir: the node's NVIDIA MPS control daemon pipe directory (mounted when present)."""
 
     __slots__ = ()
 
 
 _TYPES = {"runtime": str, "host_root": str, "log_file": str, "fail_mode": str, "ldconfig": str,
-          "probe_cache_ttl": (int, float)}
+          "probe_cache_ttl": (int, float), "share": str, "mps_pipe_dir": str}
 
 
 def config_path() -> str:
@@ -58,6 +64,10 @@ def from_dict(data: dict) -> tuple[Config, list[str]]:
         elif not isinstance(value, want) or isinstance(value, bool):
             kind = "a string" if want is str else "a number"
             errors.append(f"{key}: expected {kind}, got {type(value).__name__}; default used")
+        elif isinstance(value, str) and "\0" in value:  # no path or name holds one; os.* raise on it
+            errors.append(f"{key}: contains a NUL character; default used")
+        elif isinstance(value, float) and not abs(value) < float("inf"):  # TOML has nan and inf
+            errors.append(f"{key}: {value} is not a finite number; default used")
         else:
             values[key] = value
     if values.get("fail_mode", "open") not in FAIL_MODES:
@@ -66,7 +76,18 @@ def from_dict(data: dict) -> tuple[Config, list[str]]:
         errors.append(f"probe_cache_ttl: {values.pop('probe_cache_ttl')} is negative; default used")
     if "host_root" in values and not values["host_root"].startswith("/"):
         errors.append(f"host_root: {values.pop('host_root')!r} is not an absolute path; '/' used")
+    if values.get("share", "all") not in SHARE_MODES:
+        errors.append(f"share: {values.pop('share')!r} is not one of all, unallocated; 'all' used")
+    if "mps_pipe_dir" in values and not is_clean_abspath(values["mps_pipe_dir"]):
+        errors.append(f"mps_pipe_dir: {values.pop('mps_pipe_dir')!r} is not a normal absolute path; "
+                      f"{MPS_PIPE_DIR!r} used")
     return Config(**values), errors
+
+
+def is_clean_abspath(path: str) -> bool:
+    """Absolute, normal (no '.', '..', '//' or trailing '/'), not '/' itself."""
+    return (path.startswith("/") and path != "/" and "\0" not in path
+            and all(p not in ("", ".", "..") for p in path[1:].split("/")))
 
 
 def cache_dir() -> str:
@@ -77,13 +98,16 @@ def load(path: str | None = None) -> tuple[Config, list[str]]:
     """(config, errors). Never raises."""
     path = path or config_path()
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        # O_NONBLOCK: a FIFO in its place must not hang every container start
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
         return Config(), []
     except OSError as e:
         return Config(), [f"cannot read {path}: {e.strerror or e}; defaults used"]
     try:
         st = os.fstat(fd)
+        if st.st_mode & 0o170000 != 0o100000:
+            return Config(), [f"{path} is not a regular file; defaults used"]
         key = [os.path.abspath(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
         cached = _cache_get(key)
         if cached is not None:
@@ -113,6 +137,9 @@ def _cache_get(key: list) -> tuple[Config, list[str]] | None:
 
     try:
         with open(_cache_file(key), "rb") as f:
+            st = os.fstat(f.fileno())
+            if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+                return None  # not written by gpuhook: never trusted (SECURITY.md)
             record = fastjson.loads(f.read(1 << 20))
         if record["key"] != key:
             return None

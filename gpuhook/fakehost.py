@@ -83,13 +83,16 @@ class FakeHost:
         self.file(path + "/uevent", "\n".join(ev) + "\n")
         return path
 
-    def drm(self, device_path: str, name: str, minor: int) -> None:
-        """A DRM node (card<N> or renderD<N>) of the device at `device_path`."""
+    def drm(self, device_path: str, name: str, minor: int, gid: int | None = None) -> None:
+        """A DRM node (card<N> or renderD<N>) of the device at `device_path`; its group is
+        `gid`, else the host's render/video group (root when there is none)."""
         self.file(f"{device_path}/drm/{name}/dev", f"{DRM_MAJOR}:{minor}\n")
         self.symlink(f"{device_path}/drm/{name}/device", "../../../" + os.path.basename(device_path))
         rel = os.path.relpath(self.p(f"{device_path}/drm/{name}"), self.p("/sys/class/drm"))
         self.symlink(f"/sys/class/drm/{name}", rel)
-        self.chardev(f"/dev/dri/{name}", DRM_MAJOR, minor, 0o660, gid=_group_gid("render" if name.startswith("render") else "video"))
+        if gid is None:
+            gid = _group_gid("render" if name.startswith("render") else "video")
+        self.chardev(f"/dev/dri/{name}", DRM_MAJOR, minor, 0o660, gid=gid)
         bdf = os.path.basename(device_path)
         kind = "render" if name.startswith("render") else "card"
         if ":" in bdf:
@@ -119,8 +122,28 @@ class FakeHost:
             os.unlink(src)
         else:
             self.file(real, b"\x7fELF fake\n")
-        self.symlink(f"{libdir}/{soname}", os.path.basename(real))
+        if soname != os.path.basename(real):  # libnvidia-glcore.so.<version> is its own soname
+            self.symlink(f"{libdir}/{soname}", os.path.basename(real))
         return real
+
+    def socket(self, path: str) -> None:
+        """A listening-socket file (a real AF_UNIX socket with mknod, else an empty file)."""
+        full = self.p(path)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        if os.path.lexists(full):
+            os.unlink(full)
+        if not self.mknod:
+            self.file(path, "")
+            return
+        import socket
+
+        # bind through /proc/self/fd: a socket path is limited to 108 bytes
+        dfd = os.open(os.path.dirname(full), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.bind(f"/proc/self/fd/{dfd}/{os.path.basename(full)}")
+        finally:
+            os.close(dfd)
 
     def ldconfig(self, dirs: list[str]) -> bool:
         """Write etc/ld.so.cache with the real ldconfig; False when there is none."""
@@ -151,14 +174,51 @@ NVIDIA_LIBS = {
     "libnvidia-ml.so.1": "utility",
     "libnvidia-cfg.so.1": "utility",
 }
+NVIDIA_VIDEO_LIBS = {
+    "libnvcuvid.so.1": "video",
+    "libnvidia-encode.so.1": "video",
+    "libnvidia-opticalflow.so.1": "video",
+    "libvdpau_nvidia.so.1": "video",  # in <libdir>/vdpau
+}
+NVIDIA_GRAPHICS_LIBS = {  # VERSION: the driver's version (these sonames are versioned names)
+    "libGLX_nvidia.so.0": "graphics",
+    "libEGL_nvidia.so.0": "graphics",
+    "libGLESv2_nvidia.so.2": "graphics",
+    "libnvidia-glcore.so.VERSION": "graphics",
+    "libnvidia-eglcore.so.VERSION": "graphics",
+    "libnvidia-glsi.so.VERSION": "graphics",
+    "libnvidia-tls.so.VERSION": "graphics",
+    "libnvidia-vulkan-producer.so.VERSION": "graphics",
+}
+NVIDIA_GRAPHICS_FILES = {
+    "/usr/share/vulkan/icd.d/nvidia_icd.json":
+        '{"file_format_version": "1.0.0", "ICD": {"library_path": "libGLX_nvidia.so.0", "api_version": "1.3.277"}}\n',
+    "/usr/share/glvnd/egl_vendor.d/10_nvidia.json":
+        '{"file_format_version": "1.0.0", "ICD": {"library_path": "libEGL_nvidia.so.0"}}\n',
+}
 
 
 def nvidia(fh: FakeHost, gpus: int = 8, driver: str = "550.54.14", minors: list[int] | None = None,
-           uvm_node: bool = True, libs: bool = True, model: str = "NVIDIA H100 80GB HBM3") -> None:
+           uvm_node: bool = True, libs: bool = True, model: str = "NVIDIA H100 80GB HBM3", *,
+           graphics: bool = False, video: bool = False, stale: str | None = None, mig: bool = False,
+           nvswitch: int = 0, imex_channels: int = 0, firmware: bool = False, persistenced: bool = False,
+           fabricmanager: bool = False, mps: bool = False) -> None:
     """An NVIDIA node: `gpus` GPUs whose Device Minors are `minors` (default: reversed, so
-    they differ from the indices), nvidia-uvm present or not yet created."""
+    they differ from the indices), nvidia-uvm present or not yet created.
+
+    The keywords add the rest of a full driver install (all off by default):
+    graphics (GL/EGL/Vulkan libraries, their ICD/vendor JSON files, a card/render DRM node
+    per GPU), video (NVDEC/NVENC/VDPAU libraries), stale (libraries of that other driver
+    version beside the running one, libcuda.so.1 pointing at the stale one), mig (the
+    first GPU in MIG mode: GI 1 with CI 0, GI 2 with CIs 0 and 1; mig-minors, the
+    capabilities in /proc and /dev/nvidia-caps, config and monitor too), nvswitch (that many
+    NVSwitches and the nvswitchctl node), imex_channels, firmware (GSP firmware of the
+    running and of an older version), persistenced / fabricmanager (their sockets), mps
+    (an MPS control daemon's pipe directory)."""
     minors = minors if minors is not None else list(reversed(range(gpus)))
     fh.majors.update({"nvidia-frontend": NVIDIA_MAJOR, "nvidia-uvm": 510, "nvidia-caps": 235, "nvidia-nvswitch": 511})
+    if imex_channels:
+        fh.majors["nvidia-caps-imex-channels"] = 234
     fh.file("/proc/driver/nvidia/version",
             f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {driver}  Thu Feb 22 01:44:30 UTC 2024\n"
             "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")
@@ -170,19 +230,88 @@ def nvidia(fh: FakeHost, gpus: int = 8, driver: str = "550.54.14", minors: list[
                 f"Video BIOS: \t 96.00.99.00.01\nBus Type: \t PCIe\nDMA Size: \t 52 bits\n"
                 f"DMA Mask: \t 0xfffffffffffff\nBus Location: \t {bdf}\nDevice Minor: \t {minors[i]}\n"
                 "GPU Firmware: \t 550.54.14\nGPU Excluded:\t No\n")
-        fh.pci_device(bdf, 0x10DE, 0x2330, "nvidia", 0x030200)
+        path = fh.pci_device(bdf, 0x10DE, 0x2330, "nvidia", 0x030200)
         fh.chardev(f"/dev/nvidia{minors[i]}", NVIDIA_MAJOR, minors[i])
+        if graphics:
+            fh.drm(path, f"card{i + 1}", i + 1)
+            fh.drm(path, f"renderD{128 + i}", 128 + i)
     fh.chardev("/dev/nvidiactl", NVIDIA_MAJOR, 255)
     if uvm_node:
         fh.chardev("/dev/nvidia-uvm", 510, 0)
         fh.chardev("/dev/nvidia-uvm-tools", 510, 1)
+    if graphics:
+        fh.majors["drm"] = DRM_MAJOR
     fh.proc_devices()
+    if mig:
+        nvidia_mig(fh, minors[0], {1: [0], 2: [0, 1]}, gpus=max(minors) + 1)
+    if nvswitch:
+        fh.chardev("/dev/nvidia-nvswitchctl", 511, 255)
+        for i in range(nvswitch):
+            fh.chardev(f"/dev/nvidia-nvswitch{i}", 511, i)
+    for i in range(imex_channels):
+        fh.chardev(f"/dev/nvidia-caps-imex-channels/channel{i}", 234, i)
+    if firmware:
+        for name in ("gsp_ga10x.bin", "gsp_tu10x.bin"):
+            fh.file(f"/lib/firmware/nvidia/{driver}/{name}", b"\x00fake gsp firmware\n")
+        fh.file("/lib/firmware/nvidia/535.104.05/gsp_ga10x.bin", b"\x00an older driver's firmware\n")
+    if persistenced:
+        fh.socket("/run/nvidia-persistenced/socket")
+    if fabricmanager:
+        fh.socket("/run/nvidia-fabricmanager/socket")
+    if mps:
+        os.makedirs(fh.p("/tmp/nvidia-mps"), exist_ok=True)
+        if fh.mknod:
+            os.mkfifo(fh.p("/tmp/nvidia-mps/control"))
+        else:
+            fh.file("/tmp/nvidia-mps/control", "")
+        fh.file("/tmp/nvidia-mps/log/control.log", "")
     if libs:
         libdir = "/usr/lib/x86_64-linux-gnu"
-        for soname in NVIDIA_LIBS:
-            fh.library(libdir, soname, driver)
+        names = dict(NVIDIA_LIBS)
+        if video:
+            names.update(NVIDIA_VIDEO_LIBS)
+        if graphics:
+            names.update({k.replace("VERSION", driver): v for k, v in NVIDIA_GRAPHICS_LIBS.items()})
+        for soname in names:
+            fh.library(f"{libdir}/vdpau" if soname.startswith("libvdpau") else libdir, soname, driver)
+        if stale:
+            for soname in ("libcuda.so.1", "libnvidia-ml.so.1"):
+                fh.library(libdir, soname, stale)  # the soname link now points at the stale one
         fh.file("/usr/bin/nvidia-smi", "#!/bin/sh\necho fake nvidia-smi\n", 0o755)
+        if mps:
+            fh.file("/usr/bin/nvidia-cuda-mps-control", "#!/bin/sh\n", 0o755)
+        if graphics:
+            for path, text in NVIDIA_GRAPHICS_FILES.items():
+                fh.file(path, text)
         fh.ldconfig([libdir])
+
+
+def nvidia_mig(fh: FakeHost, gpu_minor: int, instances: dict[int, list[int]], gpus: int = 1) -> dict[str, int]:
+    """MIG on the GPU with Device Minor `gpu_minor`: instances = {GI id: [CI ids]}. Writes the
+    driver's mig-minors table (every possible instance of `gpus` GPUs, as the driver does),
+    /proc/driver/nvidia/capabilities/... access files and /dev/nvidia-caps/nvidia-cap<N>
+    (config and monitor too). Returns name -> minor of what was made."""
+    table = {"config": 1, "monitor": 2}
+    for g in range(gpus):
+        for gi in range(15):
+            base = 3 + g * 135 + gi * 9
+            table[f"gpu{g}/gi{gi}/access"] = base
+            for ci in range(8):
+                table[f"gpu{g}/gi{gi}/ci{ci}/access"] = base + 1 + ci
+    fh.file("/proc/driver/nvidia-caps/mig-minors", "".join(f"{k} {v}\n" for k, v in table.items()))
+    made = {"config": 1, "monitor": 2}
+    for name in ("config", "monitor"):
+        fh.file(f"/proc/driver/nvidia/capabilities/mig/{name}",
+                f"DeviceFileMinor: {table[name]}\nDeviceFileMode: 256\nDeviceFileModify: 1\n")
+    for gi, cis in instances.items():
+        names = [f"gpu{gpu_minor}/gi{gi}/access"] + [f"gpu{gpu_minor}/gi{gi}/ci{ci}/access" for ci in cis]
+        for name in names:
+            made[name] = table[name]
+            fh.file(f"/proc/driver/nvidia/capabilities/{name.replace(f'gi{gi}', f'mig/gi{gi}', 1)}",
+                    f"DeviceFileMinor: {table[name]}\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+    for minor in made.values():
+        fh.chardev(f"/dev/nvidia-caps/nvidia-cap{minor}", fh.majors.get("nvidia-caps", 235), minor, 0o444)
+    return made
 
 
 def cpu_only(fh: FakeHost) -> None:
@@ -223,11 +352,74 @@ def intel(fh: FakeHost, dgpu: bool = True) -> None:
     fh.proc_devices()
 
 
+def amd_mi300(fh: FakeHost, gpus: int = 1, partitions: int = 8, render_gid: int | None = None,
+              video_gid: int | None = None) -> None:
+    """AMD Instinct MI300X in a compute-partition mode (CPX: 8 partitions per GPU).
+
+    Each partition is its own KFD node (location_id: the function bits differ) with its own
+    render node: partition 0 on the PCI device (card + render), the others on the amdgpu_xcp
+    platform devices the driver registers (/sys/devices/platform/amdgpu_xcp.<N>, numbered
+    across GPUs, each with a card and a render node). /dev/kfd and the render nodes belong to
+    `render_gid`, the card nodes to `video_gid` (default: the host's render/video groups,
+    else 109/44), mode 0660, as udev makes them."""
+    render_gid = render_gid if render_gid is not None else (_group_gid("render") or 109)
+    video_gid = video_gid if video_gid is not None else (_group_gid("video") or 44)
+    fh.majors.update({"kfd": 235, "drm": DRM_MAJOR})
+    fh.chardev("/dev/kfd", 235, 0, 0o660, gid=render_gid)
+    topo = "/sys/class/kfd/kfd/topology/nodes"
+    fh.file(f"{topo}/0/properties", "cpu_cores_count 96\nsimd_count 0\nvendor_id 0\ndevice_id 0\n"
+            "location_id 0\ndomain 0\ndrm_render_minor 0\n")
+    xcp = card = 0
+    node = 1
+    for g in range(gpus):
+        bus = 0x05 + 0x20 * g
+        path = fh.pci_device(f"0000:{bus:02x}:00.0", 0x1002, 0x74A1, "amdgpu", 0x120000)
+        for p in range(partitions):
+            card += 1
+            minor = 128 + g * partitions + p
+            if p:
+                path = f"/sys/devices/platform/amdgpu_xcp.{xcp}"
+                fh.file(path + "/uevent", "")
+                xcp += 1
+            fh.drm(path, f"card{card}", card, gid=video_gid)
+            fh.drm(path, f"renderD{minor}", minor, gid=render_gid)
+            fh.file(f"{topo}/{node}/properties",
+                    f"cpu_cores_count 0\nsimd_count 152\nvendor_id 4098\ndevice_id 29857\n"
+                    f"location_id {(bus << 8) | p}\ndomain 0\ndrm_render_minor {minor}\n"
+                    "gfx_target_version 90402\nnum_xcc 1\n")
+            node += 1
+    fh.proc_devices()
+
+
+def intel_sriov(fh: FakeHost, vfs: int = 2, vf_driver: str = "xe") -> None:
+    """An Intel Data Center GPU Flex (xe) whose physical function has `vfs` virtual functions
+    enabled (sriov_numvfs, virtfn<N> links; each VF has a physfn link back). VFs bound to
+    xe/i915 have their own card/render nodes; bound to vfio-pci (for VMs) they have none."""
+    fh.majors["drm"] = DRM_MAJOR
+    pf = fh.drm_gpu("0000:03:00.0", 0x8086, 0x56C0, "xe", card=1, render=129)
+    fh.file(pf + "/sriov_totalvfs", "16\n")
+    fh.file(pf + "/sriov_numvfs", f"{vfs}\n")
+    for i in range(vfs):
+        bdf = f"0000:03:00.{i + 1}"
+        vf = fh.pci_device(bdf, 0x8086, 0x56C5, vf_driver, 0x038000)
+        fh.symlink(f"{pf}/virtfn{i}", f"../{bdf}")
+        fh.symlink(f"{vf}/physfn", "../0000:03:00.0")
+        if vf_driver in ("xe", "i915"):
+            fh.drm(vf, f"card{i + 2}", i + 2)
+            fh.drm(vf, f"renderD{130 + i}", 130 + i)
+    fh.proc_devices()
+
+
 SCENARIOS = {
     "nvidia": lambda fh: nvidia(fh),
     "amd": lambda fh: amd(fh),
     "intel": lambda fh: intel(fh),
     "nvidia+intel": lambda fh: (nvidia(fh, gpus=2), intel(fh, dgpu=False)),
+    "nvidia-full": lambda fh: nvidia(fh, gpus=4, graphics=True, video=True, mig=True, nvswitch=2,
+                                     imex_channels=2, firmware=True, persistenced=True,
+                                     fabricmanager=True, mps=True),
+    "mi300": lambda fh: amd_mi300(fh),
+    "intel-sriov": lambda fh: intel_sriov(fh),
     "bmc": bmc_only,
     "cpu": cpu_only,
 }

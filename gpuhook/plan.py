@@ -1,6 +1,27 @@
 """Policy: (Inventory, Request) -> Edits. Every decision about what a container gets lives here.
 
-The probe only reports and the spec editor only applies; this module decides.
+The probe only reports and the spec editor only applies; this module decides. Its inputs
+are validated by policy.py (annotations, env, state); the decisions, in order:
+
+1. Nothing for a sandbox (pause) container, a CPU-only node, or `gpuhook.dev/inject: "false"`.
+2. Vendors: every vendor of the node, narrowed by `gpuhook.dev/vendors`.
+3. Devices of a vendor: when the spec already holds nodes of that vendor's devices (a device
+   plugin put them there), exactly those: no further device of that vendor. Else every
+   device, narrowed for NVIDIA by NVIDIA_VISIBLE_DEVICES (void/empty: nothing; none: driver
+   files only; a list of indices or UUIDs), and, with the node's `share = "unallocated"`,
+   without the devices the kubelet allocated to other pods.
+4. `gpuhook.dev/max-gpus`: at most that many devices in all, the devices already in the spec
+   counted first; the others chosen least-used first (policy.least_used: round robin over
+   the node's state file).
+5. Per vendor, what the chosen devices need: their nodes, the vendor's control nodes,
+   libraries and tools; for NVIDIA only what NVIDIA_DRIVER_CAPABILITIES asks for (DRM
+   nodes only for graphics/display), GSP firmware and the IPC sockets, the MPS pipe
+   directory with compute; for Intel the /dev/dri/by-path links; the host groups of nodes
+   that only a group may open (render, video) as additional GIDs.
+
+Reasons for every refusal (invalid annotation, unknown GPU in NVIDIA_VISIBLE_DEVICES...)
+are appended to `warnings`: the runtime logs them, and the container starts as the node
+policy says.
 """
 
 
@@ -8,13 +29,14 @@ import os
 from .record import Record
 
 from .edits import Edits, DeviceNode, Hook, Mount
-from .inventory import Inventory, Node
+from .inventory import Device, Inventory, Node, VendorInventory
+from . import policy
 
 SANDBOX_ANNOTATIONS = (
     ("io.kubernetes.cri.container-type", "sandbox"),  # containerd CRI
     ("io.kubernetes.cri-o.ContainerType", "sandbox"),  # CRI-O
 )
-INJECT_ANNOTATION = "gpuhook.dev/inject"
+INJECT_ANNOTATION = policy.INJECT
 LDCONFIG_CANDIDATES = ("/sbin/ldconfig.real", "/sbin/ldconfig", "/usr/sbin/ldconfig")
 HOOK_ENV = ("PATH=/usr/sbin:/usr/bin:/sbin:/bin",)
 # A createContainer hook runs in the container's mount namespace before pivot_root, as root
@@ -22,11 +44,41 @@ HOOK_ENV = ("PATH=/usr/sbin:/usr/bin:/sbin:/bin",)
 # it to a host path; a failure is reported but never stops the container.
 LDCACHE_SCRIPT = ('l=$1; r=$2; shift 2; "$l" -r "$r" "$@" '
                   '|| echo "gpuhook: ldconfig in $r failed; driver libraries need LD_LIBRARY_PATH" >&2; exit 0')
+# /dev/dri/by-path/pci-<address>-{card,render} links for Level Zero (OCI has no symlink edit).
+# Same stage and rules as above. runc has made the container's /dev (a tmpfs) and the nodes
+# by then; the script only ever creates <rootfs>/dev/dri/by-path/<name>, and refuses when
+# <rootfs>/dev, dev/dri or dev/dri/by-path is a symlink (which, before pivot_root, could
+# lead out of the rootfs); `ln -sfn` never follows an existing link. Names and targets are
+# made here from sysfs data and checked (BYPATH_CHARS), never taken from the container.
+BYPATH_SCRIPT = (
+    'r=$1; shift; d="$r/dev/dri"; b="$d/by-path"; '
+    'for p in "$r/dev" "$d"; do if [ -L "$p" ] || [ ! -d "$p" ]; then '
+    'echo "gpuhook: $p is not a directory; /dev/dri/by-path links not made" >&2; exit 0; fi; done; '
+    'if [ -L "$b" ]; then echo "gpuhook: $b is a symlink; /dev/dri/by-path links not made" >&2; exit 0; fi; '
+    '[ -d "$b" ] || mkdir -m 755 "$b" || exit 0; '
+    'while [ $# -ge 2 ]; do if [ -L "$b/$1" ] || [ ! -e "$b/$1" ]; then ln -sfn "$2" "$b/$1"; fi; shift 2; done; exit 0')
+BYPATH_CHARS = frozenset("0123456789abcdef:.")
+BIND_RW = ("nosuid", "nodev", "noexec", "rbind", "rprivate")
+IMEX_PREFIX = "/dev/nvidia-caps-imex-channels/channel"
+NVIDIA_DRIVER_ONLY_CAPS = ("firmware", "ipc")  # mounted with any NVIDIA driver files
+# the capability each NVIDIA tool serves: probe/nvidia.py's BINARIES (a copy, so that a create
+# whose probe came from the cache does not import the probe; tests hold them equal)
+NVIDIA_BINARY_CAPS = {
+    "nvidia-smi": "utility",
+    "nvidia-debugdump": "utility",
+    "nvidia-persistenced": "utility",
+    "nvidia-cuda-mps-control": "compute",
+    "nvidia-cuda-mps-server": "compute",
+    "nvidia-ngx-updater": "ngx",
+}
 
 
-class Request(Record, fields="env annotations rootfs device_paths"):
+class Request(Record, fields="env annotations rootfs device_paths spec_devices mounts",
+              defaults=(None, ())):
     """What the container brings: its env (dict), annotations (dict), absolute rootfs path
-    (None when unknown), and the paths of device nodes its spec already has."""
+    (None when unknown), the paths of device nodes its spec already has, those devices'
+    numbers (path -> (type, major, minor), or None where the spec gives none), and the
+    destinations of its mounts."""
 
     __slots__ = ()
 
@@ -52,8 +104,17 @@ def request_from_spec(spec: dict, bundle: str | None = None) -> Request:
     else:
         rootfs = None
     linux = spec.get("linux") if isinstance(spec.get("linux"), dict) else {}
-    paths = frozenset(d.get("path") for d in linux.get("devices") or () if isinstance(d, dict))
-    return Request(env, annotations, rootfs and os.path.normpath(rootfs), paths)
+    devices = linux.get("devices") if isinstance(linux.get("devices"), list) else ()
+    numbers = {}
+    for d in devices:
+        if isinstance(d, dict) and isinstance(d.get("path"), str):
+            t, ma, mi = d.get("type"), d.get("major"), d.get("minor")
+            ok = isinstance(ma, int) and isinstance(mi, int) and not isinstance(ma, bool)
+            numbers[d["path"]] = ((t if t in ("c", "b", "u") else "c"), ma, mi) if ok else None
+    paths = frozenset(d.get("path") for d in devices if isinstance(d, dict))
+    mounts = spec.get("mounts") if isinstance(spec.get("mounts"), list) else ()
+    dests = tuple(m["destination"] for m in mounts if isinstance(m, dict) and isinstance(m.get("destination"), str))
+    return Request(env, annotations, rootfs and os.path.normpath(rootfs), paths, numbers, dests)
 
 
 def find_ldconfig() -> str | None:
@@ -70,36 +131,232 @@ def _on_host(root: str, path: str) -> str:
     return path if root == "/" else root.rstrip("/") + path
 
 
-def plan(inv: Inventory, req: Request, ldconfig: str | None = None) -> Edits:
-    """The edits for one container. Empty Edits mean: leave the spec exactly as it is."""
+def _drop(_msg: str) -> None:
+    pass
+
+
+class _Choice(Record, fields="vendor devices driver_only"):
+    """One vendor's share of the container: its inventory, the devices given (fixed ones
+    from the spec first), and whether it gives driver files without any device."""
+
+    __slots__ = ()
+
+
+def _in_spec(d: Device, req: Request) -> bool:
+    """Does the spec already hold a node of this device (a device plugin's)? By number; by
+    path only where the spec gives no number."""
+    known = req.spec_devices or {}
+    for n in d.nodes:
+        if n.path.startswith("/dev/nvidia-caps/"):
+            continue  # MIG capabilities come with the GPU, they do not name it
+        if n.path in known:
+            have = known[n.path]
+            if have is None or have == (n.type, n.major, n.minor):
+                return True
+        elif (n.type, n.major, n.minor) in _numbers(known):
+            return True
+    return False
+
+
+def _numbers(known: dict) -> frozenset:
+    return frozenset(v for v in known.values() if v is not None)
+
+
+def _visible_nvidia(v: VendorInventory, vis: policy.Visible, warn) -> list[Device]:
+    if vis.mode == "all":
+        return list(v.devices)
+    if vis.mode != "list":
+        return []
+    picked: list[Device] = []
+    for t in vis.tokens:
+        low = t.lower()
+        if t.isascii() and t.isdigit():
+            found = [d for d in v.devices if d.index == int(t)]
+        elif low.startswith("gpu-"):
+            found = [d for d in v.devices if d.id.lower().startswith(low)]
+        else:
+            warn(f"{policy.VISIBLE_ENV}: {policy.show(t)} is not a GPU index or UUID "
+                 "(MIG devices are not supported), ignored")
+            continue
+        if len(found) != 1:
+            what = "matches no GPU of this node" if not found else f"matches {len(found)} GPUs"
+            warn(f"{policy.VISIBLE_ENV}: {policy.show(t)} {what}, ignored")
+            continue
+        if found[0] not in picked:
+            picked.append(found[0])
+    return sorted(picked, key=lambda d: d.index)
+
+
+def _allocated(d: Device, pairs: list[tuple[str, str]]) -> bool:
+    """Is the device among the kubelet's allocations to other pods? Device plugins name
+    NVIDIA GPUs by UUID (or index), AMD and others by PCI address (a partition is taken
+    when its GPU is), Intel's by card name (card1, card1-0)."""
+    keys = {x.lower() for x in (d.id, d.pci, d.parent) if x}
+    cards = {n.path[9:] for n in d.nodes if n.path.startswith("/dev/dri/card")}
+    for resource, ident in pairs:
+        low = ident.lower()
+        if low in keys or low.split("-")[0] in cards:
+            return True
+        if d.vendor == "nvidia" and resource.startswith("nvidia.com/") and low.isascii() and low.isdigit() \
+                and int(low) == d.index:
+            return True
+    return False
+
+
+def plan(inv: Inventory, req: Request, ldconfig: str | None = None, config=None,
+         state_dir: str | None = None, warnings: list | None = None) -> Edits:
+    """The edits for one container. Empty Edits mean: leave the spec exactly as it is.
+
+    config: the node config (gpuhook.config.Config; None: the defaults). state_dir: where
+    the round robin of max-gpus remembers what it gave (None: no memory, the first devices).
+    warnings: a list the reasons for what was refused are appended to."""
+    warn = warnings.append if warnings is not None else _drop
     if req.is_sandbox or not inv.vendors:
         return Edits()
-    if req.annotations.get(INJECT_ANNOTATION, "").strip().lower() in ("false", "0", "no", "off"):
+    pod = policy.pod_policy(req.annotations, warn)
+    if not pod.inject:
         return Edits()
+    share = getattr(config, "share", "all")
+    allocated: list | None = []
+    if share == "unallocated":
+        allocated, why = policy.allocated_devices(inv.root, policy.pod_uid(req.annotations))
+        if allocated is None:
+            warn(f"share = unallocated: {why}; no GPU is given (which are free is unknown)")
+    choices: list[_Choice] = []
+    fixed_count = 0
+    for v in inv.vendors:
+        if not v.devices or (pod.vendors is not None and v.vendor not in pod.vendors):
+            continue
+        fixed = [d for d in v.devices if _in_spec(d, req)]
+        driver_only = False
+        if v.vendor == "nvidia":
+            vis = policy.nvidia_visible(req.env, req.mounts)
+            if vis.mode == "void":
+                continue
+            driver_only = vis.mode == "none"
+            candidates = [] if fixed else _visible_nvidia(v, vis, warn)
+        else:
+            candidates = [] if fixed else list(v.devices)
+        if candidates and allocated is None:
+            candidates = []
+        elif candidates and allocated:
+            candidates = [d for d in candidates if not _allocated(d, allocated)]
+        fixed_count += len(fixed)
+        choices.append(_Choice(v, fixed + candidates, driver_only))
+    if pod.max_gpus is not None:
+        choices = _limit(choices, req, max(0, pod.max_gpus - fixed_count), state_dir, warn)
+    return _edits(inv, req, [c for c in choices if c.devices or c.driver_only], ldconfig, config, warn)
+
+
+def _limit(choices: list[_Choice], req: Request, budget: int, state_dir, warn) -> list[_Choice]:
+    keys = [f"{c.vendor.vendor}:{d.id}" for c in choices for d in c.devices if not _in_spec(d, req)]
+    keep = set(policy.least_used(keys, budget, state_dir, warn))
+    return [c._replace(devices=[d for d in c.devices if _in_spec(d, req) or f"{c.vendor.vendor}:{d.id}" in keep])
+            for c in choices]
+
+
+def _edits(inv: Inventory, req: Request, choices: list[_Choice], ldconfig, config, warn) -> Edits:
     nodes: list[DeviceNode] = []
     mounts: list[Mount] = []
+    lib_paths: list[str] = []
     accelerators: list[str] = []
     ids: list[str] = []
-    for v in inv.vendors:
-        if not v.devices:
+    bypath: list[str] = []
+    for c in choices:
+        v = c.vendor
+        if c.devices:
+            accelerators.append(v.vendor)
+            ids.extend(f"{v.vendor}:{d.id}" for d in c.devices)
+        if v.vendor == "nvidia":
+            _nvidia(inv, req, c, config, nodes, mounts, lib_paths, warn)
             continue
-        accelerators.append(v.vendor)
-        for d in v.devices:
+        for d in c.devices:
             nodes.extend(_node(n) for n in d.nodes)
-            ids.append(f"{v.vendor}:{d.id}")
+            if v.vendor == "intel" and d.pci and set(d.pci) <= BYPATH_CHARS:
+                for n in d.nodes:
+                    name = n.path[9:]
+                    kind = "render" if name.startswith("renderD") else "card"
+                    if n.path.startswith("/dev/dri/") and name[len(kind) + (kind == "render"):].isdigit():
+                        bypath += [f"pci-{d.pci}-{kind}", f"../{name}"]
         nodes.extend(_node(n) for n in v.control_nodes)
-        mounts.extend(Mount(_on_host(inv.root, lib.path), lib.path) for lib in v.libraries)
+        for lib in v.libraries:
+            mounts.append(Mount(_on_host(inv.root, lib.path), lib.path))
+            lib_paths.append(lib.path)
         mounts.extend(Mount(_on_host(inv.root, b), b) for b in v.binaries)
-    if not accelerators:
+    if not nodes and not mounts:
         return Edits()
     nodes = list(dict.fromkeys(nodes))
-    env = (f"GPUHOOK_ACCELERATOR={','.join(accelerators)}", f"GPUHOOK_DEVICES={','.join(ids)}")
-    hooks: tuple[Hook, ...] = ()
-    lib_dirs = sorted({os.path.dirname(m.container_path) for m in mounts if ".so" in m.container_path})
+    env = ()
+    if accelerators:
+        env = (f"GPUHOOK_ACCELERATOR={','.join(accelerators)}", f"GPUHOOK_DEVICES={','.join(ids)}")
+    hooks: list[Hook] = []
+    lib_dirs = sorted({os.path.dirname(p) for p in lib_paths if ".so" in p.rpartition("/")[2]})
     if lib_dirs and req.rootfs:
         ldconfig = ldconfig or find_ldconfig()
         if ldconfig:
-            hooks = (Hook("createContainer", "/bin/sh",
-                          ("sh", "-c", LDCACHE_SCRIPT, "gpuhook-ldcache", ldconfig, req.rootfs, *lib_dirs),
-                          HOOK_ENV, 30),)
-    return Edits(env, tuple(nodes), tuple(dict.fromkeys(mounts)), hooks, ())
+            hooks.append(Hook("createContainer", "/bin/sh",
+                              ("sh", "-c", LDCACHE_SCRIPT, "gpuhook-ldcache", ldconfig, req.rootfs, *lib_dirs),
+                              HOOK_ENV, 30))
+    if bypath and req.rootfs:
+        hooks.append(Hook("createContainer", "/bin/sh",
+                          ("sh", "-c", BYPATH_SCRIPT, "gpuhook-bypath", req.rootfs, *bypath), HOOK_ENV, 10))
+    return Edits(env, tuple(nodes), tuple(dict.fromkeys(mounts)), tuple(hooks), _group_gids(nodes))
+
+
+def _group_gids(nodes: list[DeviceNode]) -> tuple[int, ...]:
+    """The host groups of nodes that only their group may open (0660 render, video): without
+    them a non-root container cannot use the device."""
+    gids = []
+    for n in nodes:
+        if n.gid and n.file_mode is not None and (n.file_mode & 0o006) != 0o006 and (n.file_mode & 0o060):
+            gids.append(n.gid)
+    return tuple(dict.fromkeys(gids))
+
+
+def _nvidia(inv: Inventory, req: Request, c: _Choice, config, nodes: list, mounts: list,
+            lib_paths: list, warn) -> None:
+    v = c.vendor
+    caps = policy.nvidia_caps(req.env, warn)
+    drm = bool(caps & {"graphics", "display"})
+    for d in c.devices:
+        nodes.extend(_node(n) for n in d.nodes if drm or not n.path.startswith("/dev/dri/"))
+    channels = policy.imex_channels(req.env)
+    for n in v.control_nodes:
+        if n.path.startswith(IMEX_PREFIX) and channels is not None and int(n.path[len(IMEX_PREFIX):]) not in channels:
+            continue
+        nodes.append(_node(n))
+    for lib in v.libraries:
+        cap = lib.capability
+        if cap == "mps":
+            continue
+        if cap in caps or cap in NVIDIA_DRIVER_ONLY_CAPS:
+            mounts.append(Mount(_on_host(inv.root, lib.path), lib.path))
+            if lib.soname:
+                lib_paths.append(lib.path)
+    mounts.extend(Mount(_on_host(inv.root, b), b) for b in v.binaries
+                  if NVIDIA_BINARY_CAPS.get(b.rpartition("/")[2], "utility") in caps)
+    if "compute" in caps:
+        _mps(inv, req, v, config, mounts, warn)
+
+
+def _mps(inv: Inventory, req: Request, v: VendorInventory, config, mounts: list, warn) -> None:
+    """The MPS control daemon's pipe directory, read-write, where the container's CUDA looks
+    for it (its CUDA_MPS_PIPE_DIRECTORY, else the default). The host side is the node's
+    (config mps_pipe_dir), never a path the container names."""
+    host_dir = getattr(config, "mps_pipe_dir", None) or "/tmp/nvidia-mps"
+    if host_dir == "/tmp/nvidia-mps":
+        present = any(lib.capability == "mps" for lib in v.libraries)
+    else:
+        from .probe.host import Host
+
+        h = Host(inv.root)
+        present = h.is_dir(host_dir) and h.lstat(host_dir + "/control") is not None
+    if not present:
+        return
+    dest = "/tmp/nvidia-mps"
+    if policy.MPS_ENV in req.env:
+        dest = policy.container_dir(req.env[policy.MPS_ENV]) or dest
+        if dest != req.env[policy.MPS_ENV].rstrip("/"):
+            warn(f"{policy.MPS_ENV}: {policy.show(req.env[policy.MPS_ENV])} is not a usable directory; "
+                 "the MPS pipes are at /tmp/nvidia-mps")
+    mounts.append(Mount(_on_host(inv.root, host_dir), dest, "bind", BIND_RW))

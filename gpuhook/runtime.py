@@ -122,7 +122,7 @@ def edit_bundle(bundle: str, config, out: Outcome) -> None:
     from .plan import find_ldconfig, plan, request_from_spec
     from .config import cache_dir
     from .probe.cache import probe_cached
-    from .spec import apply, write_atomic
+    from .spec import apply, check, write_atomic
 
     path = os.path.join(bundle, "config.json")
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -139,20 +139,21 @@ def edit_bundle(bundle: str, config, out: Outcome) -> None:
         raise ValueError(f"config.json is not valid JSON ({e})") from None
     if not isinstance(spec, dict):
         raise ValueError("config.json is not a JSON object")
+    check(spec)  # a field of a type runc refuses is left to runc: never read otherwise than runc reads it
     request = request_from_spec(spec, bundle)
     if request.is_sandbox:
         out.decision = "sandbox"
         return
     inventory = probe_cached(config.host_root, cache_dir(), config.probe_cache_ttl)
     out.warnings = list(inventory.warnings)
-    edits = plan(inventory, request, config.ldconfig or find_ldconfig())
+    edits = plan(inventory, request, config.ldconfig or find_ldconfig(), config, cache_dir(), out.warnings)
     if not edits:
         out.decision = "no-gpu" if not inventory.vendors else "declined"
         return
     spec = apply(spec, edits)
     write_atomic(path, fastjson.dumps(spec).encode(), st.st_mode & 0o7777, sync_dir=False)
     out.decision = "injected"
-    out.vendors = [v.vendor for v in inventory.vendors]
+    out.vendors = next((e[20:].split(",") for e in edits.env if e.startswith("GPUHOOK_ACCELERATOR=")), [])
     out.nodes = [n.path for n in edits.device_nodes]
     out.mounts = [m.container_path for m in edits.mounts]
     out.hooks = len(edits.hooks)
@@ -162,9 +163,10 @@ def log_line(config, inv: Invocation, out: Outcome, started: float) -> None:
     if not config.log_file:
         return
     from . import fastjson
+    from .log import utc_now
 
     record = {
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z",
+        "time": utc_now(),
         "event": "create",
         "container_id": inv.container_id,
         "bundle": inv.bundle,
@@ -175,10 +177,11 @@ def log_line(config, inv: Invocation, out: Outcome, started: float) -> None:
         "hooks": out.hooks,
         "duration_ms": round((time.monotonic() - started) * 1000, 2),
     }
+    # bounded: a warning may quote a pod's annotation, which can be a megabyte
     if out.error:
-        record["error"] = out.error
+        record["error"] = out.error[:1000]
     if out.warnings:
-        record["warnings"] = out.warnings[:20]
+        record["warnings"] = [str(w)[:500] for w in out.warnings[:20]]
     append_line(config.log_file, fastjson.dumps(record))
 
 
@@ -201,10 +204,11 @@ def _runtime_error(inv: Invocation, msg: str) -> None:
     sys.stderr.write(f"gpuhook-runtime: {msg}\n")
     if inv.log:
         from . import fastjson
+        from .log import utc_now
 
         if inv.log_format == "json":
             line = fastjson.dumps({"level": "error", "msg": f"gpuhook-runtime: {msg}",
-                                   "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+                                   "time": utc_now(ms=False)})
         else:
             line = f"gpuhook-runtime: {msg}"
         append_line(inv.log, line)
@@ -235,7 +239,11 @@ def main(argv: list[str] | None = None) -> None:
         if out.error and config.fail_mode == "closed":
             _runtime_error(inv, f"GPU injection failed ({out.error}); fail_mode is closed")
             sys.exit(1)
-    os.execv(real, [real] + args)
+    try:
+        os.execv(real, [real] + args)
+    except OSError as e:  # e.g. a script whose interpreter is missing, a noexec mount
+        _runtime_error(inv, f"cannot run the real OCI runtime {real}: {e.strerror or e}")
+        sys.exit(127)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,10 @@
   Several KFD nodes on one PCI device (only the function bits differ) are compute partitions:
   kind "partition", id = their decoded address, parent = the device's address (function 0),
   nodes = their render node only. A lone node is kind "gpu" with the card node as well.
-  The render node is the DRM one with that minor, else /dev/dri/renderD<minor> (present=False
-  when /dev lacks it: a capture, or a host root without /dev).
+  The render node is the DRM one with that minor (on the PCI device for partition 0, on an
+  amdgpu_xcp.<N> platform device for the others: MI300 CPX/DPX/QPX modes), else
+  /dev/dri/renderD<minor> (present=False when /dev lacks it: a capture, or a host root
+  without /dev). An amdgpu_xcp render node that no KFD node names is skipped with a warning.
 - DRM devices with vendor 0x1002 and driver amdgpu that no KFD node names: kind "gpu"
   (graphics use; no KFD when amdgpu runs without compute or the topology is unreadable).
 - /dev/kfd (major: /proc/devices "kfd", else /sys/class/kfd/kfd/dev, else the node's own) goes
@@ -33,6 +35,14 @@ MODELS = {
     0x740F: "AMD Instinct MI210",
     0x74A1: "AMD Instinct MI300X", 0x74A2: "AMD Instinct MI308X", 0x74A5: "AMD Instinct MI325X",
 }
+
+
+def is_xcp(sysfs: str) -> bool:
+    """A compute partition's platform device (/sys/devices/platform/amdgpu_xcp.<N>): the
+    amdxcp driver registers one per partition beyond the first, each with its own render
+    node (ioctls are redirected to the GPU); it has no PCI address, vendor or driver."""
+    base = sysfs.rstrip("/").rpartition("/")[2]
+    return base.startswith("amdgpu_xcp") and base[10:11] in (".", "_") and base[11:].isdigit()
 
 
 def model(device_id: int | None) -> str:
@@ -96,8 +106,10 @@ def kfd_node(host: Host, majors: dict[str, list[int]]) -> Node | None:
 def probe(host: Host) -> VendorInventory | None:
     majors = char_majors(host)
     drm_major = first_major(majors, "drm") or DRM_MAJOR
-    drm = [d for d in drm_devices(host, drm_major) if d.vendor_id == VENDOR_ID and d.driver == "amdgpu"]
-    by_minor = {d.render.minor: d for d in drm if d.render is not None}
+    every = drm_devices(host, drm_major)
+    drm = [d for d in every if d.vendor_id == VENDOR_ID and d.driver == "amdgpu"]
+    xcp = [d for d in every if is_xcp(d.sysfs) and d.render is not None]
+    by_minor = {d.render.minor: d for d in drm + xcp if d.render is not None}
     by_pci = {d.pci: d for d in drm if d.pci}
     kfd = kfd_gpus(host)
     addrs = [pci_address(p.get("domain", 0), p.get("location_id", 0)) for p in kfd]
@@ -118,6 +130,10 @@ def probe(host: Host) -> VendorInventory | None:
                               tuple(n for n in (card, render) if n is not None),
                               parent if partition else addr, model(props.get("device_id")),
                               "amdgpu", parent if partition else None))
+    for d in xcp:
+        if d not in used:
+            host.warn(f"{d.sysfs}: compute partition render node {d.render.path} that no KFD node "
+                      "names, skipped (no compute without KFD)")
     for d in drm:
         if d not in used:
             devices.append(Device("amd", "gpu", len(devices), d.pci or d.sysfs,

@@ -1,18 +1,34 @@
-"""NVIDIA: GPUs from the driver's /proc files, control nodes, driver libraries and tools.
+"""NVIDIA: GPUs from the driver's /proc files, control nodes, driver files, IPC sockets.
 
 Sources, in order of trust:
 - /proc/driver/nvidia/gpus/<bus id>/information: Device Minor, GPU UUID, Model (per GPU);
-- /proc/driver/nvidia/version: the kernel module's version;
+- /proc/driver/nvidia/version: the kernel module's version (the *running* driver);
 - /proc/devices: majors ("nvidia" or the old "nvidia-frontend" = 195; nvidia-uvm, nvidia-caps,
-  nvidia-nvswitch, nvidia-nvlink are dynamic);
+  nvidia-nvswitch, nvidia-caps-imex-channels are dynamic);
 - /dev/nvidia<N> when /proc has no GPUs (e.g. a host root without procfs);
 - the host's etc/ld.so.cache for libraries, else the usual library directories.
 
 /dev/nvidia<N>: N is the Device Minor, which need not be the GPU's index.
 Control nodes are created lazily by the driver: one whose major is known is reported even
 when the file is missing (runc creates it in the container from type/major/minor).
+
+What is reported, by the capability (NVIDIA_DRIVER_CAPABILITIES) it serves; the planner
+decides what a container gets:
+- per GPU (Device.nodes): /dev/nvidia<minor>; the MIG access capabilities of its GPU and
+  compute instances (/dev/nvidia-caps/nvidia-cap<N>, N from the capability's `access` file,
+  else /proc/driver/nvidia-caps/mig-minors); its DRM nodes (/dev/dri/card<N>, renderD<N>)
+  when nvidia-drm made them (for graphics/display only);
+- control nodes: nvidiactl, nvidia-modeset, nvidia-uvm(-tools), NVSwitch nodes
+  (nvidia-nvswitchctl, nvidia-nvswitch<N>) and IMEX channels that exist;
+- libraries (Library.capability = compute, utility, video, graphics, display, ngx): only files
+  named <stem>.so.<running driver version>; a library of another version is skipped;
+- other files (Library with soname None): graphics ICD/vendor JSON files ("graphics"), GSP
+  firmware of the running version ("firmware"), the nvidia-persistenced and fabric manager
+  sockets ("ipc") and the MPS pipe directory ("mps").
 """
 
+
+import stat as _stat
 
 from ..inventory import Device, Library, Node, VendorInventory
 from .common import char_majors, device_node, first_major, is_uint
@@ -21,29 +37,78 @@ from .host import Host
 FRONTEND_MAJOR = 195
 CTL_MINOR = 255
 MODESET_MINOR = 254
+NVSWITCH_CTL_MINOR = 255
+VENDOR_ID = 0x10DE
 GPUS_DIR = "/proc/driver/nvidia/gpus"
+CAPS_DIR = "/proc/driver/nvidia/capabilities"
+MIG_MINORS = "/proc/driver/nvidia-caps/mig-minors"
+CAPS_DEV_DIR = "/dev/nvidia-caps"
+IMEX_DIR = "/dev/nvidia-caps-imex-channels"
+FIRMWARE_DIR = "/lib/firmware/nvidia"
 
-# soname -> driver capability it serves (NVIDIA_DRIVER_CAPABILITIES vocabulary)
+# file stem -> (soname, or None where the soname is the versioned name itself; capability)
 LIBRARIES = {
-    "libcuda.so.1": "compute",
-    "libcudadebugger.so.1": "compute",
-    "libnvidia-ptxjitcompiler.so.1": "compute",
-    "libnvidia-nvvm.so.4": "compute",
-    "libnvidia-gpucomp.so": "compute",
-    "libnvidia-opencl.so.1": "compute",
-    "libnvidia-allocator.so.1": "compute",
-    "libnvidia-ml.so.1": "utility",
-    "libnvidia-cfg.so.1": "utility",
+    "libcuda": ("libcuda.so.1", "compute"),
+    "libcudadebugger": ("libcudadebugger.so.1", "compute"),
+    "libnvidia-ptxjitcompiler": ("libnvidia-ptxjitcompiler.so.1", "compute"),
+    "libnvidia-nvvm": ("libnvidia-nvvm.so.4", "compute"),
+    "libnvidia-gpucomp": (None, "compute"),
+    "libnvidia-opencl": ("libnvidia-opencl.so.1", "compute"),
+    "libnvidia-allocator": ("libnvidia-allocator.so.1", "compute"),
+    "libnvidia-pkcs11": (None, "compute"),
+    "libnvidia-pkcs11-openssl3": (None, "compute"),
+    "libnvidia-ml": ("libnvidia-ml.so.1", "utility"),
+    "libnvidia-cfg": ("libnvidia-cfg.so.1", "utility"),
+    "libnvidia-nscq": (None, "utility"),
+    "libnvcuvid": ("libnvcuvid.so.1", "video"),
+    "libnvidia-encode": ("libnvidia-encode.so.1", "video"),
+    "libnvidia-opticalflow": ("libnvidia-opticalflow.so.1", "video"),
+    "libvdpau_nvidia": ("libvdpau_nvidia.so.1", "video"),
+    "libGLX_nvidia": ("libGLX_nvidia.so.0", "graphics"),
+    "libEGL_nvidia": ("libEGL_nvidia.so.0", "graphics"),
+    "libGLESv2_nvidia": ("libGLESv2_nvidia.so.2", "graphics"),
+    "libGLESv1_CM_nvidia": ("libGLESv1_CM_nvidia.so.1", "graphics"),
+    "libnvidia-glcore": (None, "graphics"),
+    "libnvidia-eglcore": (None, "graphics"),
+    "libnvidia-glsi": (None, "graphics"),
+    "libnvidia-tls": (None, "graphics"),
+    "libnvidia-glvkspirv": (None, "graphics"),
+    "libnvidia-rtcore": (None, "graphics"),
+    "libnvidia-vulkan-producer": (None, "graphics"),
+    "libnvoptix": ("libnvoptix.so.1", "graphics"),
+    "libnvidia-fbc": ("libnvidia-fbc.so.1", "graphics"),
+    "libglxserver_nvidia": (None, "display"),
+    "libnvidia-ngx": ("libnvidia-ngx.so.1", "ngx"),
 }
 BINARIES = {
     "nvidia-smi": "utility",
     "nvidia-debugdump": "utility",
-    "nvidia-persistenced": "compute",
+    "nvidia-persistenced": "utility",
     "nvidia-cuda-mps-control": "compute",
     "nvidia-cuda-mps-server": "compute",
+    "nvidia-ngx-updater": "ngx",
 }
+# graphics/display files that are not libraries (ICDs, GLVND vendor files, Xorg config)
+FILES = (
+    ("/usr/share/glvnd/egl_vendor.d/10_nvidia.json", "graphics"),
+    ("/etc/glvnd/egl_vendor.d/10_nvidia.json", "graphics"),
+    ("/usr/share/vulkan/icd.d/nvidia_icd.json", "graphics"),
+    ("/etc/vulkan/icd.d/nvidia_icd.json", "graphics"),
+    ("/usr/share/vulkan/implicit_layer.d/nvidia_layers.json", "graphics"),
+    ("/etc/vulkan/implicit_layer.d/nvidia_layers.json", "graphics"),
+    ("/usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json", "graphics"),
+    ("/usr/share/egl/egl_external_platform.d/10_nvidia_wayland.json", "graphics"),
+    ("/usr/share/nvidia/nvoptix.bin", "graphics"),
+    ("/usr/share/X11/xorg.conf.d/10-nvidia.conf", "display"),
+)
+# IPC endpoints (libnvidia-container's list); /var/run is usually a link to /run
+SOCKETS = ("/run/nvidia-persistenced/socket", "/run/nvidia-fabricmanager/socket")
+MPS_PIPE_DIR = "/tmp/nvidia-mps"
 LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64", "/lib64",
             "/usr/lib/aarch64-linux-gnu", "/usr/lib/powerpc64le-linux-gnu", "/usr/lib")
+LIB_SUBDIRS = {"libvdpau_nvidia": ("vdpau",)}
+XORG_DIRS = ("/usr/lib/xorg/modules/extensions", "/usr/lib64/xorg/modules/extensions",
+             "/usr/lib/x86_64-linux-gnu/nvidia/xorg")
 BIN_DIRS = ("/usr/bin", "/usr/local/bin", "/bin", "/usr/sbin", "/sbin")
 
 
@@ -69,6 +134,17 @@ def parse_version(text: str) -> str | None:
                 if _is_version(w):
                     return w
     return None
+
+
+def parse_mig_minors(text: str) -> dict[str, int]:
+    """/proc/driver/nvidia-caps/mig-minors: "gpu0/gi1/access 12", "config 1", "monitor 2" lines."""
+    out = {}
+    for line in text.splitlines():
+        name, _, minor = line.strip().partition(" ")
+        minor = minor.strip()
+        if name and is_uint(minor) and len(minor) < 8:
+            out.setdefault(name, int(minor))
+    return out
 
 
 def _is_version(s: str) -> bool:
@@ -116,16 +192,100 @@ def _gpus_from_dev(host: Host, major: int) -> list[Device]:
     return out
 
 
+# -- per-GPU extras: MIG capabilities, DRM nodes --------------------------------------
+
+def _access_minor(host: Host, path: str, table: dict[str, int], name: str) -> int | None:
+    """A MIG capability's minor: its `access` file ("DeviceFileMinor: 12"), else mig-minors."""
+    text = host.read_text(path, limit=4096, quiet=True) or ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "DeviceFileMinor" and is_uint(value.strip()) and len(value.strip()) < 8:
+            return int(value.strip())
+    return table.get(name)
+
+
+def _mig_nodes(host: Host, gpu_minor: int, table: dict[str, int], caps_major: int | None) -> list[Node]:
+    """The access capabilities of the GPU's MIG instances (GIs and their CIs): what a process
+    needs, besides /dev/nvidia<minor>, to use them. Never config/monitor (MIG management)."""
+    names = []
+    base = f"{CAPS_DIR}/gpu{gpu_minor}/mig"
+    gis = [g for g in host.listdir(base) if g.startswith("gi") and is_uint(g[2:])]
+    if gis:
+        for gi in sorted(gis, key=lambda g: int(g[2:])):
+            names.append((f"gpu{gpu_minor}/{gi}/access", f"{base}/{gi}/access"))
+            for ci in sorted((c for c in host.listdir(f"{base}/{gi}") if c.startswith("ci") and is_uint(c[2:])),
+                             key=lambda c: int(c[2:])):
+                names.append((f"gpu{gpu_minor}/{gi}/{ci}/access", f"{base}/{gi}/{ci}/access"))
+    elif table and not host.is_dir(CAPS_DIR):
+        # no capabilities in /proc (a partial capture): the cap nodes that exist for this GPU
+        prefix = f"gpu{gpu_minor}/"
+        present = {int(n[10:]) for n in host.listdir(CAPS_DEV_DIR) if n.startswith("nvidia-cap") and is_uint(n[10:])}
+        names = [(name, None) for name, minor in sorted(table.items(), key=lambda x: x[1])
+                 if name.startswith(prefix) and minor in present]
+    out = []
+    for name, access in names:
+        minor = _access_minor(host, access, table, name) if access else table.get(name)
+        if minor is None:
+            continue
+        node = device_node(host, f"{CAPS_DEV_DIR}/nvidia-cap{minor}", caps_major, minor, lazy=True)
+        if node is not None:
+            out.append(node)
+    return out
+
+
+def _drm_nodes(host: Host, pcis: set[str], drm_major: int) -> dict[str, tuple[Node, ...]]:
+    """PCI address -> the nvidia-drm card/render nodes of that GPU."""
+    if not host.listdir("/sys/class/drm"):
+        return {}
+    from .drm import drm_devices
+
+    out = {}
+    for d in drm_devices(host, drm_major):
+        if d.pci and d.pci.lower() in pcis and (d.vendor_id in (VENDOR_ID, None)):
+            out[d.pci.lower()] = tuple(n for n in (d.card, d.render) if n is not None)
+    return out
+
+
+def _with_extras(host: Host, devices: list[Device], majors: dict[str, list[int]]) -> list[Device]:
+    table_text = host.read_text(MIG_MINORS, quiet=True)
+    table = parse_mig_minors(table_text) if table_text else {}
+    caps_major = first_major(majors, "nvidia-caps")
+    drm = _drm_nodes(host, {d.pci for d in devices if d.pci}, first_major(majors, "drm") or 226)
+    out = []
+    for d in devices:
+        extra: list[Node] = []
+        if table or host.lstat(f"{CAPS_DIR}/gpu{d.nodes[0].minor}") is not None:
+            extra += _mig_nodes(host, d.nodes[0].minor, table, caps_major)
+        extra += drm.get(d.pci or "", ())
+        out.append(d._replace(nodes=d.nodes + tuple(extra)) if extra else d)
+    return out
+
+
+# -- control nodes ---------------------------------------------------------------------
+
 def _control_nodes(host: Host, majors: dict[str, list[int]], major: int) -> tuple[Node, ...]:
     uvm = first_major(majors, "nvidia-uvm")
-    wanted = [("/dev/nvidiactl", major, CTL_MINOR), ("/dev/nvidia-modeset", major, MODESET_MINOR)]
+    wanted = [("/dev/nvidiactl", major, CTL_MINOR, True), ("/dev/nvidia-modeset", major, MODESET_MINOR, True)]
     if uvm is None:  # no /proc/devices: take the nodes' own numbers when they exist
-        wanted += [("/dev/nvidia-uvm", None, None), ("/dev/nvidia-uvm-tools", None, None)]
+        wanted += [("/dev/nvidia-uvm", None, None, True), ("/dev/nvidia-uvm-tools", None, None, True)]
     else:
-        wanted += [("/dev/nvidia-uvm", uvm, 0), ("/dev/nvidia-uvm-tools", uvm, 1)]
-    nodes = (device_node(host, path, maj, mi, lazy=True) for path, maj, mi in wanted)
+        wanted += [("/dev/nvidia-uvm", uvm, 0, True), ("/dev/nvidia-uvm-tools", uvm, 1, True)]
+    # NVSwitch and IMEX channels: only the nodes that exist (they are not created lazily here)
+    nvswitch = first_major(majors, "nvidia-nvswitch")
+    dev = host.listdir("/dev")
+    if "nvidia-nvswitchctl" in dev:
+        wanted.append(("/dev/nvidia-nvswitchctl", nvswitch, NVSWITCH_CTL_MINOR, False))
+    for n in sorted((n for n in dev if n.startswith("nvidia-nvswitch") and is_uint(n[15:])), key=lambda n: int(n[15:])):
+        wanted.append((f"/dev/{n}", nvswitch, int(n[15:]), False))
+    imex = first_major(majors, "nvidia-caps-imex-channels")
+    channels = [n for n in host.listdir(IMEX_DIR) if n.startswith("channel") and is_uint(n[7:]) and len(n) < 15]
+    for n in sorted(channels, key=lambda n: int(n[7:])):
+        wanted.append((f"{IMEX_DIR}/{n}", imex, int(n[7:]), False))
+    nodes = (device_node(host, path, maj, mi, lazy=lazy) for path, maj, mi, lazy in wanted)
     return tuple(n for n in nodes if n is not None)
 
+
+# -- driver files ------------------------------------------------------------------------
 
 def _ldcache(host: Host) -> dict[str, str]:
     data = host.read_bytes("/etc/ld.so.cache", limit=64 << 20, quiet=True)
@@ -140,33 +300,79 @@ def _ldcache(host: Host) -> dict[str, str]:
         return {}
 
 
-def _version_suffix(path: str, soname: str) -> str | None:
+def _version_suffix(path: str, stem: str) -> str | None:
     base = path.rsplit("/", 1)[-1]
-    stem = soname.split(".so", 1)[0] + ".so."
-    return base[len(stem):] if base.startswith(stem) and _is_version(base[len(stem):]) else None
+    prefix = stem + ".so."
+    return base[len(prefix):] if base.startswith(prefix) and _is_version(base[len(prefix):]) else None
+
+
+class _Dirs:
+    """Directory listings, read once each (a library directory holds thousands of names)."""
+
+    __slots__ = ("host", "names")
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self.names: dict[str, frozenset] = {}
+
+    def has(self, d: str, name: str) -> bool:
+        names = self.names.get(d)
+        if names is None:
+            names = self.names[d] = frozenset(self.host.listdir(d))
+        return name in names
+
+
+def _search_dirs(stem: str, hit: str | None) -> list[str]:
+    dirs = [hit.rpartition("/")[0]] if hit else []
+    if stem == "libglxserver_nvidia":
+        dirs += XORG_DIRS
+    else:
+        subs = LIB_SUBDIRS.get(stem)
+        dirs += [f"{d}/{s}" for d in LIB_DIRS for s in subs] if subs else LIB_DIRS
+    return list(dict.fromkeys(dirs))
+
+
+def _find_library(host: Host, stem: str, soname: str | None, version: str | None,
+                  cache: dict[str, str], dirs: _Dirs) -> str | None:
+    """The real file of `stem` for the running driver, as a node path; None (with a warning
+    where something of another version or a dangling name was found instead)."""
+    hit = (cache.get(soname) if soname else None) or (cache.get(f"{stem}.so.{version}") if version else None)
+    where = _search_dirs(stem, hit)
+    if version is not None:
+        want = f"{stem}.so.{version}"
+        for d in where:
+            if dirs.has(d, want):
+                real = host.realpath(f"{d}/{want}")
+                if host.exists(real):
+                    return real
+    # no file of the running version: look at what the soname leads to, to say why it is skipped
+    cand = hit or next((f"{d}/{soname}" for d in where if soname and dirs.has(d, soname)), None)
+    if cand is None:
+        return None
+    real = host.realpath(cand)
+    if not host.exists(real):
+        host.warn(f"nvidia: {soname or stem} -> {cand} does not exist, skipped")
+        return None
+    found = _version_suffix(real, stem)
+    if version is not None and found != version:
+        host.warn(f"nvidia: {real} is not of driver {version}, skipped")
+        return None
+    return real
 
 
 def _libraries(host: Host, version: str | None) -> tuple[tuple[Library, ...], str | None]:
     cache = _ldcache(host)
+    dirs = _Dirs(host)
+    if version is None:  # no /proc: the version libcuda.so.1 leads to
+        hit = cache.get("libcuda.so.1") or next((f"{d}/libcuda.so.1" for d in LIB_DIRS if dirs.has(d, "libcuda.so.1")), None)
+        if hit:
+            version = _version_suffix(host.realpath(hit), "libcuda")
     libs = []
-    for soname, capability in LIBRARIES.items():
-        path = cache.get(soname)
-        if path is None:
-            path = next((f"{d}/{soname}" for d in LIB_DIRS if host.exists(f"{d}/{soname}")), None)
-        if path is None:
-            continue
-        real = host.realpath(path)
-        if not host.exists(real):
-            host.warn(f"nvidia: {soname} -> {path} does not exist, skipped")
-            continue
-        found = _version_suffix(real, soname)
-        if version is None and soname == "libcuda.so.1":
-            version = found
-        if version is not None and found is not None and found != version:
-            host.warn(f"nvidia: {real} is not of driver {version}, skipped")
-            continue
-        libs.append(Library(real, soname, capability))
-    return tuple(libs), version
+    for stem, (soname, capability) in LIBRARIES.items():
+        path = _find_library(host, stem, soname, version, cache, dirs)
+        if path is not None:
+            libs.append(Library(path, soname or path.rsplit("/", 1)[-1], capability))
+    return tuple(dict.fromkeys(libs)), version
 
 
 def _binaries(host: Host) -> tuple[str, ...]:
@@ -179,14 +385,44 @@ def _binaries(host: Host) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
+def _files(host: Host, version: str | None) -> tuple[Library, ...]:
+    """ICD/vendor files, GSP firmware of the running version, IPC sockets, the MPS pipe dir."""
+    out = []
+    for path, capability in FILES:
+        st = host.stat(path)
+        if st is not None and _stat.S_ISREG(st.st_mode):
+            out.append(Library(host.realpath(path), None, capability))
+    if version is not None:
+        fw = f"{FIRMWARE_DIR}/{version}"
+        for name in host.listdir(fw):
+            if name.startswith("gsp") and name.endswith(".bin"):
+                st = host.stat(f"{fw}/{name}")
+                if st is not None and _stat.S_ISREG(st.st_mode):
+                    out.append(Library(host.realpath(f"{fw}/{name}"), None, "firmware"))
+    for path in SOCKETS:
+        st = host.stat(path)
+        if st is None:
+            st = host.stat("/var" + path)
+            path = "/var" + path
+        if st is not None and (_stat.S_ISSOCK(st.st_mode) or _stat.S_ISREG(st.st_mode)):
+            out.append(Library(host.realpath(path), None, "ipc"))
+    if host.is_dir(MPS_PIPE_DIR) and host.lstat(MPS_PIPE_DIR + "/control") is not None:
+        out.append(Library(host.realpath(MPS_PIPE_DIR), None, "mps"))
+    return tuple(dict.fromkeys(out))
+
+
 def probe(host: Host) -> VendorInventory | None:
     majors = char_majors(host)
     major = first_major(majors, "nvidia", "nvidia-frontend") or FRONTEND_MAJOR
-    devices = _gpus_from_proc(host, major) or _gpus_from_dev(host, major)
+    devices = _gpus_from_proc(host, major)
+    if devices:
+        devices = _with_extras(host, devices, majors)
+    else:
+        devices = _gpus_from_dev(host, major)
     if not devices:
         return None
     text = host.read_text("/proc/driver/nvidia/version", quiet=True)
     version = parse_version(text) if text else None
     libraries, version = _libraries(host, version)
     return VendorInventory("nvidia", tuple(devices), _control_nodes(host, majors, major),
-                           libraries, _binaries(host), version)
+                           libraries + _files(host, version), _binaries(host), version)

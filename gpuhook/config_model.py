@@ -1,0 +1,67 @@
+"""The node config as a pydantic model, for `gpuhook config check` (people, CI, the installer).
+
+The runtime never imports this (pydantic costs ~100 ms there): it reads the same keys with
+config.py's small reader. Both must agree on what is valid; tests/test_policy_config.py
+holds them to it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError, field_validator
+
+from .config import MPS_PIPE_DIR, is_clean_abspath
+
+
+class ConfigModel(BaseModel):
+    """/etc/gpuhook/config.toml. Every key is optional; a missing key means its default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    runtime: StrictStr | None = Field(None, description="the real OCI runtime: a name on PATH or a path")
+    host_root: StrictStr = Field("/", description="where the node's / is")
+    log_file: StrictStr = Field("/var/log/gpuhook.log", description='one JSON line per create; "" turns it off')
+    fail_mode: Literal["open", "closed"] = Field("open", description="what a gpuhook error does to the create")
+    ldconfig: StrictStr | None = Field(None, description="the node's ldconfig for the ld-cache hook")
+    probe_cache_ttl: StrictInt | StrictFloat = Field(10.0, ge=0, description="seconds a probe result is reused; 0 disables")
+    share: Literal["all", "unallocated"] = Field(
+        "all", description="unallocated: GPUs the kubelet allocated to other pods are never given")
+    mps_pipe_dir: StrictStr = Field(MPS_PIPE_DIR, description="the NVIDIA MPS control daemon's pipe directory")
+
+    @field_validator("host_root")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError("must be an absolute path")
+        return v
+
+    @field_validator("mps_pipe_dir")
+    @classmethod
+    def _clean(cls, v: str) -> str:
+        if not is_clean_abspath(v):
+            raise ValueError("must be a normal absolute path (no '.', '..', '//' or trailing '/'), not '/'")
+        return v
+
+
+def check(text: str) -> list[str]:
+    """Every problem of a config file's text, one line each as "key: what is wrong"; [] when valid."""
+    import tomllib
+
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        return [f"invalid TOML: {e}"]
+    try:
+        ConfigModel.model_validate(data)
+    except ValidationError as e:
+        out = []
+        for err in e.errors():
+            key = ".".join(str(p) for p in err["loc"]) or "(file)"
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key"
+            else:
+                msg = f"{err['msg'].removeprefix('Value error, ')} (got {err['input']!r})"
+            out.append(f"{key}: {' '.join(str(msg).split())}")
+        return out
+    return []

@@ -1,0 +1,273 @@
+"""The inputs of the planner's policy, read and validated: pod annotations, the NVIDIA env
+contract, the node's round-robin memory and the kubelet's device allocations.
+
+plan.py decides what a container gets; this module only turns untrusted text (annotations,
+the image's env, the kubelet's checkpoint, gpuhook's own state file) into small values, and
+says in words what it refused. It is on the per-container path: stdlib only, and nothing is
+imported that is not used (fcntl and the JSON layer only when a state file is touched).
+
+Rules for pod annotations (`gpuhook.dev/*`, passed by containerd/CRI-O into the OCI spec):
+an annotation can only narrow what the node gives; none names a host path; a value that is
+not valid (unknown key, unknown vendor, not a small whole number, too long) is ignored as a
+whole, with a warning, and the container gets what the node policy gives.
+"""
+
+
+import os
+
+from .record import Record
+
+PREFIX = "gpuhook.dev/"
+INJECT = "gpuhook.dev/inject"
+VENDORS = "gpuhook.dev/vendors"
+MAX_GPUS = "gpuhook.dev/max-gpus"
+KNOWN_ANNOTATIONS = (INJECT, VENDORS, MAX_GPUS)
+VENDOR_NAMES = ("nvidia", "amd", "intel", "accel", "dxg")
+VENDOR_ALIASES = {"wsl": "dxg"}
+FALSE = ("false", "0", "no", "off")
+TRUE = ("true", "1", "yes", "on")
+MAX_VALUE_LEN = 256
+MAX_GPUS_LIMIT = 1024
+
+# NVIDIA's env contract (nvidia-container-toolkit's names and vocabulary)
+VISIBLE_ENV = "NVIDIA_VISIBLE_DEVICES"
+CAPS_ENV = "NVIDIA_DRIVER_CAPABILITIES"
+IMEX_ENV = "NVIDIA_IMEX_CHANNELS"
+MPS_ENV = "CUDA_MPS_PIPE_DIRECTORY"
+ALL_CAPS = frozenset({"compute", "utility", "video", "graphics", "display", "ngx", "compat32"})
+DEFAULT_CAPS = frozenset({"utility", "compute"})
+# the NVIDIA device plugin's volume-mounts strategy: the ids are mount destinations under it
+VOLUME_MOUNTS_DIR = "/var/run/nvidia-container-devices"
+
+STATE_FILE = "gpu-usage.json"
+LOCK_FILE = "gpu-usage.lock"
+LOCK_WAIT_S = 2.0
+
+CHECKPOINT = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+POD_UID_ANNOTATIONS = ("io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid")
+
+
+def show(value: str, limit: int = 60) -> str:
+    """An untrusted string for a log message: quoted, escaped, cut."""
+    return repr(value if len(value) <= limit else value[:limit] + "...")
+
+
+# -- pod annotations ------------------------------------------------------------------
+
+class PodPolicy(Record, fields="inject vendors max_gpus", defaults=(True, None, None)):
+    """inject: False opts out. vendors: frozenset of vendor names, None = every vendor.
+    max_gpus: at most that many devices (GPUs or partitions), None = no limit."""
+
+    __slots__ = ()
+
+
+def pod_policy(annotations: dict, warn) -> PodPolicy:
+    inject, vendors, max_gpus = True, None, None
+    for key in sorted(annotations):
+        if not key.startswith(PREFIX):
+            continue
+        value = annotations[key]
+        if key not in KNOWN_ANNOTATIONS:
+            warn(f"annotation {show(key)}: not a gpuhook annotation (known: {', '.join(KNOWN_ANNOTATIONS)}), ignored")
+            continue
+        if len(value) > MAX_VALUE_LEN:
+            warn(f"annotation {key}: value of {len(value)} characters, over {MAX_VALUE_LEN}, ignored")
+            continue
+        v = value.strip().lower()
+        if key == INJECT:
+            if v in FALSE:
+                inject = False
+            elif v not in TRUE:
+                warn(f"annotation {key}: {show(value)} is not true or false, ignored")
+        elif key == VENDORS:
+            names = [VENDOR_ALIASES.get(t.strip(), t.strip()) for t in v.split(",") if t.strip()]
+            bad = [n for n in names if n not in VENDOR_NAMES]
+            if bad or not names:
+                why = f"unknown vendor {show(bad[0])}" if bad else "no vendor named"
+                warn(f"annotation {key}: {show(value)}: {why} (known: {', '.join(VENDOR_NAMES)}); "
+                     "ignored, every vendor of the node is given")
+            else:
+                vendors = frozenset(names)
+        elif key == MAX_GPUS:
+            if v.isascii() and v.isdigit() and len(v) <= 4 and int(v) <= MAX_GPUS_LIMIT:
+                max_gpus = int(v)
+            else:
+                warn(f"annotation {key}: {show(value)} is not a whole number from 0 to {MAX_GPUS_LIMIT}; "
+                     "ignored, no limit")
+    return PodPolicy(inject, vendors, max_gpus)
+
+
+def pod_uid(annotations: dict) -> str | None:
+    return next((annotations[k] for k in POD_UID_ANNOTATIONS if annotations.get(k)), None)
+
+
+# -- NVIDIA env contract ----------------------------------------------------------------
+
+class Visible(Record, fields="mode tokens", defaults=((),)):
+    """mode: all (every GPU), none (driver files, no GPU), void (nothing), list (tokens)."""
+
+    __slots__ = ()
+
+
+def nvidia_visible(env: dict, mounts: tuple = ()) -> Visible:
+    """NVIDIA_VISIBLE_DEVICES. Unset: every GPU (a gpu-optional container asks for what the
+    node has). Empty or "void": nothing at all. "none": driver files, no GPU. "all". Else a
+    comma-separated list of indices, UUIDs or UUID prefixes (the device plugin's envvar
+    strategy), or /var/run/nvidia-container-devices (its volume-mounts strategy: the ids
+    are the names of the spec's mounts under that directory)."""
+    if VISIBLE_ENV not in env:
+        return Visible("all")
+    value = env[VISIBLE_ENV].strip()
+    low = value.lower()
+    if low in ("", "void"):
+        return Visible("void")
+    if low in ("none", "all"):
+        return Visible(low)
+    if value.rstrip("/") == VOLUME_MOUNTS_DIR:
+        prefix = VOLUME_MOUNTS_DIR + "/"
+        tokens = tuple(m[len(prefix):] for m in mounts if m.startswith(prefix) and "/" not in m[len(prefix):])
+        return Visible("list", tokens) if tokens else Visible("void")
+    return Visible("list", tuple(t.strip() for t in value[:4096].split(",") if t.strip()))
+
+
+def nvidia_caps(env: dict, warn) -> frozenset:
+    """NVIDIA_DRIVER_CAPABILITIES: default utility,compute; "all"; unknown words are ignored."""
+    value = env.get(CAPS_ENV, "").strip().lower()
+    if not value:
+        return DEFAULT_CAPS
+    caps = set()
+    for t in value[:1024].split(","):
+        t = t.strip()
+        if t == "all":
+            return ALL_CAPS
+        if t in ALL_CAPS:
+            caps.add(t)
+        elif t:
+            warn(f"{CAPS_ENV}: unknown capability {show(t)} ignored")
+    return frozenset(caps) or DEFAULT_CAPS
+
+
+def imex_channels(env: dict) -> frozenset | None:
+    """NVIDIA_IMEX_CHANNELS: None = every channel the node has; else the channel numbers."""
+    if IMEX_ENV not in env:
+        return None
+    value = env[IMEX_ENV].strip().lower()
+    if value == "all":
+        return None
+    return frozenset(int(t) for t in value[:4096].split(",") if t.strip().isascii() and t.strip().isdigit()
+                     and len(t.strip()) < 7)
+
+
+def container_dir(path: str) -> str | None:
+    """A directory path the container names for itself (CUDA_MPS_PIPE_DIRECTORY): absolute,
+    normal, not / and not in /proc, /sys or /dev; None when it is not."""
+    if not path.startswith("/") or len(path) > 255 or "\0" in path:
+        return None
+    norm = os.path.normpath(path)
+    if norm != path.rstrip("/") or norm == "/" or norm.split("/")[1] in ("proc", "sys", "dev"):
+        return None
+    return norm
+
+
+# -- round robin -----------------------------------------------------------------------
+
+def least_used(keys: list[str], n: int, state_dir: str | None, warn) -> list[str]:
+    """The n of `keys` given out least often on this node (ties: least recently, then in
+    the order given), remembered in <state_dir>/gpu-usage.json. The read-choose-write runs
+    under an exclusive fcntl lock and the file is replaced atomically, so concurrent creates
+    never hand out the same device twice while another one is less used. Without a state
+    dir, or when the state cannot be used, the first n (with a warning)."""
+    if n >= len(keys):
+        return list(keys)
+    if n <= 0:
+        return []
+    if state_dir is None:
+        return list(keys[:n])
+    import fcntl
+    import time
+
+    from . import fastjson
+    from .spec import write_atomic
+
+    path = os.path.join(state_dir, STATE_FILE)
+    try:
+        os.makedirs(state_dir, mode=0o700, exist_ok=True)
+        lock = os.open(os.path.join(state_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as e:
+        warn(f"round robin: cannot use {state_dir}: {e.strerror or e}; the first {n} device(s) given")
+        return list(keys[:n])
+    try:
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    warn(f"round robin: {path} stayed locked {LOCK_WAIT_S} s; the first {n} device(s) given")
+                    return list(keys[:n])
+                time.sleep(0.002)
+        seq, usage = 0, {}
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            try:
+                record = fastjson.loads(os.read(fd, 1 << 20))
+            finally:
+                os.close(fd)
+            seq = int(record["seq"])
+            usage = {k: (int(c), int(t)) for k, (c, t) in record["usage"].items()}
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            warn(f"round robin: {path} unreadable, started afresh")
+            seq, usage = 0, {}
+        order = sorted(range(len(keys)), key=lambda i: (*usage.get(keys[i], (0, -1)), i))
+        chosen = sorted(order[:n])
+        for i in chosen:
+            count, _ = usage.get(keys[i], (0, -1))
+            usage[keys[i]] = (count + 1, seq)
+        if len(usage) > 4096:  # devices that left the node long ago
+            usage = dict(sorted(usage.items(), key=lambda kv: kv[1][1])[-4096:])
+        data = fastjson.dumps({"seq": seq + 1, "usage": {k: list(v) for k, v in usage.items()}})
+        write_atomic(path, data.encode(), 0o600, sync_dir=False)
+        return [keys[i] for i in chosen]
+    except OSError as e:
+        warn(f"round robin: cannot update {path}: {e.strerror or e}; the first {n} device(s) given")
+        return list(keys[:n])
+    finally:
+        os.close(lock)  # releases the lock
+
+
+# -- kubelet device allocations ---------------------------------------------------------
+
+def allocated_devices(root: str, own_pod: str | None) -> tuple[list[tuple[str, str]] | None, str | None]:
+    """(resource, device id) pairs the kubelet's device manager allocated to pods other than
+    `own_pod`, from its checkpoint (<root>/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint:
+    {"Data": {"PodDeviceEntries": [{"PodUID", "ContainerName", "ResourceName",
+    "DeviceIDs": {"<NUMA node>": [ids]} (a plain list before Kubernetes 1.20), "AllocResp"}],
+    "RegisteredDevices": {...}}, "Checksum": N}). No file: no allocations.
+    Returns (pairs, None), or (None, why) when the file exists but cannot be understood."""
+    from .probe.host import Host
+
+    host = Host(root)
+    if host.lstat(CHECKPOINT) is None:
+        return [], None
+    data = host.read_bytes(CHECKPOINT, limit=32 << 20, quiet=True)
+    if data is None:
+        return None, f"{CHECKPOINT} unreadable"
+    from . import fastjson
+
+    try:
+        entries = fastjson.loads(data)["Data"]["PodDeviceEntries"] or []
+        out = []
+        for e in entries:
+            if own_pod is not None and e.get("PodUID") == own_pod:
+                continue
+            resource = str(e.get("ResourceName") or "")
+            ids = e.get("DeviceIDs") or []
+            if isinstance(ids, dict):
+                ids = [i for per_numa in ids.values() for i in (per_numa or [])]
+            out.extend((resource, str(i)) for i in ids if isinstance(i, (str, int)))
+        return out, None
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        return None, f"{CHECKPOINT}: not a device manager checkpoint ({type(e).__name__})"

@@ -1,0 +1,297 @@
+"""Per-pod policy: gpuhook.dev/* annotations, device plugins on the same node, the kubelet's
+allocations (share = "unallocated") and the max-gpus round robin."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from gpuhook import fakehost, policy
+from gpuhook.config import Config
+from gpuhook.inventory import Device, Inventory, Node, VendorInventory
+from gpuhook.plan import Request, plan, request_from_spec
+from gpuhook.probe import probe
+
+CHECKPOINT = "var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+
+
+def nv(n=8) -> VendorInventory:
+    return VendorInventory("nvidia", tuple(
+        Device("nvidia", "gpu", i, f"GPU-{i:04d}", (Node(f"/dev/nvidia{i}", "c", 195, i),), f"0000:{0x18 + i:02x}:00.0")
+        for i in range(n)), (Node("/dev/nvidiactl", "c", 195, 255),), (), (), "550.54.14")
+
+
+def amd(n=2) -> VendorInventory:
+    return VendorInventory("amd", tuple(
+        Device("amd", "gpu", i, f"0000:{0x43 + i:02x}:00.0",
+               (Node(f"/dev/dri/card{i + 1}", "c", 226, i + 1), Node(f"/dev/dri/renderD{128 + i}", "c", 226, 128 + i)),
+               f"0000:{0x43 + i:02x}:00.0") for i in range(n)), (Node("/dev/kfd", "c", 235, 0),))
+
+
+def intel() -> VendorInventory:
+    return VendorInventory("intel", (Device("intel", "gpu", 0, "0000:00:02.0",
+                                            (Node("/dev/dri/card0", "c", 226, 0), Node("/dev/dri/renderD130", "c", 226, 130)),
+                                            "0000:00:02.0"),))
+
+
+INV = Inventory("/", (nv(), amd(), intel()))
+
+
+def req(annotations=None, env=None, spec_devices=None, rootfs=None) -> Request:
+    spec_devices = spec_devices or {}
+    return Request(dict(env or {}), dict(annotations or {}), rootfs, frozenset(spec_devices), spec_devices)
+
+
+def vendors(e) -> list[str]:
+    acc = next((x.split("=", 1)[1] for x in e.env if x.startswith("GPUHOOK_ACCELERATOR=")), "")
+    return acc.split(",") if acc else []
+
+
+def devices(e) -> list[str]:
+    ids = next((x.split("=", 1)[1] for x in e.env if x.startswith("GPUHOOK_DEVICES=")), "")
+    return ids.split(",") if ids else []
+
+
+# -- annotations ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value", ["false", "FALSE", " no ", "0", "off"])
+def test_inject_false(value):
+    assert not plan(INV, req({"gpuhook.dev/inject": value}))
+
+
+def test_vendors_narrow():
+    e = plan(INV, req({"gpuhook.dev/vendors": "nvidia,amd"}))
+    assert vendors(e) == ["nvidia", "amd"]
+    assert not any(n.path == "/dev/dri/renderD130" for n in e.device_nodes)
+    e = plan(INV, req({"gpuhook.dev/vendors": " Intel "}))
+    assert vendors(e) == ["intel"] and [n.path for n in e.device_nodes] == ["/dev/dri/card0", "/dev/dri/renderD130"]
+    # a vendor the node does not have: nothing (the pod said only that vendor)
+    assert not plan(Inventory("/", (nv(),)), req({"gpuhook.dev/vendors": "amd"}))
+
+
+def test_max_gpus_counts_devices_across_vendors():
+    e = plan(INV, req({"gpuhook.dev/max-gpus": "1"}))
+    assert devices(e) == ["nvidia:GPU-0000"] and vendors(e) == ["nvidia"]
+    assert not any(n.path == "/dev/kfd" for n in e.device_nodes)  # a vendor without device gets nothing
+    e = plan(INV, req({"gpuhook.dev/max-gpus": "9"}))
+    assert len(devices(e)) == 9
+    assert not plan(INV, req({"gpuhook.dev/max-gpus": "0"}))
+
+
+@pytest.mark.parametrize("annotations, reason", [
+    ({"gpuhook.dev/inject": "maybe"}, "not true or false"),
+    ({"gpuhook.dev/vendors": "nvidia,../../etc"}, "unknown vendor"),
+    ({"gpuhook.dev/vendors": "/dev/nvidia0"}, "unknown vendor"),
+    ({"gpuhook.dev/vendors": " , "}, "no vendor named"),
+    ({"gpuhook.dev/max-gpus": "-1"}, "not a whole number"),
+    ({"gpuhook.dev/max-gpus": "1e3"}, "not a whole number"),
+    ({"gpuhook.dev/max-gpus": "99999999999999999999"}, "not a whole number"),
+    ({"gpuhook.dev/max-gpus": "\u0661"}, "not a whole number"),  # an Arabic-Indic digit
+    ({"gpuhook.dev/max-gpus": "2" * 5000}, "over 256"),
+    ({"gpuhook.dev/devices": "/dev/sda"}, "not a gpuhook annotation"),
+    ({"gpuhook.dev/host-path": "/etc"}, "not a gpuhook annotation"),
+])
+def test_invalid_annotations_fall_back_to_node_policy_with_a_reason(annotations, reason):
+    w: list[str] = []
+    e = plan(INV, req(annotations), warnings=w)
+    assert e == plan(INV, req())  # as the node policy says: everything
+    assert len(w) == 1 and reason in w[0], w
+    assert len(w[0]) < 400  # a huge value is never copied whole into the log
+
+
+def test_other_annotations_are_not_ours():
+    w: list[str] = []
+    plan(INV, req({"io.kubernetes.cri.sandbox-uid": "x", "gpuhook.devx/y": "1"}), warnings=w)
+    assert w == []
+
+
+def test_valid_and_invalid_together():
+    w: list[str] = []
+    e = plan(INV, req({"gpuhook.dev/vendors": "amd", "gpuhook.dev/max-gpus": "lots"}), warnings=w)
+    assert vendors(e) == ["amd"] and len(devices(e)) == 2 and len(w) == 1
+
+
+# -- device plugins on the same node -------------------------------------------------------------
+
+def test_device_plugin_gpu_in_spec_gets_no_other_gpu_of_that_vendor():
+    e = plan(INV, req(spec_devices={"/dev/nvidia2": ("c", 195, 2)}))
+    nv_nodes = [n.path for n in e.device_nodes if n.path.startswith("/dev/nvidia")]
+    assert nv_nodes == ["/dev/nvidia2", "/dev/nvidiactl"]  # what the GPU needs, no other GPU
+    assert [d for d in devices(e) if d.startswith("nvidia:")] == ["nvidia:GPU-0002"]
+    assert "amd" in vendors(e)  # other vendors are not affected
+
+
+def test_device_plugin_match_is_by_number_not_path():
+    # a plugin that put the host's /dev/nvidia5 at /dev/nvidia0 in the container
+    e = plan(INV, req(spec_devices={"/dev/nvidia0": ("c", 195, 5)}))
+    assert [d for d in devices(e) if d.startswith("nvidia:")] == ["nvidia:GPU-0005"]
+    # an unrelated device at a GPU's path does not count
+    e = plan(INV, req(spec_devices={"/dev/nvidia0": ("c", 10, 200)}))
+    assert len([d for d in devices(e) if d.startswith("nvidia:")]) == 8
+
+
+def test_device_plugin_amd_render_node():
+    e = plan(INV, req(spec_devices={"/dev/dri/renderD129": ("c", 226, 129)}, annotations={"gpuhook.dev/vendors": "amd"}))
+    assert devices(e) == ["amd:0000:44:00.0"]
+    assert [n.path for n in e.device_nodes] == ["/dev/dri/card2", "/dev/dri/renderD129", "/dev/kfd"]
+
+
+def test_device_plugin_env_narrows_nvidia():
+    e = plan(INV, req(env={"NVIDIA_VISIBLE_DEVICES": "GPU-0003,GPU-0006"}))
+    assert [d for d in devices(e) if d.startswith("nvidia:")] == ["nvidia:GPU-0003", "nvidia:GPU-0006"]
+
+
+def test_device_plugin_gpus_count_against_max_gpus():
+    e = plan(INV, req({"gpuhook.dev/max-gpus": "2"}, spec_devices={"/dev/nvidia2": ("c", 195, 2)}))
+    assert devices(e) == ["nvidia:GPU-0002", "amd:0000:43:00.0"]
+    e = plan(INV, req({"gpuhook.dev/max-gpus": "0"}, spec_devices={"/dev/nvidia2": ("c", 195, 2)}))
+    assert devices(e) == ["nvidia:GPU-0002"]  # never taken away
+
+
+def test_request_from_spec_reads_device_numbers_and_mounts():
+    spec = {"linux": {"devices": [{"path": "/dev/nvidia2", "type": "c", "major": 195, "minor": 2},
+                                  {"path": "/dev/x"}, {"path": "/dev/y", "major": True, "minor": 1}, 7]},
+            "mounts": [{"destination": "/proc"}, {"destination": 3}, "junk"]}
+    r = request_from_spec(spec)
+    assert r.spec_devices == {"/dev/nvidia2": ("c", 195, 2), "/dev/x": None, "/dev/y": None}
+    assert r.mounts == ("/proc",)
+
+
+# -- share = "unallocated" -------------------------------------------------------------------
+
+def checkpoint(root: str, entries: list, raw: str | None = None) -> None:
+    path = os.path.join(root, CHECKPOINT)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(raw if raw is not None else json.dumps(
+            {"Data": {"PodDeviceEntries": entries, "RegisteredDevices": {"nvidia.com/gpu": ["GPU-0000"]}},
+             "Checksum": 1234567}))
+
+
+def entry(pod, resource, ids, v1=False):
+    return {"PodUID": pod, "ContainerName": "c", "ResourceName": resource,
+            "DeviceIDs": ids if v1 else {"0": ids[:1], "1": ids[1:]}, "AllocResp": "CgA="}
+
+
+def test_unallocated_honours_the_checkpoint(tmp_path):
+    root = str(tmp_path)
+    checkpoint(root, [entry("pod-a", "nvidia.com/gpu", ["GPU-0001", "GPU-0004"]),
+                      entry("pod-b", "amd.com/gpu", ["0000:43:00.0"], v1=True),
+                      entry("pod-me", "nvidia.com/gpu", ["GPU-0007"])])
+    inv = Inventory(root, INV.vendors)
+    e = plan(inv, req({"io.kubernetes.cri.sandbox-uid": "pod-me"}), config=Config(share="unallocated"))
+    assert [d for d in devices(e) if d.startswith("nvidia:")] == [
+        f"nvidia:GPU-{i:04d}" for i in (0, 2, 3, 5, 6, 7)]  # pod-me's own GPU is not someone else's
+    assert [d for d in devices(e) if d.startswith("amd:")] == ["amd:0000:44:00.0"]
+    # share = all (the default): the checkpoint is not even read
+    assert len(devices(plan(inv, req()))) == 11
+
+
+def test_unallocated_partitions_of_an_allocated_gpu_and_intel_cards(tmp_path):
+    root = str(tmp_path)
+    parts = VendorInventory("amd", tuple(Device("amd", "partition", i, f"0000:05:00.{i}",
+                                                (Node(f"/dev/dri/renderD{128 + i}", "c", 226, 128 + i),),
+                                                "0000:05:00.0", None, None, "0000:05:00.0") for i in range(4)))
+    checkpoint(root, [entry("p", "amd.com/gpu", ["0000:05:00.0"]), entry("p", "gpu.intel.com/i915", ["card0-0"])])
+    e = plan(Inventory(root, (parts, intel())), req(), config=Config(share="unallocated"))
+    assert not e
+
+
+def test_unallocated_without_a_checkpoint_gives_everything(tmp_path):
+    e = plan(Inventory(str(tmp_path), INV.vendors), req(), config=Config(share="unallocated"))
+    assert len(devices(e)) == 11
+
+
+@pytest.mark.parametrize("raw", ["{garbage", "[]", '{"Data": {"PodDeviceEntries": 5}}'])
+def test_unallocated_with_an_unreadable_checkpoint_gives_no_gpu(tmp_path, raw):
+    root = str(tmp_path)
+    checkpoint(root, [], raw=raw)
+    w: list[str] = []
+    assert not plan(Inventory(root, INV.vendors), req(), config=Config(share="unallocated"), warnings=w)
+    assert any("no GPU is given" in x for x in w)
+
+
+# -- round robin -------------------------------------------------------------------------------------
+
+def test_round_robin_spreads_4_containers_over_8_gpus(tmp_path):
+    inv = Inventory("/", (nv(8),))
+    given = []
+    for _ in range(4):
+        e = plan(inv, req({"gpuhook.dev/max-gpus": "1"}), state_dir=str(tmp_path))
+        given += devices(e)
+    assert len(given) == 4 and len(set(given)) == 4
+    for _ in range(4):  # the next four take the other GPUs, then it starts over
+        given += devices(plan(inv, req({"gpuhook.dev/max-gpus": "1"}), state_dir=str(tmp_path)))
+    assert sorted(given) == sorted(f"nvidia:GPU-{i:04d}" for i in range(8))
+    assert devices(plan(inv, req({"gpuhook.dev/max-gpus": "1"}), state_dir=str(tmp_path))) == [given[0]]
+
+
+def test_round_robin_least_used_first(tmp_path):
+    keys = [f"k{i}" for i in range(4)]
+    assert policy.least_used(keys, 3, str(tmp_path), print) == ["k0", "k1", "k2"]
+    assert policy.least_used(keys, 2, str(tmp_path), print) == ["k0", "k3"]  # k3 unused; k0 used longest ago
+    assert policy.least_used(keys, 4, str(tmp_path), print) == keys  # no choice: state untouched
+    assert policy.least_used(keys, 1, None, print) == ["k0"]
+
+
+def test_round_robin_corrupt_or_unwritable_state(tmp_path):
+    w: list[str] = []
+    (tmp_path / policy.STATE_FILE).write_text("{nonsense")
+    assert policy.least_used(["a", "b"], 1, str(tmp_path), w.append) == ["a"]
+    assert any("unreadable" in x for x in w)
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    w.clear()
+    assert policy.least_used(["a", "b"], 1, str(blocked / "sub"), w.append) == ["a"]
+    assert w and "round robin" in w[0]
+
+
+def _create(state_dir: str, out) -> None:
+    sys.path.insert(0, REPO)
+    from gpuhook.plan import plan as plan_
+
+    e = plan_(Inventory("/", (nv(8),)), req({"gpuhook.dev/max-gpus": "1"}), state_dir=state_dir)
+    out.put(devices(e)[0])
+
+
+def test_round_robin_consistent_under_16_concurrent_processes(tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_create, args=(str(tmp_path), out)) for _ in range(16)]
+    for p in procs:
+        p.start()
+    given = [out.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(30)
+    counts = {g: given.count(g) for g in given}
+    assert len(counts) == 8 and set(counts.values()) == {2}, counts
+    state = json.loads((tmp_path / policy.STATE_FILE).read_text())
+    assert state["seq"] == 16 and sorted(c for c, _ in state["usage"].values()) == [2] * 8
+    assert [p.name for p in tmp_path.iterdir() if ".tmp" in p.name] == []
+
+
+def test_policy_and_plan_stay_off_heavy_imports():
+    code = ("import sys; before = set(sys.modules)\n"
+            "import gpuhook.plan, gpuhook.policy\n"
+            "new = set(sys.modules) - before\n"
+            "bad = {'re', 'typing', 'dataclasses', 'pydantic', 'json', 'fcntl', 'gpuhook.probe.nvidia'} & new\n"
+            "print(' '.join(sorted(bad)))")
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.strip() == ""
+
+
+# -- on fake hosts, as the runtime tests build them ---------------------------------------------------
+
+def test_fake_host_device_plugin_nvidia2(tmp_path):
+    fh = fakehost.FakeHost(str(tmp_path / "h"), mknod=False)
+    fakehost.nvidia(fh, gpus=4, libs=False)  # minors reversed: /dev/nvidia2 is GPU index 1
+    spec = {"linux": {"devices": [{"path": "/dev/nvidia2", "type": "c", "major": 195, "minor": 2}]}}
+    e = plan(probe(fh.root), request_from_spec(spec))
+    assert [n.path for n in e.device_nodes if n.path[11:].isdigit()] == ["/dev/nvidia2"]
+    assert "GPUHOOK_DEVICES=nvidia:GPU-00000001-1111-2222-3333-444444444445" in e.env

@@ -1,0 +1,115 @@
+"""Node config keys of the policy work (share, mps_pipe_dir), `gpuhook config check`, and the
+agreement between the runtime's fast reader (config.py) and the pydantic model (config_model.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from gpuhook import config as cfg
+from gpuhook.config_model import check
+
+
+def gpuhook(*args, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpuhook", *args], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "GPUHOOK_CONFIG": "/nonexistent/gpuhook.toml", **(env or {})})
+
+
+CASES = [
+    ("", True),
+    ('share = "unallocated"\nmps_pipe_dir = "/run/nvidia-mps"\n', True),
+    ('share = "all"\nfail_mode = "closed"\nprobe_cache_ttl = 0\n', True),
+    ('runtime = "/usr/bin/crun"\nhost_root = "/host"\nlog_file = ""\nldconfig = "/sbin/ldconfig"\nprobe_cache_ttl = 2.5\n', True),
+    ('share = "some"\n', False),
+    ('share = 1\n', False),
+    ('mps_pipe_dir = "tmp/mps"\n', False),
+    ('mps_pipe_dir = "/tmp/../etc"\n', False),
+    ('mps_pipe_dir = "/"\n', False),
+    ('mps_pipe_dir = "/tmp/mps/"\n', False),
+    ('fail_mode = "shut"\n', False),
+    ('probe_cache_ttl = -1\n', False),
+    ('probe_cache_ttl = true\n', False),
+    ('probe_cache_ttl = "10"\n', False),
+    ('host_root = "relative"\n', False),
+    ('runtime = 3\n', False),
+    ('bogus = 1\n', False),
+    ('[table]\nx = 1\n', False),
+    ('share = \n', False),
+]
+
+
+@pytest.mark.parametrize("text, valid", CASES)
+def test_model_and_fast_reader_agree(text, valid):
+    _, errors = cfg.parse(text)
+    assert (errors == []) is valid, errors
+    assert (check(text) == []) is valid, check(text)
+
+
+def test_fast_reader_defaults_and_new_keys():
+    c, errors = cfg.parse('share = "unallocated"\nmps_pipe_dir = "/run/mps"\n')
+    assert errors == [] and (c.share, c.mps_pipe_dir) == ("unallocated", "/run/mps")
+    c, errors = cfg.parse('share = "everyone"\n')
+    assert c.share == "all" and any("share" in e for e in errors)
+    assert cfg.Config().share == "all" and cfg.Config().mps_pipe_dir == "/tmp/nvidia-mps"
+
+
+def test_cached_config_from_before_the_new_keys_still_loads(tmp_path, monkeypatch):
+    """A cache record written before share/mps_pipe_dir existed: the defaults fill them in."""
+    monkeypatch.setenv("GPUHOOK_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "c.toml"
+    path.write_text('share = "unallocated"\n')
+    c, _ = cfg.load(str(path))
+    assert c.share == "unallocated"
+    c2, _ = cfg.load(str(path))  # from the cache
+    assert c2 == c
+
+
+def test_config_check_ok(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('share = "unallocated"\nfail_mode = "closed"\n')
+    r = gpuhook("config", "check", "--config", str(path))
+    assert r.returncode == 0 and r.stdout.strip().endswith(": OK") and r.stderr == ""
+
+
+def test_config_check_prints_every_error_with_its_key(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('share = "some"\nfail_mode = "shut"\nprobe_cache_ttl = -1\nbogus = 1\nmps_pipe_dir = "x"\n')
+    r = gpuhook("config", "check", "--config", str(path))
+    assert r.returncode == 1 and "Traceback" not in r.stdout + r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 5
+    keys = sorted(line.split(": ")[1] for line in lines)
+    assert keys == ["bogus", "fail_mode", "mps_pipe_dir", "probe_cache_ttl", "share"]
+    assert all(line.startswith(str(path) + ": ") for line in lines)
+
+
+@pytest.mark.parametrize("content, words", [
+    (b"share = \n", "invalid TOML"),
+    (b"\xff\xfe", "not UTF-8"),
+    (None, "no such file"),
+])
+def test_config_check_bad_files(tmp_path, content, words):
+    path = tmp_path / "c.toml"
+    if content is not None:
+        path.write_bytes(content)
+    r = gpuhook("config", "check", "--config", str(path))
+    assert r.returncode == 1 and words in r.stdout and "Traceback" not in r.stderr
+    assert len(r.stdout.strip().splitlines()) == 1
+
+
+def test_config_check_default_path(tmp_path):
+    r = gpuhook("config", "check")
+    assert r.returncode == 0 and "defaults apply" in r.stdout
+    path = tmp_path / "c.toml"
+    path.write_text('share = "nope"\n')
+    r = gpuhook("config", "check", env={"GPUHOOK_CONFIG": str(path)})
+    assert r.returncode == 1 and "share:" in r.stdout
+
+
+def test_config_without_subcommand_is_usage():
+    r = gpuhook("config")
+    assert r.returncode == 2 and "check" in r.stderr
