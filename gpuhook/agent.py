@@ -1,0 +1,418 @@
+"""`gpuhook agent`: the DaemonSet's long-running process on every node.
+
+    install (gpuhook.install) -> probe -> CDI specs + node labels (+ Events) -> ready file
+    then: udev event (drm, kfd, accel; nvidia/amdgpu/i915/xe module load and unload)
+          -> wait until `debounce` seconds pass without another -> probe -> refresh
+          and every `interval` seconds anyway (NVIDIA nodes appear without udev events)
+
+Files are rewritten only when their bytes change, always atomically (a dotfile beside
+them, then rename): a reader sees the old file or the new one, never part of one. A probe
+that fails changes nothing. SIGTERM stops the agent after the step in progress; what it
+installed stays, so the node keeps starting gpu-optional pods without it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from typing import Callable
+
+from . import cdi, labels as labels_mod
+
+UDEV_SUBSYSTEMS = ("drm", "kfd", "accel", "module")
+UDEV_MODULES = frozenset({"nvidia", "nvidia_uvm", "nvidia_drm", "nvidia_modeset", "amdgpu", "i915", "xe"})
+READY_FILE = "/run/gpuhook/ready"
+
+
+@dataclasses.dataclass
+class Options:
+    root: str = "/"                  # where the node's / is (/host in the DaemonSet)
+    spec_root: str = "/"             # the node's / as the container runtime sees it (in CDI paths)
+    interval: float = 30.0           # periodic re-probe, seconds
+    debounce: float = 1.0            # quiet time after a udev event before re-probing
+    cdi_dir: str | None = None       # default <root>/var/run/cdi (resolved inside root); "" = off
+    nfd_dir: str | None = None       # default <root>/etc/kubernetes/node-feature-discovery/features.d; "" = off
+    cdi_format: str = "yaml"
+    cdi_max_version: str | None = None  # the newest cdiVersion the node's runtimes read (None: any)
+    install: bool = True
+    once: bool = False
+    ready_file: str = READY_FILE     # "" = none
+    ldconfig: str | None = None      # the node's ldconfig for the CDI ld-cache hook (found when None)
+    install_restart: str = "none"    # passed to gpuhook install: signal | systemd | none
+    api_resync: float = 300.0        # re-check the Node's labels at least this often
+    udev: bool = True
+
+    def resolved_cdi_dir(self) -> str:
+        return self._under_root(self.cdi_dir, cdi.DEFAULT_DIR)
+
+    def resolved_nfd_dir(self) -> str:
+        return self._under_root(self.nfd_dir, labels_mod.NFD_DIR)
+
+    def _under_root(self, given: str | None, default: str) -> str:
+        if given is not None:
+            return given
+        from .probe.host import Host
+
+        # inside the root as if chrooted: /var/run -> /run on the node must not lead to the
+        # agent container's own /run
+        return Host(self.root).resolve(default)
+
+
+def default_installer(opts: Options, log) -> Callable[[], None]:
+    """`gpuhook install` for this node (gpuhook.install.core.install)."""
+    def install() -> None:
+        from .install.core import Options as InstallOptions, install as run_install
+
+        run_install(InstallOptions(host_root=opts.root, restart=opts.install_restart),
+                    lambda line: log.info("install.step", message=line))
+    return install
+
+
+def summarize(inv) -> dict:
+    """What the agent compares between probes: devices by vendor:id, and driver versions."""
+    return {
+        "devices": {f"{v.vendor}:{d.id}": d.model or "" for v in inv.vendors for d in v.devices},
+        "drivers": {v.vendor: v.driver_version for v in inv.vendors if v.driver_version},
+    }
+
+
+def describe(inv) -> str:
+    """One line for people: '2 GPUs: nvidia x2 (NVIDIA H100, driver 550.54.14)'."""
+    vendors = [v for v in inv.vendors if v.devices]
+    if not vendors:
+        return "no GPU: CPU-only node"
+    parts = []
+    for v in vendors:
+        extra = [x for x in (labels_mod.common_model(v.devices), v.driver_version and f"driver {v.driver_version}") if x]
+        parts.append(f"{v.vendor} x{len(v.devices)}" + (f" ({', '.join(extra)})" if extra else ""))
+    n = sum(len(v.devices) for v in vendors)
+    return f"{n} GPU{'s' if n != 1 else ''}: " + ", ".join(parts)
+
+
+def diff(old: dict, new: dict) -> dict:
+    added = sorted(set(new["devices"]) - set(old["devices"]))
+    removed = sorted(set(old["devices"]) - set(new["devices"]))
+    drivers = {v: [old["drivers"].get(v), new["drivers"].get(v)]
+               for v in sorted(set(old["drivers"]) | set(new["drivers"]))
+               if old["drivers"].get(v) != new["drivers"].get(v)}
+    return {"added": added, "removed": removed, "driver_version": drivers}
+
+
+class UdevWatch:
+    """pyudev monitor thread: calls notify(reason) for each relevant event."""
+
+    def __init__(self, notify: Callable[[str], None], log, stop: threading.Event):
+        self.notify = notify
+        self.log = log
+        self.stop = stop
+        self.monitor = None
+        self.thread: threading.Thread | None = None
+        self.source = None
+
+    def start(self) -> None:
+        """Raises when pyudev or libudev cannot be used (the agent falls back to its timer)."""
+        import pyudev
+
+        context = pyudev.Context()
+        # libudev disables a "udev" monitor when udevd's control socket is not there (a
+        # container without /run/udev): then take the kernel's events, which the debounce
+        # delays until udev has made the nodes.
+        self.source = "udev" if os.path.exists("/run/udev/control") else "kernel"
+        monitor = pyudev.Monitor.from_netlink(context, source=self.source)
+        for s in UDEV_SUBSYSTEMS:
+            monitor.filter_by(s)
+        monitor.start()
+        self.monitor = monitor
+        self.thread = threading.Thread(target=self._loop, name="gpuhook-udev", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        try:
+            while not self.stop.is_set():
+                device = self.monitor.poll(timeout=0.5)
+                if device is None:
+                    continue
+                if device.subsystem == "module" and device.sys_name not in UDEV_MODULES:
+                    continue
+                self.notify(f"udev:{device.action}:{device.subsystem}:{device.sys_name}")
+        except Exception as e:  # the timer still runs: say so once and stop watching
+            self.log.warning("udev.failed", error=f"{type(e).__name__}: {e}", fallback="periodic")
+
+
+class Agent:
+    def __init__(self, opts: Options, installer: Callable[[], None] | None = None, kube="auto",
+                 log=None, probe: Callable | None = None, clock=time.monotonic):
+        from . import log as logmod
+
+        self.opts = opts
+        self.log = log or logmod.get()
+        self.installer = installer if installer is not None else default_installer(opts, self.log)
+        if kube == "auto":
+            kube = labels_mod.KubeAPI.in_cluster()
+        self.kube = kube
+        if probe is None:
+            from .probe import probe as probe_fn
+
+            probe = probe_fn
+        self.probe = probe
+        self.clock = clock
+        self.stop_event = threading.Event()
+        self._cond = threading.Condition()
+        self._pending: list[str] = []
+        self._first_event = self._last_event = 0.0
+        self.runtime_ready = not opts.install
+        self.install_error: str | None = None
+        self.ready = False
+        self.syncs = 0
+        self.summary: dict | None = None
+        self._api_labels: dict | None = None
+        self._api_synced = 0.0
+        self._node_uid: str | None = None
+        self._install_event_posted = False
+        self.watch: UdevWatch | None = None
+        self.cdi_dir = opts.resolved_cdi_dir()
+        self.nfd_dir = opts.resolved_nfd_dir()
+        ldconfig = opts.ldconfig
+        if ldconfig is None:  # the node's own; none there: no ld-cache hook (not the agent image's)
+            ldconfig = cdi.find_ldconfig(opts.root if opts.spec_root == "/" else "/") or False
+        self.ldconfig = ldconfig
+
+    # -- events --------------------------------------------------------------------
+    def notify(self, reason: str) -> None:
+        """Something may have changed: re-probe once things are quiet for `debounce`."""
+        with self._cond:
+            now = self.clock()
+            if not self._pending:
+                self._first_event = now
+            self._last_event = now
+            if reason not in self._pending:
+                self._pending.append(reason)
+            self._cond.notify_all()
+
+    def stop(self, why: str = "stop") -> None:
+        self._stop_reason = why
+        self.stop_event.set()
+        with self._cond:
+            self._cond.notify_all()
+
+    def _wait(self, deadline: float) -> str | None:
+        """Block until the next re-probe is due; its reason, or None when stopping."""
+        with self._cond:
+            while not self.stop_event.is_set() and not self._pending:
+                left = deadline - self.clock()
+                if left <= 0:
+                    return "timer"
+                self._cond.wait(min(left, 1.0))
+            # debounce: wait until no event came for `debounce` seconds (at most 10 of them)
+            while not self.stop_event.is_set():
+                now = self.clock()
+                due = min(self._last_event + self.opts.debounce, self._first_event + 10 * max(self.opts.debounce, 0.1))
+                if now >= due:
+                    break
+                self._cond.wait(due - now)
+            if self.stop_event.is_set():
+                return None
+            reason = ", ".join(self._pending[:5]) + (f" (+{len(self._pending) - 5})" if len(self._pending) > 5 else "")
+            self._pending.clear()
+            return reason
+
+    # -- steps -----------------------------------------------------------------------
+    def install(self) -> bool:
+        t0 = time.monotonic()
+        try:
+            self.installer()
+        except Exception as e:
+            worded = isinstance(e, (OSError, ValueError)) or type(e).__name__ == "InstallError"
+            self.install_error = str(e) if worded else f"{type(e).__name__}: {e}"
+            self.log.error("install", decision="error", error=self.install_error,
+                           duration_ms=round((time.monotonic() - t0) * 1000, 1))
+            self._post("RuntimeInstallFailed", f"gpuhook install failed: {self.install_error}", "Warning")
+            return False
+        self.install_error = None
+        self.runtime_ready = True
+        self.log.info("install", decision="ok", duration_ms=round((time.monotonic() - t0) * 1000, 1))
+        return True
+
+    def sync(self, reason: str = "start") -> bool:
+        """Probe, then bring the CDI specs, the feature file and the Node's labels in line.
+        True when the probe and the node's files worked (what readiness means)."""
+        t0 = time.monotonic()
+        self.syncs += 1
+        try:
+            inv = self.probe(self.opts.root)
+        except Exception as e:  # the probe never raises by design; if it does, change nothing
+            self.log.error("probe.error", reason=reason, error=f"{type(e).__name__}: {e}")
+            return False
+        summary = summarize(inv)
+        first = self.summary is None
+        change = None if first else diff(self.summary, summary)
+        changed = first or any(change.values())
+        self.summary = summary
+        vendors = [v.vendor for v in inv.vendors if v.devices]
+        common = {"vendors": vendors, "devices": sorted(summary["devices"]),
+                  "driver_version": summary["drivers"]}
+        if first:
+            self.log.info("inventory", reason=reason, message=describe(inv), **common,
+                          warnings=list(inv.warnings)[:20], duration_ms=round((time.monotonic() - t0) * 1000, 1))
+        elif changed:
+            self.log.info("inventory.changed", reason=reason, message=describe(inv), **common,
+                          added=change["added"], removed=change["removed"],
+                          driver_changes=change["driver_version"], warnings=list(inv.warnings)[:20])
+        else:
+            self.log.debug("inventory.same", reason=reason)
+        ok = self._write_cdi(inv)
+        node_labels = labels_mod.node_labels(inv, self.runtime_ready)
+        ok = self._write_nfd(node_labels) and ok
+        self._sync_api(node_labels)  # the API being away is logged and retried, never "not ready"
+        if changed:
+            if first:
+                self._post("GPUInventory", describe(inv))
+            else:
+                parts = [f"+{d}" for d in change["added"]] + [f"-{d}" for d in change["removed"]]
+                parts += [f"{v} driver {a or '-'} -> {b or '-'}" for v, (a, b) in change["driver_version"].items()]
+                self._post("GPUInventoryChanged", f"{describe(inv)} ({'; '.join(parts)})")
+        return ok
+
+    def _write_cdi(self, inv) -> bool:
+        if not self.cdi_dir:
+            return True
+        try:
+            dropped: list = []
+            specs = cdi.specs(inv, self.opts.spec_root, self.ldconfig, self.opts.cdi_max_version, dropped)
+            written, removed = cdi.write_dir(specs, self.cdi_dir, self.opts.cdi_format)
+        except (OSError, cdi.CDIError) as e:
+            self.log.error("cdi.error", error=str(e), dir=self.cdi_dir)
+            return False
+        if written or removed:
+            self.log.info("cdi.written", dir=self.cdi_dir, files=written, removed=removed,
+                          kinds=[s["kind"] for s in specs], cdi_versions=[s["cdiVersion"] for s in specs])
+            if dropped:
+                self.log.warning("cdi.capped", max_version=self.opts.cdi_max_version,
+                                 left_out={kind: fields for kind, fields in dropped})
+        return True
+
+    def _write_nfd(self, node_labels: dict) -> bool:
+        if not self.nfd_dir:
+            return True
+        try:
+            if labels_mod.write_nfd(node_labels, self.nfd_dir):
+                self.log.info("labels.written", file=os.path.join(self.nfd_dir, labels_mod.NFD_FILE),
+                              labels=node_labels)
+        except OSError as e:
+            self.log.error("labels.error", error=str(e), dir=self.nfd_dir)
+            return False
+        return True
+
+    def _sync_api(self, node_labels: dict) -> bool:
+        if self.kube is None:
+            return True
+        due = self._api_labels != node_labels or self.clock() - self._api_synced >= self.opts.api_resync
+        if not due:
+            return True
+        try:
+            patch, removed, uid = labels_mod.sync_node_labels(self.kube, node_labels)
+        except labels_mod.KubeError as e:
+            self._api_labels = None  # try again next time
+            self.log.warning("kube.error", error=str(e), node=self.kube.node)
+            return False
+        self._node_uid = uid or self._node_uid
+        self._api_labels = dict(node_labels)
+        self._api_synced = self.clock()
+        if patch:
+            self.log.info("labels.patched", node=self.kube.node,
+                          labels={k: v for k, v in patch.items() if v is not None}, removed=removed)
+        return True
+
+    def _post(self, reason: str, message: str, type_: str = "Normal") -> None:
+        if self.kube is None:
+            return
+        if reason == "RuntimeInstallFailed":
+            if self._install_event_posted:
+                return
+            self._install_event_posted = True
+        try:
+            self.kube.post_event(reason, message, type_, self._node_uid)
+            self.log.info("event.posted", reason=reason, node=self.kube.node)
+        except labels_mod.KubeError as e:
+            self.log.warning("kube.error", error=str(e), node=self.kube.node, event_reason=reason)
+
+    def _mark_ready(self) -> None:
+        if self.ready or not self.runtime_ready:
+            return
+        self.ready = True
+        if self.opts.ready_file:
+            from .spec import write_atomic
+
+            try:
+                os.makedirs(os.path.dirname(self.opts.ready_file) or ".", exist_ok=True)
+                write_atomic(self.opts.ready_file, (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n").encode(),
+                             0o644, sync_dir=False)
+            except OSError as e:
+                self.log.error("ready.error", error=str(e), file=self.opts.ready_file)
+                self.ready = False
+                return
+        self.log.info("ready", file=self.opts.ready_file or None)
+
+    def _start_watch(self) -> None:
+        if not self.opts.udev:
+            self.log.info("udev.off", fallback="periodic", interval=self.opts.interval)
+            return
+        watch = UdevWatch(self.notify, self.log, self.stop_event)
+        try:
+            watch.start()
+        except Exception as e:  # no pyudev, no libudev, no netlink: the timer does it all
+            self.log.warning("udev.unavailable", error=f"{type(e).__name__}: {e}".strip(),
+                             fallback="periodic", interval=self.opts.interval)
+            return
+        self.watch = watch
+        self.log.info("udev.watching", source=watch.source, subsystems=list(UDEV_SUBSYSTEMS),
+                      modules=sorted(UDEV_MODULES))
+
+    # -- the loop ----------------------------------------------------------------------
+    def run(self) -> int:
+        o = self.opts
+        self.log.info("agent.start", root=o.root, spec_root=o.spec_root, interval=o.interval, debounce=o.debounce,
+                      cdi_dir=self.cdi_dir or None, nfd_dir=self.nfd_dir or None, install=o.install,
+                      api=self.kube.base_url if self.kube else None,
+                      node=self.kube.node if self.kube else None)
+        if o.install:
+            self.install()
+        if o.once:
+            ok = self._guarded_sync("once")
+            if ok:
+                self._mark_ready()
+            return 0 if ok and self.runtime_ready else 1
+        self._start_watch()
+        if self._guarded_sync("start"):
+            self._mark_ready()
+        next_at = self.clock() + o.interval
+        while not self.stop_event.is_set():
+            reason = self._wait(next_at)
+            if reason is None:
+                break
+            if o.install and not self.runtime_ready:
+                self.install()
+            if self._guarded_sync(reason):
+                self._mark_ready()
+            next_at = self.clock() + o.interval
+        self._shutdown()
+        return 0
+
+    def _guarded_sync(self, reason: str) -> bool:
+        """A bug in one round must not end the agent: log it, try again next time."""
+        try:
+            return self.sync(reason)
+        except Exception as e:
+            self.log.exception("sync.error", reason=reason, error=f"{type(e).__name__}: {e}")
+            return False
+
+    def _shutdown(self) -> None:
+        if self.opts.ready_file:
+            try:
+                os.unlink(self.opts.ready_file)
+            except OSError:
+                pass
+        self.log.info("agent.stop", reason=getattr(self, "_stop_reason", "stop"), syncs=self.syncs,
+                      note="gpuhook stays installed: gpu-optional pods keep starting")

@@ -1,0 +1,152 @@
+"""Structured logs: one event vocabulary for the runtime's per-create line, the agent and the CLI.
+
+Every record is one JSON object per line with `time` (ISO-8601 UTC, milliseconds, "Z") and
+`event` (the event's name) first, then the event's own keys. The keys are shared:
+
+    container_id, bundle, decision, vendors, nodes, mounts, hooks   (runtime: event "create")
+    devices, driver_version, added, removed, labels, files, kind,
+    reason, source, error, warnings, duration_ms                   (agent and CLI)
+
+On a terminal the same records are printed by structlog's console renderer instead.
+structlog is imported only by configure(): gpuhook-runtime writes its line itself
+(runtime.log_line) and never imports this module.
+"""
+
+import os
+import sys
+import time
+
+_configured = False
+
+DEFAULT_RUNTIME_LOG = "/var/log/gpuhook.log"
+
+
+def utc_now(ms: bool = True, t: float | None = None) -> str:
+    """2026-11-29T19:40:49.577Z, the runtime's log time format (ms=False: whole seconds)."""
+    t = time.time() if t is None else t
+    head = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
+    return head + (f".{int(t * 1000) % 1000:03d}Z" if ms else "Z")
+
+
+def _stamp(logger, method, event_dict: dict) -> dict:
+    """time and event first, level after them, then the event's own keys."""
+    event = event_dict.pop("event", None)
+    out = {"time": utc_now(), "event": event, "level": method if method != "msg" else "info"}
+    if out["level"] in ("info",):
+        del out["level"]  # info is the normal case, as in the runtime's lines
+    out.update(event_dict)
+    return out
+
+
+def configure(stream=None, fmt: str = "auto", level: str = "info") -> None:
+    """Configure structlog once for this process: JSON lines on `stream` (default stderr),
+    or the console renderer when fmt is "console" (or "auto" and the stream is a TTY)."""
+    global _configured
+    import json
+    import logging
+
+    import structlog
+
+    stream = stream or sys.stderr
+    if fmt == "auto":
+        fmt = "console" if getattr(stream, "isatty", lambda: False)() else "json"
+    if fmt == "console":
+        renderer = structlog.dev.ConsoleRenderer(timestamp_key="time", colors=_colors(stream))
+    else:
+        renderer = structlog.processors.JSONRenderer(serializer=lambda o, **kw: json.dumps(
+            o, separators=(",", ":"), default=str, ensure_ascii=False))
+    structlog.configure(
+        processors=[structlog.contextvars.merge_contextvars, structlog.processors.format_exc_info,
+                    _stamp, renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper(), logging.INFO)),
+        logger_factory=structlog.WriteLoggerFactory(file=stream),
+        cache_logger_on_first_use=False,
+    )
+    _configured = True
+
+
+def _colors(stream) -> bool:
+    return not os.environ.get("NO_COLOR") and getattr(stream, "isatty", lambda: False)()
+
+
+def get(**context):
+    """A bound logger; configures JSON lines on stderr first if nobody did."""
+    import structlog
+
+    if not _configured:
+        configure()
+    return structlog.get_logger().bind(**context) if context else structlog.get_logger()
+
+
+# -- the runtime's log file: `gpuhook log` ---------------------------------------------
+
+def tail_records(path: str, n: int, event: str | None = "create", max_bytes: int = 64 << 20) -> tuple[list[dict], int]:
+    """The last `n` records of a JSON-lines log (of `event`, when given), reading backwards
+    from the end. Torn, partial or garbage lines are skipped and counted.
+    Returns (records oldest first, lines skipped)."""
+    import json
+
+    out: list[dict] = []
+    skipped = 0
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        pos = f.tell()
+        tail = b""
+        read = 0
+        while pos > 0 and len(out) < n and read < max_bytes:
+            step = min(65536, pos)
+            pos -= step
+            f.seek(pos)
+            chunk = f.read(step)
+            read += step
+            lines = (chunk + tail).split(b"\n")
+            tail = lines[0] if pos > 0 else b""  # the first piece may be cut: keep it for the next block
+            body = lines[1:] if pos > 0 else lines
+            for raw in reversed(body):
+                if len(out) >= n:
+                    break
+                rec, bad = _parse(raw, json)
+                skipped += bad
+                if rec is not None and (event is None or rec.get("event") == event):
+                    out.append(rec)
+    out.reverse()
+    return out, skipped
+
+
+def _parse(raw: bytes, json) -> tuple[dict | None, int]:
+    raw = raw.strip()
+    if not raw:
+        return None, 0
+    try:
+        rec = json.loads(raw.decode("utf-8", "replace"))
+    except (ValueError, RecursionError):
+        return None, 1
+    return (rec, 0) if isinstance(rec, dict) else (None, 1)
+
+
+def _short(value, width: int) -> str:
+    s = "-" if value in (None, "", []) else str(value)
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+def format_records(records: list[dict], wide: bool = False) -> str:
+    """A readable table of the runtime's create records."""
+    if not records:
+        return "No container creates in the log."
+    rows = [("TIME", "CONTAINER", "DECISION", "VENDORS", "NODES", "MOUNTS", "MS", "ERROR")]
+    for r in records:
+        vendors = r.get("vendors")
+        nodes, mounts = r.get("nodes"), r.get("mounts")
+        cid = str(r.get("container_id") or "-")
+        rows.append((
+            str(r.get("time") or "-"),
+            cid if wide else _short(cid, 16),
+            str(r.get("decision") or "-"),
+            ",".join(map(str, vendors)) if isinstance(vendors, list) and vendors else "-",
+            str(len(nodes)) if isinstance(nodes, list) else "-",
+            str(len(mounts)) if isinstance(mounts, list) else "-",
+            _short(r.get("duration_ms"), 8),
+            _short(r.get("error"), 200 if wide else 60),
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1] for row in rows)

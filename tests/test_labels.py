@@ -1,0 +1,276 @@
+"""Node labels: values, the NFD feature file, and the Kubernetes API (a fake one on loopback)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import ssl
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from gpuhook import labels
+from gpuhook.inventory import Device, Inventory, Node, VendorInventory
+from gpuhook.probe import probe
+
+
+class FakeAPI:
+    """A Kubernetes API server on 127.0.0.1 with one Node: GET and merge-PATCH of the Node,
+    POST of Events. Checks the bearer token; records every request."""
+
+    def __init__(self, node: str = "node-1", token: str = "t0ken", tls_dir: str | None = None,
+                 labels: dict | None = None):
+        self.node_name = node
+        self.token = token
+        self.node = {"apiVersion": "v1", "kind": "Node",
+                     "metadata": {"name": node, "uid": "uid-1234", "labels": dict(labels or {"kubernetes.io/hostname": node})}}
+        self.events: list[dict] = []
+        self.requests: list[tuple[str, str, dict | None, str | None]] = []
+        self.fail_next: list[int] = []  # HTTP statuses to answer with before behaving
+        self.lock = threading.Lock()
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _reply(self, code: int, body: dict):
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _handle(self, method: str):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length)) if length else None
+                with api.lock:
+                    api.requests.append((method, self.path, body, self.headers.get("Content-Type")))
+                    if self.headers.get("Authorization") != f"Bearer {api.token}":
+                        return self._reply(401, {"kind": "Status", "message": "Unauthorized"})
+                    if api.fail_next:
+                        return self._reply(api.fail_next.pop(0), {"kind": "Status", "message": "try later"})
+                    node_path = f"/api/v1/nodes/{api.node_name}"
+                    if method == "GET" and self.path == node_path:
+                        return self._reply(200, api.node)
+                    if method == "PATCH" and self.path == node_path:
+                        if self.headers.get("Content-Type") != "application/merge-patch+json":
+                            return self._reply(415, {"message": "unsupported patch type"})
+                        have = api.node["metadata"].setdefault("labels", {})
+                        for k, v in (body.get("metadata", {}).get("labels") or {}).items():
+                            if v is None:
+                                have.pop(k, None)
+                            else:
+                                have[k] = v
+                        return self._reply(200, api.node)
+                    if method == "POST" and self.path == "/api/v1/namespaces/default/events":
+                        api.events.append(body)
+                        return self._reply(201, dict(body, metadata=dict(body["metadata"], name=f"e{len(api.events)}")))
+                    return self._reply(404, {"kind": "Status", "message": f"{method} {self.path}: not found"})
+
+            def do_GET(self):
+                self._handle("GET")
+
+            def do_PATCH(self):
+                self._handle("PATCH")
+
+            def do_POST(self):
+                self._handle("POST")
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)  # loopback only
+        self.scheme = "http"
+        self.ca_file = None
+        if tls_dir:
+            cert, key = os.path.join(tls_dir, "tls.crt"), os.path.join(tls_dir, "tls.key")
+            subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                            "-subj", "/CN=kubernetes", "-addext", "subjectAltName=IP:127.0.0.1",
+                            "-keyout", key, "-out", cert], check=True, capture_output=True)
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(cert, key)
+            self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+            self.scheme = "https"
+            self.ca_file = cert
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"{self.scheme}://127.0.0.1:{self.port}"
+
+    @property
+    def labels(self) -> dict:
+        with self.lock:
+            return dict(self.node["metadata"]["labels"])
+
+    def client(self, **kw) -> labels.KubeAPI:
+        return labels.KubeAPI(self.url, self.token, self.node_name, self.ca_file, **kw)
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def fake_api():
+    made = []
+
+    def make(**kw) -> FakeAPI:
+        api = FakeAPI(**kw)
+        made.append(api)
+        return api
+    yield make
+    for api in made:
+        api.close()
+
+
+# -- values and the label set ----------------------------------------------------------------
+
+@pytest.mark.parametrize("text,value", [
+    ("NVIDIA H100 80GB HBM3", "NVIDIA-H100-80GB-HBM3"),
+    ("AMD Instinct MI300X (CPX)", "AMD-Instinct-MI300X-CPX"),
+    ("550.54.14", "550.54.14"),
+    ("  -weird__name.  ", "weird__name"),
+    ("Ünïcode ✓ GPU", "Unicode-GPU"),
+    ("x" * 70, "x" * 63),
+    ("a" * 62 + " b", "a" * 62),
+    ("", ""), (None, ""), ("---", ""),
+])
+def test_label_values_are_sanitised(text, value):
+    got = labels.label_value(text)
+    assert got == value
+    assert len(got) <= 63 and (not got or (got[0].isalnum() and got[-1].isalnum()))
+
+
+NV = VendorInventory("nvidia", tuple(Device("nvidia", "gpu", i, f"GPU-{i}", (Node(f"/dev/nvidia{i}", "c", 195, i),),
+                                            model="NVIDIA H100 80GB HBM3") for i in range(2)), driver_version="550.54.14")
+INTEL = VendorInventory("intel", (Device("intel", "gpu", 0, "0000:00:02.0", (), model="Intel UHD 770"),))
+
+
+def test_labels_of_a_multi_vendor_node():
+    got = labels.node_labels(Inventory("/", (NV, INTEL)), runtime_ready=True)
+    assert got == {
+        "gpuhook.dev/accelerator": "nvidia",
+        "gpuhook.dev/accelerator.nvidia": "true",
+        "gpuhook.dev/accelerator.intel": "true",
+        "gpuhook.dev/gpu.count": "3",
+        "gpuhook.dev/gpu.model": "NVIDIA-H100-80GB-HBM3",
+        "gpuhook.dev/driver.version": "550.54.14",
+        "gpuhook.dev/nvidia.count": "2",
+        "gpuhook.dev/nvidia.model": "NVIDIA-H100-80GB-HBM3",
+        "gpuhook.dev/nvidia.driver.version": "550.54.14",
+        "gpuhook.dev/intel.count": "1",
+        "gpuhook.dev/intel.model": "Intel-UHD-770",
+        "gpuhook.dev/runtime-ready": "true",
+    }
+
+
+def test_labels_of_a_cpu_only_node():
+    assert labels.node_labels(Inventory("/", ())) == {"gpuhook.dev/accelerator": "none", "gpuhook.dev/gpu.count": "0"}
+
+
+@pytest.mark.parametrize("scenario,primary", [("nvidia", "nvidia"), ("amd", "amd"), ("intel", "intel"),
+                                              ("nvidia+intel", "nvidia"), ("bmc", "none"), ("cpu", "none")])
+def test_primary_vendor_is_the_first_of_the_env_contract(make_host, scenario, primary):
+    got = labels.node_labels(probe(make_host(scenario, mknod=False)))
+    assert got["gpuhook.dev/accelerator"] == primary
+    assert all(labels.valid_key(k) and labels.label_value(v) == v for k, v in got.items())
+
+
+# -- the NFD feature file ----------------------------------------------------------------------
+
+def test_nfd_file_is_rewritten_whole_and_only_on_change(tmp_path):
+    d = str(tmp_path / "features.d")
+    first = labels.node_labels(Inventory("/", (NV, INTEL)), runtime_ready=True)
+    assert labels.write_nfd(first, d) is True
+    path = os.path.join(d, "gpuhook")
+    assert labels.parse_nfd(open(path).read()) == first
+    ino = os.stat(path).st_ino
+    assert labels.write_nfd(first, d) is False and os.stat(path).st_ino == ino
+    # the Intel GPU goes: its labels leave the file (NFD then removes them from the node)
+    second = labels.node_labels(Inventory("/", (NV,)), runtime_ready=True)
+    assert labels.write_nfd(second, d) is True
+    text = open(path).read()
+    assert "intel" not in text and labels.parse_nfd(text) == second
+    assert os.listdir(d) == ["gpuhook"]  # no temporary file left behind
+    assert text.startswith("#") and all("=" in line for line in text.splitlines()[1:])
+
+
+# -- the API ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("tls", [False, True])
+def test_api_patch_sets_and_removes_labels(fake_api, tmp_path, tls):
+    if tls and not shutil.which("openssl"):
+        pytest.skip("no openssl to make a certificate")
+    api = fake_api(tls_dir=str(tmp_path) if tls else None,
+                   labels={"kubernetes.io/hostname": "node-1", "gpuhook.dev/accelerator.amd": "true",
+                           "gpuhook.dev/gpu.count": "1", "team": "ml"})
+    client = api.client()
+    want = labels.node_labels(Inventory("/", (NV, INTEL)), runtime_ready=True)
+    patch, removed, uid = labels.sync_node_labels(client, want)
+    assert uid == "uid-1234"
+    assert removed == ["gpuhook.dev/accelerator.amd"]
+    assert patch["gpuhook.dev/accelerator.amd"] is None and patch["gpuhook.dev/gpu.count"] == "3"
+    have = api.labels
+    assert {k: v for k, v in have.items() if k.startswith("gpuhook.dev/")} == want
+    assert have["team"] == "ml" and have["kubernetes.io/hostname"] == "node-1"  # not ours: untouched
+    method, path, body, ctype = api.requests[-1]
+    assert (method, path, ctype) == ("PATCH", "/api/v1/nodes/node-1", "application/merge-patch+json")
+    # nothing changed: one GET, no PATCH
+    n = len(api.requests)
+    assert labels.sync_node_labels(client, want) == ({}, [], "uid-1234")
+    assert [r[0] for r in api.requests[n:]] == ["GET"]
+    # the node loses its GPUs: every GPU label goes, in one patch
+    labels.sync_node_labels(client, labels.node_labels(Inventory("/", ()), runtime_ready=True))
+    assert {k: v for k, v in api.labels.items() if k.startswith("gpuhook.dev/")} == {
+        "gpuhook.dev/accelerator": "none", "gpuhook.dev/gpu.count": "0", "gpuhook.dev/runtime-ready": "true"}
+
+
+def test_api_errors_are_one_line(fake_api, tmp_path):
+    api = fake_api()
+    bad = labels.KubeAPI(api.url, "wrong", "node-1")
+    with pytest.raises(labels.KubeError, match=r"HTTP 401: Unauthorized") as e:
+        bad.get_node()
+    assert e.value.status == 401
+    with pytest.raises(labels.KubeError, match="HTTP 404"):
+        labels.KubeAPI(api.url, api.token, "other-node").get_node()
+    closed = labels.KubeAPI("http://127.0.0.1:1", "t", "n", timeout=2)
+    with pytest.raises(labels.KubeError, match="GET /api/v1/nodes/n"):
+        closed.get_node()
+    if shutil.which("openssl"):  # TLS with a CA that did not sign the server's certificate
+        tls = fake_api(tls_dir=str(tmp_path))
+        (tmp_path / "other").mkdir()
+        other = FakeAPI(tls_dir=str(tmp_path / "other"))
+        other.close()
+        with pytest.raises(labels.KubeError, match="CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
+            labels.KubeAPI(tls.url, tls.token, "node-1", other.ca_file).get_node()
+
+
+def test_event_on_the_node(fake_api):
+    api = fake_api()
+    api.client().post_event("GPUInventoryChanged", "2 GPUs: nvidia x2", node_uid="uid-1234", now="2026-01-01T00:00:00Z")
+    (ev,) = api.events
+    assert ev["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": "node-1", "uid": "uid-1234"}
+    assert ev["reason"] == "GPUInventoryChanged" and ev["type"] == "Normal" and ev["message"] == "2 GPUs: nvidia x2"
+    assert ev["metadata"] == {"generateName": "node-1.gpuhook-", "namespace": "default"}
+    assert ev["firstTimestamp"] == ev["lastTimestamp"] == "2026-01-01T00:00:00Z"
+    assert ev["source"] == {"component": "gpuhook-agent", "host": "node-1"}
+
+
+def test_in_cluster_config(tmp_path):
+    sa = tmp_path / "sa"
+    assert labels.KubeAPI.in_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, str(sa)) is None  # no token
+    sa.mkdir()
+    (sa / "token").write_text("tok-1\n")
+    assert labels.KubeAPI.in_cluster({}, str(sa)) is None  # not in a cluster
+    api = labels.KubeAPI.in_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "6443",
+                                     "NODE_NAME": "gpu-7"}, str(sa))
+    assert (api.base_url, api.node, api._token()) == ("https://10.0.0.1:6443", "gpu-7", "tok-1")
+    (sa / "token").write_text("tok-2")  # projected tokens rotate
+    assert api._token() == "tok-2"
+    v6 = labels.KubeAPI.in_cluster({"KUBERNETES_SERVICE_HOST": "fd00::1", "NODE_NAME": "n"}, str(sa))
+    assert v6.base_url == "https://[fd00::1]:443"

@@ -1,0 +1,142 @@
+"""Structured logs (one vocabulary with the runtime's line) and `gpuhook log`."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from gpuhook import log, runtime
+
+TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+
+
+def lines_of(stream: io.StringIO) -> list[dict]:
+    return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+
+def test_json_lines_time_and_event_first():
+    out = io.StringIO()
+    log.configure(stream=out, fmt="json")
+    log.get().info("inventory", vendors=["nvidia"], devices=["nvidia:GPU-1"], duration_ms=1.5)
+    log.get(node="n1").warning("kube.error", error="HTTP 403")
+    log.get().debug("hidden")
+    a, b = lines_of(out)
+    assert list(a)[:2] == ["time", "event"] and TIME.match(a["time"])
+    assert a == {"time": a["time"], "event": "inventory", "vendors": ["nvidia"], "devices": ["nvidia:GPU-1"],
+                 "duration_ms": 1.5}
+    assert b["event"] == "kube.error" and b["level"] == "warning" and b["node"] == "n1"
+    assert "\n" not in out.getvalue().strip("\n").split("\n")[0]
+
+
+def test_same_shape_as_the_runtimes_create_line(tmp_path):
+    """gpuhook-runtime writes its line without structlog; the keys and formats are the same."""
+    class Config:
+        log_file = str(tmp_path / "gpuhook.log")
+
+    out = runtime.Outcome()
+    out.decision, out.vendors, out.nodes = "injected", ["nvidia"], ["/dev/nvidia0"]
+    runtime.log_line(Config, runtime.Invocation("create", "/b", "c1", None, None), out, 0.0)
+    rt = json.loads(open(Config.log_file).read())
+    buf = io.StringIO()
+    log.configure(stream=buf, fmt="json")
+    log.get().info("create", container_id="c1", decision="injected", vendors=["nvidia"], nodes=["/dev/nvidia0"])
+    ours = lines_of(buf)[0]
+    assert list(rt)[:2] == list(ours)[:2] == ["time", "event"]
+    assert TIME.match(rt["time"]) and TIME.match(ours["time"])
+    for key in ("event", "container_id", "decision", "vendors", "nodes"):
+        assert rt[key] == ours[key]
+
+
+def test_console_renderer_on_a_terminal():
+    class TTY(io.StringIO):
+        def isatty(self):
+            return True
+
+    out = TTY()
+    log.configure(stream=out)  # auto
+    log.get().info("agent.start", root="/host")
+    text = re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue())
+    assert "agent.start" in text and "root=/host" in text and not text.startswith("{")
+    log.configure(stream=io.StringIO(), fmt="json")
+
+
+def test_utc_now_format():
+    assert log.utc_now(t=0) == "1970-01-01T00:00:00.000Z"
+    assert log.utc_now(t=1.2345) == "1970-01-01T00:00:01.234Z"
+    assert log.utc_now(ms=False, t=61) == "1970-01-01T00:01:01Z"
+
+
+# -- reading the runtime's log ---------------------------------------------------------------------
+
+def rec(i: int, decision: str = "injected", **kw) -> str:
+    return json.dumps({"time": f"2026-01-01T00:00:{i % 60:02d}.000Z", "event": "create", "container_id": f"c{i}",
+                       "decision": decision, "vendors": ["nvidia"] if decision == "injected" else [],
+                       "nodes": ["/dev/nvidia0"], "mounts": [], "hooks": 1, "duration_ms": 9.5, **kw})
+
+
+def test_tail_tolerates_garbage_and_torn_lines(tmp_path):
+    p = tmp_path / "gpuhook.log"
+    body = [rec(1), "garbage", "", rec(2, "no-gpu"), "[1, 2]", '{"event": "other"}', rec(3, "error", error="boom"),
+            '{"time": "2026-01-01T00:00:04.000Z", "event": "create", "contai']  # torn: a write in progress
+    p.write_text("\n".join(body))
+    records, skipped = log.tail_records(str(p), 10)
+    assert [r["container_id"] for r in records] == ["c1", "c2", "c3"]
+    assert skipped == 3  # garbage, [1, 2], the torn line
+    records, _ = log.tail_records(str(p), 2)
+    assert [r["container_id"] for r in records] == ["c2", "c3"]
+
+
+def test_tail_reads_backwards_across_blocks(tmp_path):
+    p = tmp_path / "big.log"
+    with open(p, "w") as f:
+        for i in range(20000):  # ~4 MB: lines cross the 64 KiB blocks
+            f.write(rec(i, mounts=["/usr/lib/x" * (i % 7)]) + "\n")
+    records, skipped = log.tail_records(str(p), 1500)
+    assert skipped == 0
+    assert [r["container_id"] for r in records] == [f"c{i}" for i in range(18500, 20000)]
+    records, _ = log.tail_records(str(p), 50000)
+    assert len(records) == 20000
+
+
+def gpuhook(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpuhook", *args], capture_output=True, text=True, cwd=REPO,
+                          env=dict(os.environ, GPUHOOK_CONFIG="/nonexistent/gpuhook.toml"), timeout=60)
+
+
+def test_log_command(tmp_path):
+    p = tmp_path / "gpuhook.log"
+    cid = "f" * 64
+    p.write_text("\n".join([rec(1), "\x00\xff torn", rec(2, "no-gpu"), rec(3, "sandbox"),
+                            json.dumps({**json.loads(rec(4, "error")), "container_id": cid, "error": "x" * 300}),
+                            rec(5)]) + "\n")
+    r = gpuhook("log", "--file", str(p), "-n", "3")
+    assert r.returncode == 0, r.stderr
+    rows = r.stdout.splitlines()
+    assert rows[0].split() == ["TIME", "CONTAINER", "DECISION", "VENDORS", "NODES", "MOUNTS", "MS", "ERROR"]
+    assert [row.split()[2] for row in rows[1:]] == ["sandbox", "error", "injected"]
+    assert cid[:15] + "…" in r.stdout and cid not in r.stdout  # long ids shortened
+    assert r.stderr == ""  # the garbage is further back than the last 3
+    r = gpuhook("log", "--file", str(p))
+    assert len(r.stdout.splitlines()) == 6 and "1 unreadable line(s) skipped" in r.stderr
+    r = gpuhook("log", "--file", str(p), "--decision", "injected", "--wide")
+    assert [row.split()[1] for row in r.stdout.splitlines()[1:]] == ["c1", "c5"]
+    r = gpuhook("log", "--file", str(p), "-n", "1", "--json")
+    assert json.loads(r.stdout)["container_id"] == "c5"
+    r = gpuhook("log", "--file", str(tmp_path / "none.log"))
+    assert r.returncode == 2 and "no such file" in r.stderr and "Traceback" not in r.stderr
+    (tmp_path / "empty.log").write_text("")
+    r = gpuhook("log", "--file", str(tmp_path / "empty.log"))
+    assert r.returncode == 0 and "No container creates" in r.stdout
+
+
+@pytest.fixture(autouse=True)
+def _quiet_structlog():
+    yield
+    log.configure(stream=io.StringIO(), fmt="json")
