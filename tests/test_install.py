@@ -772,8 +772,9 @@ def kustomize() -> list[dict]:
         out += load_yaml(path)
     images = {i["name"]: i for i in k.get("images", [])}
     for doc in out:
-        if doc["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding", "RuntimeClass"):
-            doc["metadata"]["namespace"] = k["namespace"]
+        if "namespace" in k and doc["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding", "RuntimeClass",
+                                                     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
+            doc["metadata"]["namespace"] = k["namespace"]  # kustomize overrides explicit ones too
         for pairs in k.get("labels", []):
             doc["metadata"].setdefault("labels", {}).update(pairs["pairs"])
         spec = doc.get("spec", {}).get("template", {}).get("spec", {})
@@ -795,23 +796,33 @@ def test_kustomization_builds_and_every_manifest_is_valid():
         validate(doc)
     kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
     assert kinds == {("Namespace", "gpuhook-system"), ("ServiceAccount", "gpuhook"), ("ClusterRole", "gpuhook-node"),
-                     ("ClusterRoleBinding", "gpuhook-node"), ("DaemonSet", "gpuhook"), ("RuntimeClass", "gpu-optional")}
+                     ("ClusterRoleBinding", "gpuhook-node"), ("Role", "gpuhook-node-events"),
+                     ("RoleBinding", "gpuhook-node-events"), ("ValidatingAdmissionPolicy", "gpuhook-own-node-labels"),
+                     ("ValidatingAdmissionPolicyBinding", "gpuhook-own-node-labels"),
+                     ("DaemonSet", "gpuhook"), ("RuntimeClass", "gpu-optional")}
     by_kind = {d["kind"]: d for d in docs}
     rc = by_kind["RuntimeClass"]
     assert rc["handler"] == ctd.HANDLER
     assert rc["scheduling"]["nodeSelector"] == {"gpuhook.dev/runtime-ready": "true"}
     assert by_kind["ClusterRole"]["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    assert by_kind["Role"]["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+    assert by_kind["Role"]["metadata"]["namespace"] == "default"  # where Node events live
+    assert by_kind["DaemonSet"]["metadata"]["namespace"] == by_kind["ServiceAccount"]["metadata"]["namespace"] == "gpuhook-system"
+    vap = by_kind["ValidatingAdmissionPolicy"]["spec"]
+    assert "authentication.kubernetes.io/node-name" in vap["validations"][0]["expression"]
+    assert by_kind["ValidatingAdmissionPolicyBinding"]["spec"]["validationActions"] == ["Deny"]
     pod = by_kind["DaemonSet"]["spec"]["template"]["spec"]
     (c,) = pod["containers"]
-    assert pod["hostPID"] is True and c["securityContext"]["privileged"] is True
+    assert pod["hostPID"] is True and pod["hostNetwork"] is True and c["securityContext"]["privileged"] is True
     assert c["image"] == "gpuhook:0.1.0"
-    assert "gpuhook install --host-root /host" in " ".join(c["command"] + c["args"])
+    assert c["command"] + c["args"] == ["gpuhook", "agent", "--root", "/host", "--install-restart", "systemd"]
     assert c["readinessProbe"]["exec"]["command"] == ["test", "-f", "/run/gpuhook/ready"]
-    assert "touch /run/gpuhook/ready" in c["args"][0]
     assert set(c["resources"]) == {"requests", "limits"}
-    (mount,) = c["volumeMounts"]
-    (vol,) = pod["volumes"]
-    assert mount["mountPath"] == "/host" and vol["hostPath"]["path"] == "/" and vol["name"] == mount["name"]
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert mounts["host"]["mountPath"] == "/host" and vols["host"]["hostPath"]["path"] == "/"
+    assert mounts["udev"]["readOnly"] is True and vols["udev"]["hostPath"]["path"] == "/run/udev"
+    assert [e["name"] for e in c["env"]] == ["NODE_NAME"]
     lines = open(os.path.join(DAEMONSET, "daemonset.yaml")).read().splitlines()
     i = next(i for i, line in enumerate(lines) if line.strip() == "privileged: true")
     assert lines[i - 1].strip().startswith("#"), "privileged needs its reason beside it"
