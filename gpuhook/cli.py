@@ -149,18 +149,23 @@ def cmd_plan(args) -> int:
 
 
 def _plan(args, root: str) -> int:
+    from .config import load
     from .plan import plan, request_from_spec
     from .probe import probe
 
     spec = _read_spec(args.spec)
+    config, errors = load()
     inv = probe(root)
-    edits = plan(inv, request_from_spec(spec, os.path.dirname(os.path.abspath(args.spec)) if args.spec else None))
+    warnings = list(errors) + list(inv.warnings)
+    # a dry run: no state_dir, so the max-gpus round robin neither reads nor moves
+    edits = plan(inv, request_from_spec(spec, os.path.dirname(os.path.abspath(args.spec)) if args.spec else None),
+                 config.ldconfig, config, None, warnings)
     if args.json:
         print(json.dumps({"root": root, "vendors": [v.vendor for v in inv.vendors],
-                          "edits": edits.to_cdi(), "warnings": list(inv.warnings)}, indent=2))
+                          "edits": edits.to_cdi(), "warnings": warnings}, indent=2))
     else:
         print(format_edits(edits, root))
-        for w in inv.warnings:
+        for w in warnings:
             print(f"warning: {w}")
     return 0
 
@@ -169,29 +174,33 @@ def _plan(args, root: str) -> int:
 
 def cmd_precreate(args) -> int:
     """podman's precreate hook: OCI spec on stdin, edited spec on stdout."""
-    from .config import load
+    from .config import cache_dir, load
     from .plan import find_ldconfig, plan, request_from_spec
     from .probe import probe
-    from .spec import apply
+    from .spec import apply, check
 
     data = sys.stdin.buffer.read(64 << 20)
     spec = _parse_spec(data, "stdin")
     config, errors = load()
-    for e in errors:
-        print(f"gpuhook: {e}", file=sys.stderr)
     root = args.root if args.root_given else config.host_root
+    warnings = list(errors)
     try:
+        check(spec)  # read the spec only as the runtime will (the same rule as gpuhook-runtime)
         inv = probe(root)
-        edits = plan(inv, request_from_spec(spec), config.ldconfig or find_ldconfig())
+        warnings += inv.warnings
+        edits = plan(inv, request_from_spec(spec), config.ldconfig or find_ldconfig(), config, cache_dir(), warnings)
+        spec = apply(spec, edits) if edits else spec
     except Exception as e:  # fail open: podman gets the spec it gave us
         if config.fail_mode == "closed":
             raise UsageError(f"GPU injection failed ({e}); fail_mode is closed") from None
         print(f"gpuhook: GPU injection failed, spec left unchanged: {e}", file=sys.stderr)
         edits = None
+    for w in warnings:
+        print(f"gpuhook: {w}", file=sys.stderr)
     if not edits:
         sys.stdout.buffer.write(data)
         return 0
-    json.dump(apply(spec, edits), sys.stdout)
+    json.dump(spec, sys.stdout)
     return 0
 
 
