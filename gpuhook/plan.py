@@ -26,11 +26,12 @@ policy says.
 
 
 import os
-from .record import Record
 
-from .edits import Edits, DeviceNode, Hook, Mount
-from .inventory import Device, Inventory, Node, VendorInventory
 from . import policy
+from .edits import DeviceNode, Edits, Hook, Mount
+from .inventory import Device, Inventory, Node, VendorInventory
+from .nvidia_tools import NVIDIA_TOOLS
+from .record import Record
 
 SANDBOX_ANNOTATIONS = (
     ("io.kubernetes.cri.container-type", "sandbox"),  # containerd CRI
@@ -61,16 +62,6 @@ BYPATH_CHARS = frozenset("0123456789abcdef:.")
 BIND_RW = ("nosuid", "nodev", "noexec", "rbind", "rprivate")
 IMEX_PREFIX = "/dev/nvidia-caps-imex-channels/channel"
 NVIDIA_DRIVER_ONLY_CAPS = ("firmware", "ipc")  # mounted with any NVIDIA driver files
-# the capability each NVIDIA tool serves: probe/nvidia.py's BINARIES (a copy, so that a create
-# whose probe came from the cache does not import the probe; tests hold them equal)
-NVIDIA_BINARY_CAPS = {
-    "nvidia-smi": "utility",
-    "nvidia-debugdump": "utility",
-    "nvidia-persistenced": "utility",
-    "nvidia-cuda-mps-control": "compute",
-    "nvidia-cuda-mps-server": "compute",
-    "nvidia-ngx-updater": "ngx",
-}
 
 
 class Request(Record, fields="env annotations rootfs device_paths spec_devices mounts",
@@ -334,7 +325,7 @@ def _nvidia(inv: Inventory, req: Request, c: _Choice, config, nodes: list, mount
             if lib.soname:
                 lib_paths.append(lib.path)
     mounts.extend(Mount(_on_host(inv.root, b), b) for b in v.binaries
-                  if NVIDIA_BINARY_CAPS.get(b.rpartition("/")[2], "utility") in caps)
+                  if NVIDIA_TOOLS.get(b.rpartition("/")[2], "utility") in caps)
     if "compute" in caps:
         _mps(inv, req, v, config, mounts, warn)
 

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from conftest import REPO, is_root, requires
+from conftest import REPO, is_root, nodes_of, requires
 from gpuhook import bundle, cdi
 from gpuhook.probe import ldcache
 
@@ -28,15 +28,6 @@ SHOW = ("for n in /dev/nvidia*; do stat -c 'node %n %t:%T' $n; done; "
         "echo accel=$GPUHOOK_ACCELERATOR; echo devices=$GPUHOOK_DEVICES; "
         "for n in /dev/nvidia[0-9]*; do cat $n >/dev/null 2>/tmp/err; echo open $n: $(cat /tmp/err); done; "
         "grep -E 'libcuda|libnvidia-ml' /proc/self/mountinfo | while read a b c d e f g; do echo mount $e $f; done; true")
-
-
-def nodes_of(out: str) -> dict[str, tuple[int, int]]:
-    found = {}
-    for line in out.splitlines():
-        if line.startswith("node "):
-            _, path, nums = line.split()
-            found[path] = tuple(int(x, 16) for x in nums.split(":"))
-    return found
 
 
 def gpuhook(*args) -> subprocess.CompletedProcess:

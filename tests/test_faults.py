@@ -14,21 +14,12 @@ import time
 
 import pytest
 
-from conftest import is_root, needs_runc, requires, wrapper_path
+from conftest import is_root, needs_runc, nodes_of, requires, wrapper_path
 from gpuhook import bundle
 from gpuhook.spec import write_atomic
 
 SHOW = ("echo started; echo accel=${GPUHOOK_ACCELERATOR:-none}; "
         "for n in /dev/nvidia*; do [ -e $n ] && stat -c 'node %n %t:%T' $n; done; true")
-
-
-def nodes_of(out: str) -> dict[str, tuple[int, int]]:
-    found = {}
-    for line in out.splitlines():
-        if line.startswith("node "):
-            _, path, nums = line.split()
-            found[path] = tuple(int(x, 16) for x in nums.split(":"))
-    return found
 
 
 def all_gpus(out: str, gpus: int) -> bool:

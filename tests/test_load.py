@@ -11,7 +11,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from conftest import needs_runc
+from conftest import needs_runc, nodes_of
 
 pytestmark = needs_runc
 
@@ -19,15 +19,6 @@ N = 64
 GPUS = 8
 SHOW = ("echo started; echo accel=$GPUHOOK_ACCELERATOR; echo devices=$GPUHOOK_DEVICES; "
         "for n in /dev/nvidia*; do [ -e $n ] && stat -c 'node %n %t:%T' $n; done; true")
-
-
-def nodes_of(out: str) -> dict[str, tuple[int, int]]:
-    found = {}
-    for line in out.splitlines():
-        if line.startswith("node "):
-            _, path, nums = line.split()
-            found[path] = tuple(int(x, 16) for x in nums.split(":"))
-    return found
 
 
 class Reader(threading.Thread):

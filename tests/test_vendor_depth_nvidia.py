@@ -267,8 +267,13 @@ def test_capture_ctk_rootfs_still_reads():
     assert [lib.path for lib in inv.vendor("nvidia").libraries] == ["/lib/x86_64-linux-gnu/libcuda.so.1"]
 
 
-def test_plan_knows_every_tool_the_probe_reports():
-    from gpuhook.plan import NVIDIA_BINARY_CAPS
-    from gpuhook.probe.nvidia import BINARIES
+def test_planning_from_a_cached_probe_does_not_import_the_probe():
+    """plan.py takes the tool -> capability table from nvidia_tools, not from the probe."""
+    import subprocess
+    import sys
 
-    assert NVIDIA_BINARY_CAPS == BINARIES
+    code = ("import sys; import gpuhook.plan; "
+            "print(sorted(m for m in sys.modules if m.startswith('gpuhook.probe.')))")
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))).stdout
+    assert "gpuhook.probe.nvidia" not in out

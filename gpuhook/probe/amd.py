@@ -19,8 +19,7 @@
 
 
 from ..inventory import Device, Node, VendorInventory
-from .common import char_majors, device_node, first_major
-from .common import parse_dev
+from .common import char_majors, device_node, first_major, parse_dev
 from .drm import DRM_MAJOR, drm_devices
 from .host import Host
 

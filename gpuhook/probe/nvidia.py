@@ -27,10 +27,10 @@ decides what a container gets:
   sockets ("ipc") and the MPS pipe directory ("mps").
 """
 
-
 import stat as _stat
 
 from ..inventory import Device, Library, Node, VendorInventory
+from ..nvidia_tools import NVIDIA_TOOLS
 from .common import char_majors, device_node, first_major, is_uint
 from .host import Host
 
@@ -80,14 +80,7 @@ LIBRARIES = {
     "libglxserver_nvidia": (None, "display"),
     "libnvidia-ngx": ("libnvidia-ngx.so.1", "ngx"),
 }
-BINARIES = {
-    "nvidia-smi": "utility",
-    "nvidia-debugdump": "utility",
-    "nvidia-persistenced": "utility",
-    "nvidia-cuda-mps-control": "compute",
-    "nvidia-cuda-mps-server": "compute",
-    "nvidia-ngx-updater": "ngx",
-}
+BINARIES = NVIDIA_TOOLS  # tool name -> capability
 # graphics/display files that are not libraries (ICDs, GLVND vendor files, Xorg config)
 FILES = (
     ("/usr/share/glvnd/egl_vendor.d/10_nvidia.json", "graphics"),
