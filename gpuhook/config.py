@@ -49,8 +49,8 @@ def parse(text: str) -> tuple[Config, list[str]]:
 
     try:
         data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        return Config(), [f"invalid TOML: {e}"]
+    except (tomllib.TOMLDecodeError, RecursionError, ValueError) as e:
+        return Config(), [f"invalid TOML: {str(e)[:200] or type(e).__name__}"]
     return from_dict(data)
 
 

@@ -64,12 +64,12 @@ IMEX_PREFIX = "/dev/nvidia-caps-imex-channels/channel"
 NVIDIA_DRIVER_ONLY_CAPS = ("firmware", "ipc")  # mounted with any NVIDIA driver files
 
 
-class Request(Record, fields="env annotations rootfs device_paths spec_devices mounts",
-              defaults=(None, ())):
+class Request(Record, fields="env annotations rootfs device_paths spec_devices mounts userns",
+              defaults=(None, (), False)):
     """What the container brings: its env (dict), annotations (dict), absolute rootfs path
     (None when unknown), the paths of device nodes its spec already has, those devices'
-    numbers (path -> (type, major, minor), or None where the spec gives none), and the
-    destinations of its mounts."""
+    numbers (path -> (type, major, minor), or None where the spec gives none), the
+    destinations of its mounts, and whether it has a user namespace of its own."""
 
     __slots__ = ()
 
@@ -105,7 +105,9 @@ def request_from_spec(spec: dict, bundle: str | None = None) -> Request:
     paths = frozenset(d.get("path") for d in devices if isinstance(d, dict))
     mounts = spec.get("mounts") if isinstance(spec.get("mounts"), list) else ()
     dests = tuple(m["destination"] for m in mounts if isinstance(m, dict) and isinstance(m.get("destination"), str))
-    return Request(env, annotations, rootfs and os.path.normpath(rootfs), paths, numbers, dests)
+    namespaces = linux.get("namespaces") if isinstance(linux.get("namespaces"), list) else ()
+    userns = any(isinstance(n, dict) and n.get("type") == "user" for n in namespaces)
+    return Request(env, annotations, rootfs and os.path.normpath(rootfs), paths, numbers, dests, userns)
 
 
 def find_ldconfig() -> str | None:
@@ -274,6 +276,16 @@ def _edits(inv: Inventory, req: Request, choices: list[_Choice], ldconfig, confi
             mounts.append(Mount(_on_host(inv.root, lib.path), lib.path))
             lib_paths.append(lib.path)
         mounts.extend(Mount(_on_host(inv.root, b), b) for b in v.binaries)
+    if req.userns:
+        # In a user namespace runc cannot mknod: it bind-mounts each node from the host, and a
+        # node the driver has not created yet (nvidia-uvm-tools, nvidia-modeset...) would
+        # fail the whole create. Such nodes are left out there.
+        absent = {n.path for v in inv.vendors for n in (*v.control_nodes, *(m for d in v.devices for m in d.nodes))
+                  if not n.present}
+        left_out = sorted({n.path for n in nodes if n.path in absent})
+        if left_out:
+            warn(f"user namespace: {', '.join(left_out)} not created on the host yet, left out")
+            nodes = [n for n in nodes if n.path not in absent]
     if not nodes and not mounts:
         return Edits()
     nodes = list(dict.fromkeys(nodes))

@@ -218,7 +218,7 @@ def least_used(keys: list[str], n: int, state_dir: str | None, warn) -> list[str
             usage = {k: (int(c), int(t)) for k, (c, t) in record["usage"].items()}
         except FileNotFoundError:
             pass
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError):
             warn(f"round robin: {path} unreadable, started afresh")
             seq, usage = 0, {}
         order = sorted(range(len(keys)), key=lambda i: (*usage.get(keys[i], (0, -1)), i))

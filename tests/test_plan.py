@@ -73,3 +73,19 @@ def test_request_from_spec():
     assert r.device_paths == frozenset({"/dev/fuse"})
     assert request_from_spec({"root": {"path": "rootfs"}}).rootfs is None
     assert request_from_spec({"root": "x", "process": "y", "linux": 3}).rootfs is None
+
+
+def test_user_namespace_leaves_out_nodes_the_host_has_not_created():
+    """runc bind-mounts device nodes into a user namespace: a missing host node fails the create."""
+    lazy = VendorInventory("nvidia", NV.devices, (Node("/dev/nvidiactl", "c", 195, 255),
+                                                  Node("/dev/nvidia-uvm-tools", "c", 510, 1, present=False)),
+                           NV.libraries, NV.binaries, NV.driver_version)
+    inv = Inventory("/", (lazy,))
+    warnings = []
+    e = plan(inv, req(userns=True), ldconfig="/sbin/ldconfig", warnings=warnings)
+    assert "/dev/nvidia-uvm-tools" not in [n.path for n in e.device_nodes]
+    assert "/dev/nvidiactl" in [n.path for n in e.device_nodes]
+    assert any("nvidia-uvm-tools" in w for w in warnings)
+    assert "/dev/nvidia-uvm-tools" in [n.path for n in plan(inv, req(), ldconfig="/sbin/ldconfig").device_nodes]
+    spec = {"linux": {"namespaces": [{"type": "pid"}, {"type": "user"}]}}
+    assert request_from_spec(spec).userns and not request_from_spec({"linux": {"namespaces": [{"type": "pid"}]}}).userns

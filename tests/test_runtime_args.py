@@ -73,7 +73,7 @@ def sh_view(config_path: str, path_env: str) -> str:
     """What the sh front decides: it prints the runtime it would exec (through a fake
     runtime that echoes) for a pass-through call."""
     r = subprocess.run(["/bin/sh", SH_FRONT, "state", "x"], capture_output=True, text=True,
-                       env={"PATH": path_env, "GPUHOOK_CONFIG": config_path})
+                       env={"PATH": path_env, "GPUHOOK_CONFIG": config_path, "GPUHOOK_PYTHON": sys.executable})
     return r.stdout.strip() if r.returncode == 0 else f"error {r.returncode}"
 
 
@@ -141,3 +141,48 @@ def test_python_missing_runtime_is_one_clear_line(tmp_path):
                                                              "PYTHONPATH": os.path.dirname(os.path.dirname(SH_FRONT))})
     assert r.returncode == 127
     assert "Traceback" not in r.stderr and "no real OCI runtime" in r.stderr
+
+
+def test_a_deeply_nested_node_config_means_defaults_not_a_traceback(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text("x = 1\ny = " + "[" * 3000 + "]" * 3000 + "\n")
+    config, errors = cfg.load(str(path))
+    assert config == cfg.Config() and errors and "invalid TOML" in errors[0]
+
+
+def test_relative_host_root_goes_to_python_which_refuses_it(tmp_path, fake_runtimes):
+    """The sh front must not look for GPUs relative to the bundle: Python says why instead."""
+    path = tmp_path / "config.toml"
+    path.write_text(f'host_root = "relative/dir"\nlog_file = "{tmp_path}/log"\nruntime = "{fake_runtimes}/runc"\n')
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "config.json").write_text("{}")
+    r = subprocess.run(["/bin/sh", SH_FRONT, "create", "--bundle", str(bundle), "x"], capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(path), "GPUHOOK_PYTHON": sys.executable,
+                            "GPUHOOK_CACHE_DIR": str(tmp_path / "cache")})
+    assert r.returncode == 0 and r.stdout.strip() == "runc", r.stderr
+    import json
+
+    (line,) = (tmp_path / "log").read_text().splitlines()
+    assert "host_root" in json.dumps(json.loads(line).get("warnings"))
+
+
+def test_python_never_imports_from_the_bundle_directory(tmp_path, fake_runtimes, make_host):
+    """gpuhook-runtime runs as root with the bundle as its current directory."""
+    host = make_host("nvidia", mknod=False, gpus=1, libs=False)
+    path = tmp_path / "config.toml"
+    path.write_text(f'host_root = "{host}"\nlog_file = ""\nruntime = "{fake_runtimes}/runc"\n')
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "config.json").write_text('{"ociVersion": "1.0.2", "root": {"path": "rootfs"}}')
+    for name in ("_json.py", "os.py", "gpuhook.py", "fastjson.py"):
+        (bundle / name).write_text(f"open({str(tmp_path / 'PWNED')!r}, 'w').write('{name}')\n")
+    wrapper = os.path.join(os.path.dirname(sys.executable), "gpuhook-runtime")
+    if not os.path.exists(wrapper):
+        pytest.skip("no installed gpuhook-runtime (make test installs it)")
+    r = subprocess.run([wrapper, "create", "--bundle", str(bundle), "x"], cwd=bundle, capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(path), "GPUHOOK_CACHE_DIR": str(tmp_path / "c"),
+                            "PYTHONPATH": str(bundle)})
+    assert r.returncode == 0, r.stderr
+    assert not (tmp_path / "PWNED").exists()
+    assert "/dev/nvidia0" in (bundle / "config.json").read_text()  # and it did its work
