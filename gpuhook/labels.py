@@ -26,6 +26,8 @@ import urllib.request
 PREFIX = "gpuhook.dev/"
 ACCELERATOR = PREFIX + "accelerator"
 RUNTIME_READY = PREFIX + "runtime-ready"
+# labels under our prefix that the operator sets and the agent must never remove
+OPERATOR_LABELS = frozenset({PREFIX + "install"})
 NFD_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
 NFD_FILE = "gpuhook"
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -242,7 +244,7 @@ def sync_node_labels(api: KubeAPI, labels: dict[str, str]) -> tuple[dict, list[s
     meta = node.get("metadata") or {}
     have = meta.get("labels") or {}
     patch: dict[str, str | None] = {k: v for k, v in labels.items() if have.get(k) != v}
-    removed = sorted(k for k in have if k.startswith(PREFIX) and k not in labels)
+    removed = sorted(k for k in have if k.startswith(PREFIX) and k not in labels and k not in OPERATOR_LABELS)
     patch.update({k: None for k in removed})
     if patch:
         api.patch_labels(patch)

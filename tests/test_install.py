@@ -188,6 +188,24 @@ def test_stock_v2_config_gets_the_handler_and_nothing_else_changes(tmp_path, sto
 
 
 @needs_containerd
+def test_handler_sections_out_of_order_are_handled(tmp_path, stock, fake_bundle):
+    """A handler appended at the end of the file (a common way to add kata or gVisor) makes
+    tomlkit hand out a proxy of the out-of-order `runtimes` tables."""
+    kata = stock + ('\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.kata]\n'
+                    '  runtime_type = "io.containerd.kata.v2"\n')
+    node = make_node(tmp_path, kata)
+    ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))
+    runtimes = v2_runtimes(dump(node / CONFIG))
+    assert runtimes["gpu-optional"]["options"]["BinaryName"] == BINARY
+    assert runtimes["kata"]["runtime_type"] == "io.containerd.kata.v2" and "runc" in runtimes
+    installed = (node / CONFIG).read_bytes()
+    ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))
+    assert (node / CONFIG).read_bytes() == installed  # idempotent there too
+    ok(gpuhook("uninstall", "--host-root", node))
+    assert (node / CONFIG).read_text() == kata
+
+
+@needs_containerd
 def test_handler_copies_the_default_runc_options(tmp_path, stock, fake_bundle):
     systemd = stock.replace("SystemdCgroup = false", "SystemdCgroup = true")
     systemd = systemd.replace('            Root = ""', '            Root = "/run/runc-k8s"')
@@ -847,3 +865,19 @@ def test_examples_are_valid_and_gpu_optional():
     assert "GPUHOOK_ACCELERATOR" in " ".join(pod["spec"]["containers"][0]["command"])
     (un,) = examples["uninstall-node.yaml"]
     assert un["spec"]["containers"][0]["command"][:2] == ["gpuhook", "uninstall"]
+
+
+def test_the_agent_runs_from_the_bundle(tmp_path, real_bundle, make_host):
+    """The DaemonSet image runs the bundle's gpuhook: the agent (HTTPS to the API: ssl) too."""
+    root = make_host("nvidia", mknod=False, gpus=1, libs=False)
+    r = subprocess.run([os.path.join(real_bundle, "bin", "gpuhook"), "agent", "--root", root, "--no-install",
+                        "--once", "--no-udev", "--cdi-dir", str(tmp_path / "cdi"), "--nfd-dir", str(tmp_path / "nfd"),
+                        "--ready-file", str(tmp_path / "ready"), "--log-format", "json"],
+                       env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    assert (tmp_path / "ready").exists()
+    assert "gpuhook.dev/accelerator=nvidia" in (tmp_path / "nfd" / "gpuhook").read_text()
+    r = subprocess.run([os.path.join(real_bundle, "bin", "python3"), "-c", "import ssl, hashlib; print('ok')"],
+                       env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
+    assert r.stdout.strip() == "ok", r.stderr

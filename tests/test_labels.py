@@ -208,7 +208,7 @@ def test_api_patch_sets_and_removes_labels(fake_api, tmp_path, tls):
         pytest.skip("no openssl to make a certificate")
     api = fake_api(tls_dir=str(tmp_path) if tls else None,
                    labels={"kubernetes.io/hostname": "node-1", "gpuhook.dev/accelerator.amd": "true",
-                           "gpuhook.dev/gpu.count": "1", "team": "ml"})
+                           "gpuhook.dev/gpu.count": "1", "team": "ml", "gpuhook.dev/install": "true"})
     client = api.client()
     want = labels.node_labels(Inventory("/", (NV, INTEL)), runtime_ready=True)
     patch, removed, uid = labels.sync_node_labels(client, want)
@@ -216,6 +216,7 @@ def test_api_patch_sets_and_removes_labels(fake_api, tmp_path, tls):
     assert removed == ["gpuhook.dev/accelerator.amd"]
     assert patch["gpuhook.dev/accelerator.amd"] is None and patch["gpuhook.dev/gpu.count"] == "3"
     have = api.labels
+    assert have.pop("gpuhook.dev/install") == "true"  # the operator's opt-out label is never removed
     assert {k: v for k, v in have.items() if k.startswith("gpuhook.dev/")} == want
     assert have["team"] == "ml" and have["kubernetes.io/hostname"] == "node-1"  # not ours: untouched
     method, path, body, ctype = api.requests[-1]
@@ -227,7 +228,8 @@ def test_api_patch_sets_and_removes_labels(fake_api, tmp_path, tls):
     # the node loses its GPUs: every GPU label goes, in one patch
     labels.sync_node_labels(client, labels.node_labels(Inventory("/", ()), runtime_ready=True))
     assert {k: v for k, v in api.labels.items() if k.startswith("gpuhook.dev/")} == {
-        "gpuhook.dev/accelerator": "none", "gpuhook.dev/gpu.count": "0", "gpuhook.dev/runtime-ready": "true"}
+        "gpuhook.dev/accelerator": "none", "gpuhook.dev/gpu.count": "0", "gpuhook.dev/runtime-ready": "true",
+        "gpuhook.dev/install": "true"}
 
 
 def test_api_errors_are_one_line(fake_api, tmp_path):

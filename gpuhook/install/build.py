@@ -47,8 +47,9 @@ SKIP_STDLIB = {"test", "idlelib", "tkinter", "turtledemo", "turtle.py", "lib2to3
                "sitecustomize.py", "venv", "sqlite3", "curses", "dbm"}
 SKIP_STDLIB_PREFIX = ("config-",)
 # extension modules left out: tests, and those that pull big libraries gpuhook never uses
+# (_ssl and _hashlib stay: the agent talks HTTPS to the Kubernetes API)
 SKIP_DYNLOAD = re.compile(r"^(_test|_xxtest|xxlimited|_ctypes_test|_tkinter|_sqlite3|readline|_curses"
-                          r"|_dbm|_gdbm|nis|ossaudiodev|_ssl|_hashlib|_crypt)")
+                          r"|_dbm|_gdbm|nis|ossaudiodev|_crypt)")
 
 PYTHON_SH = """#!/bin/sh
 # The bundled Python, run by the bundled dynamic loader and libc: nothing comes from the host.

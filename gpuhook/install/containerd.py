@@ -66,7 +66,7 @@ def _runtimes(doc, version: int, create: bool):
         if child is None:
             if not create:
                 return None
-            node.add(key, tomlkit.table(is_super_table=True))
+            node[key] = tomlkit.table(is_super_table=True)  # item assignment: proxies of out-of-order tables have no .add()
             child = node[key]
         elif not isinstance(child, dict):
             raise InstallError(f"{'.'.join(path[:i + 1])} is a {type(child).__name__}, not a table")
@@ -160,12 +160,10 @@ def add_handler(doc, version: int, binary: str) -> bool:
     if not any(isinstance(v, dict) for v in runtimes.values()):
         # The file sets no handler: containerd's built-in runc is in force, and would vanish
         # as soon as the file sets ours. Write it down too.
-        runtimes.add("runc", _table({"runtime_type": RUNC_V2}, "", ""))
+        runtimes["runc"] = _table({"runtime_type": RUNC_V2}, "", "")  # item assignment: works on
+        # tomlkit's proxy of out-of-order tables too, where .add() does not exist
     head, step = _style(runtimes)
-    if HANDLER in runtimes:
-        runtimes[HANDLER] = _table(handler, head, step)
-    else:
-        runtimes.add(HANDLER, _table(handler, head, step))
+    runtimes[HANDLER] = _table(handler, head, step)
     _indent_headers(runtimes[HANDLER], head, step)
     return True
 
