@@ -881,3 +881,22 @@ def test_the_agent_runs_from_the_bundle(tmp_path, real_bundle, make_host):
     r = subprocess.run([os.path.join(real_bundle, "bin", "python3"), "-c", "import ssl, hashlib; print('ok')"],
                        env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
     assert r.stdout.strip() == "ok", r.stderr
+
+
+def test_uninstall_removes_what_the_agent_wrote(tmp_path, stock, fake_bundle):
+    """The NFD feature file says runtime-ready=true: left behind, NFD would put the label
+    back on a node without the handler. The CDI specs go too; other CDI specs stay."""
+    node = make_node(tmp_path, stock)
+    ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))
+    nfd = node / "etc/kubernetes/node-feature-discovery/features.d"
+    cdi = node / "var/run/cdi"
+    nfd.mkdir(parents=True)
+    cdi.mkdir(parents=True)
+    (nfd / "gpuhook").write_text("gpuhook.dev/runtime-ready=true\n")
+    (nfd / "other").write_text("x=1\n")
+    (cdi / "gpuhook.dev-nvidia.yaml").write_text("{}")
+    (cdi / "gpuhook.dev-gpu.json").write_text("{}")
+    (cdi / "nvidia.yaml").write_text("{}")
+    out = ok(gpuhook("uninstall", "--host-root", node))
+    assert "agent file: /etc/kubernetes/node-feature-discovery/features.d/gpuhook removed" in out
+    assert sorted(os.listdir(nfd)) == ["other"] and sorted(os.listdir(cdi)) == ["nvidia.yaml"]

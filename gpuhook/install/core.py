@@ -260,6 +260,23 @@ def uninstall(opts: Options, say: Say) -> None:
     elif os.path.exists(path):
         say(f"node config: {NODE_CONFIG} kept ({'edited since install' if mine else 'not written by install'})")
 
+    # What the agent wrote for this node: the NFD feature file (it says runtime-ready=true, and
+    # NFD would put the label back) and the CDI specs. Host paths resolved inside the root.
+    from ..cdi import DEFAULT_DIR as CDI_DIR, FILE_PREFIX as CDI_PREFIX
+    from ..labels import NFD_DIR, NFD_FILE
+    from ..probe.host import Host
+
+    h = Host(root)
+    agent_files = [h.resolve(f"{NFD_DIR}/{NFD_FILE}")]
+    cdi_dir = h.resolve(CDI_DIR)
+    agent_files += [os.path.join(cdi_dir, n) for n in (os.listdir(cdi_dir) if os.path.isdir(cdi_dir) else ())
+                    if n.startswith(CDI_PREFIX) and n.endswith((".yaml", ".json"))]
+    for path in agent_files:
+        if os.path.lexists(path):
+            if not opts.dry_run:
+                files.remove(path)
+            say(f"agent file: {h.node_path(path)} {'would be ' if opts.dry_run else ''}removed")
+
     if opts.dry_run:
         say(_dry_restart(opts, runtime, bool(changed or state.get("restart_pending"))))
         return
