@@ -89,3 +89,19 @@ def test_user_namespace_leaves_out_nodes_the_host_has_not_created():
     assert "/dev/nvidia-uvm-tools" in [n.path for n in plan(inv, req(), ldconfig="/sbin/ldconfig").device_nodes]
     spec = {"linux": {"namespaces": [{"type": "pid"}, {"type": "user"}]}}
     assert request_from_spec(spec).userns and not request_from_spec({"linux": {"namespaces": [{"type": "pid"}]}}).userns
+
+
+def test_ldconfig_runs_directly_only_when_the_image_has_a_real_etc(tmp_path):
+    """sh costs ~2 ms a create: it is there only to keep ldconfig's failure (no /etc to write
+    the cache in) from failing the container."""
+    plain, linked, bare = tmp_path / "plain", tmp_path / "linked", tmp_path / "bare"
+    (plain / "etc").mkdir(parents=True)
+    (linked).mkdir()
+    (linked / "etc").symlink_to("/etc")
+    bare.mkdir()
+    (hook,) = plan(INV, req(rootfs=str(plain)), ldconfig="/sbin/ldconfig").hooks
+    assert (hook.path, hook.args) == ("/sbin/ldconfig", ("ldconfig", "-r", str(plain), "/usr/lib/x86_64-linux-gnu"))
+    assert hook.env == ("PATH=/usr/sbin:/usr/bin:/sbin:/bin",)
+    for rootfs in (linked, bare):
+        (hook,) = plan(INV, req(rootfs=str(rootfs)), ldconfig="/sbin/ldconfig").hooks
+        assert hook.path == "/bin/sh" and hook.args[4:] == ("/sbin/ldconfig", str(rootfs), "/usr/lib/x86_64-linux-gnu")
