@@ -6,7 +6,7 @@
 PYTHON ?= $(shell for p in /usr/bin/python3 python3; do $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && { echo $$p; break; }; done)
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-APT_PACKAGES := runc crun containerd podman busybox-static gcc libc-bin python3-venv
+APT_PACKAGES := runc crun containerd podman busybox-static gcc libc6-dev libc-bin python3-venv
 STAMP  := $(VENV)/.installed
 
 .PHONY: demo test deps venv bench clean
@@ -19,13 +19,19 @@ deps:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi; \
 	else echo "not root or no apt-get: system packages not installed; end-to-end tests will be skipped"; fi
 
-$(STAMP): pyproject.toml $(shell find gpuhook -type f -not -name '*.pyc' 2>/dev/null)
+HOOK := gpuhook/hook/gpuhook-hook
+
+# The hook helper in the source tree too: the tests import gpuhook from here.
+$(HOOK): gpuhook/hook/gpuhook-hook.c gpuhook/hook/build.sh
+	@sh gpuhook/hook/build.sh $@
+
+$(STAMP): pyproject.toml setup.py $(HOOK) $(shell find gpuhook -type f -not -name '*.pyc' 2>/dev/null)
 	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/pip install -q --upgrade pip >/dev/null 2>&1 || true
 	@$(BIN)/pip install -q '.[test]'
 	@touch $@
 
-venv: $(STAMP)
+venv: $(HOOK) $(STAMP)
 
 demo: deps venv
 	@$(BIN)/python -m gpuhook.demo

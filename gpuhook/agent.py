@@ -280,7 +280,10 @@ class Agent:
             return True
         try:
             dropped: list = []
-            specs = cdi.specs(inv, self.opts.spec_root, self.ldconfig, self.opts.cdi_max_version, dropped)
+            # the hooks' helper as the node sees it (the bundle the install put there, looked
+            # for each time: install may come after start); none there: specs without hooks
+            helper = cdi.find_helper(self.opts.root if self.opts.spec_root == "/" else "/") or False
+            specs = cdi.specs(inv, self.opts.spec_root, self.ldconfig, self.opts.cdi_max_version, dropped, helper)
             written, removed = cdi.write_dir(specs, self.cdi_dir, self.opts.cdi_format)
         except (OSError, cdi.CDIError) as e:
             self.log.error("cdi.error", error=str(e), dir=self.cdi_dir)

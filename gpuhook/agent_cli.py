@@ -104,10 +104,12 @@ def cmd_cdi_generate(args) -> int:
     if not args.spec_root.startswith("/"):
         raise _usage_error(f"--spec-root {args.spec_root}: must be an absolute path")
     inv = probe(args.root)
-    ldconfig = args.ldconfig or cdi.find_ldconfig(args.root if args.spec_root == "/" else "/") or False
+    consumer = args.root if args.spec_root == "/" else "/"
+    ldconfig = args.ldconfig or cdi.find_ldconfig(consumer) or False
+    helper = cdi.find_helper(consumer) or False
     dropped: list = []
     try:
-        specs = cdi.specs(inv, args.spec_root, ldconfig, args.max_cdi_version, dropped)
+        specs = cdi.specs(inv, args.spec_root, ldconfig, args.max_cdi_version, dropped, helper)
     except cdi.CDIError as e:
         raise _usage_error(str(e)) from None
     for w in inv.warnings:

@@ -41,6 +41,7 @@ import json
 import os
 import re
 
+from . import hook
 from .edits import Edits
 from .inventory import Inventory, VendorInventory
 
@@ -62,15 +63,14 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
 # plan()'s hooks (the ld cache, Intel's /dev/dri/by-path links) take the container's rootfs,
 # which a CDI spec cannot know: plan() is given this placeholder, and each hook that has it
 # is wrapped in one that finds the rootfs at run time, from the OCI state on the hook's
-# stdin (bundle -> config.json -> root.path), and then runs the original script with it.
+# stdin (bundle -> config.json -> root.path), and then execs the hook (gpuhook-hook) with it.
 ROOTFS_PLACEHOLDER = "/.gpuhook-cdi-rootfs"
-LDCACHE_TAG = "gpuhook-ldcache"
 # sh, sed, tr and head only (every node has them). The state is one line of JSON; config.json
-# may be indented, so its newlines go first. A relative root.path is under the bundle.
+# may be indented, so its newlines go first. A relative root.path is under the bundle. The
+# bundle and its config.json are the runtime manager's; nothing of the image is read here.
 # Whatever fails, the container starts: the hook only ever says why on stderr.
-# $0: the hook's tag; $1: the original script; then its arguments, the placeholder among them.
+# $0: the hook's tag; then the hook's path and its whole argv, the placeholder among them.
 CDI_ROOTFS_SCRIPT = (
-    's=$1; shift; '
     'b=$(sed -n \'s/.*"bundle" *: *"\\([^"]*\\)".*/\\1/p\' | head -n 1); r=; '
     '[ -n "$b" ] && [ -r "$b/config.json" ] && '
     'r=$(tr -d \'\\n\' < "$b/config.json" | sed -n \'s/.*"root" *: *{ *"path" *: *"\\([^"]*\\)".*/\\1/p\'); '
@@ -78,7 +78,7 @@ CDI_ROOTFS_SCRIPT = (
     'if [ -z "$r" ] || [ ! -d "$r" ]; then '
     'echo "gpuhook: $0: the container root is not in the OCI state; skipped" >&2; exit 0; fi; '
     f'for a; do shift; if [ "$a" = {ROOTFS_PLACEHOLDER} ]; then set -- "$@" "$r"; else set -- "$@" "$a"; fi; done; '
-    'exec /bin/sh -c "$s" "$0" "$@"')
+    'p=$1; shift 2; exec "$p" "$@"')
 
 # cdiVersion: the fields each version added (SPEC.md), newest first
 VERSION_FIELDS = (("0.7.0", "additionalGids, intelRdt"), ("0.6.0", "annotations, dots in the kind's name"),
@@ -111,15 +111,18 @@ def _request():
     return Request({}, {}, ROOTFS_PLACEHOLDER, frozenset())
 
 
-def _plan(inv: Inventory, ldconfig: str | None | bool) -> Edits:
+def _plan(inv: Inventory, ldconfig: str | None | bool, helper: str | None | bool = None) -> Edits:
     """plan() for a CDI spec: a container with nothing of its own (no env, annotations or
     devices: the node's defaults). ldconfig None: plan() looks for one; False: no ld-cache
-    hook (plan() would look in this process's own filesystem, not the node's, in a pod)."""
+    hook (plan() would look in this process's own filesystem, not the node's, in a pod).
+    helper: gpuhook-hook as the node sees it (find_helper()); None: this package's; False:
+    no hooks at all."""
     from .plan import plan
 
-    edits = plan(inv, _request(), ldconfig or None)
-    if ldconfig is False and edits.hooks:
-        edits = edits._replace(hooks=tuple(h for h in edits.hooks if h.args[3:4] != (LDCACHE_TAG,)))
+    edits = plan(inv, _request(), ldconfig or None, helper=helper or None)
+    if edits.hooks and (ldconfig is False or helper is False):
+        edits = edits._replace(hooks=tuple(h for h in edits.hooks
+                                           if helper is not False and h.kind != hook.LDCACHE))
     return edits
 
 
@@ -140,12 +143,12 @@ def _cdi_hook(h: dict) -> dict:
     args = list(h.get("args") or [])
     if not any(ROOTFS_PLACEHOLDER in a for a in args):
         return h
-    # plan()'s hooks are ["sh", "-c", SCRIPT, tag, arg...]: the rootfs a whole argument
-    if (h.get("path") != "/bin/sh" or args[:2] != ["sh", "-c"] or len(args) < 4
-            or any(ROOTFS_PLACEHOLDER in a and a != ROOTFS_PLACEHOLDER for a in args)
-            or ROOTFS_PLACEHOLDER in args[:4]):
-        raise CDIError(f"a hook from plan() that takes the rootfs in a way CDI cannot give: {args[:4]}")
-    return dict(h, args=["sh", "-c", CDI_ROOTFS_SCRIPT, args[3], args[2], *args[4:]])
+    # plan()'s hooks are gpuhook-hook's (hook.argv()): the rootfs one whole argument
+    parsed = hook.parse(args)
+    if (parsed is None or parsed[1] != ROOTFS_PLACEHOLDER
+            or any(ROOTFS_PLACEHOLDER in a for a in parsed[2])):
+        raise CDIError(f"a hook from plan() that takes the rootfs in a way CDI cannot give: {args[:3]}")
+    return dict(h, path="/bin/sh", args=["sh", "-c", CDI_ROOTFS_SCRIPT, f"gpuhook-{parsed[0]}", h["path"], *args])
 
 
 def _without(edits: Edits, nodes: set, env_keys: set) -> Edits:
@@ -157,13 +160,14 @@ def _only(nodes: tuple, env: tuple = ()) -> Edits:
     return Edits(env=env, device_nodes=nodes)
 
 
-def vendor_spec(inv: Inventory, v: VendorInventory, spec_root: str = "/", ldconfig: str | None | bool = None) -> dict:
+def vendor_spec(inv: Inventory, v: VendorInventory, spec_root: str = "/", ldconfig: str | None | bool = None,
+                helper: str | None | bool = None) -> dict:
     """gpuhook.dev/<vendor>: a device per GPU (by index and by id) and `all`; the vendor's
     node-wide edits (control nodes, libraries, binaries, hook, GPUHOOK_ACCELERATOR) at the
     top level. GPUHOOK_DEVICES is set by `all` only: CDI keeps one value per variable, so a
     container given two named devices could not be told both."""
     sub = inv._replace(root=spec_root, vendors=(v,))
-    full = _plan(sub, ldconfig)
+    full = _plan(sub, ldconfig, helper)
     devices, names, dev_nodes = [], {ALL}, set()
     per_device = []
     for d in v.devices:
@@ -192,9 +196,10 @@ def vendor_spec(inv: Inventory, v: VendorInventory, spec_root: str = "/", ldconf
     return spec
 
 
-def generic_spec(inv: Inventory, spec_root: str = "/", ldconfig: str | None | bool = None) -> dict | None:
+def generic_spec(inv: Inventory, spec_root: str = "/", ldconfig: str | None | bool = None,
+                 helper: str | None | bool = None) -> dict | None:
     """gpuhook.dev/gpu=all: everything the runtime class would inject, every vendor."""
-    full = _plan(inv._replace(root=spec_root), ldconfig)
+    full = _plan(inv._replace(root=spec_root), ldconfig, helper)
     if not full:
         return None
     spec = {"cdiVersion": "", "kind": kind_of(GENERIC_CLASS),
@@ -204,12 +209,13 @@ def generic_spec(inv: Inventory, spec_root: str = "/", ldconfig: str | None | bo
 
 
 def specs(inv: Inventory, spec_root: str = "/", ldconfig: str | None | bool = None,
-          max_version: str | None = None, dropped: list | None = None) -> list[dict]:
+          max_version: str | None = None, dropped: list | None = None,
+          helper: str | None | bool = None) -> list[dict]:
     """Every spec of this node: one per vendor with devices, then gpuhook.dev/gpu. None at
     all on a CPU-only node (a CDI spec must have a device). CDIError if one would break
     CDI's rules (never written)."""
-    out = [vendor_spec(inv, v, spec_root, ldconfig) for v in inv.vendors if v.devices]
-    generic = generic_spec(inv, spec_root, ldconfig)
+    out = [vendor_spec(inv, v, spec_root, ldconfig, helper) for v in inv.vendors if v.devices]
+    generic = generic_spec(inv, spec_root, ldconfig, helper)
     if generic is not None:
         out.append(generic)
     if max_version is not None:
@@ -253,6 +259,11 @@ def cap_version(spec: dict, max_version: str, dropped: list | None = None) -> di
     if dropped is not None and lost:
         dropped.append((spec["kind"], sorted(set(lost))))
     return spec
+
+
+def find_helper(consumer_root: str = "/") -> str | None:
+    """gpuhook-hook as the node sees it (hook.helper); None: not there, so no hooks."""
+    return hook.helper(consumer_root)
 
 
 def find_ldconfig(consumer_root: str = "/") -> str | None:

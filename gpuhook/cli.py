@@ -127,11 +127,25 @@ def format_edits(edits, root: str) -> str:
         lines.append(f"  read-only bind mounts ({len(edits.mounts)}):")
         lines.extend(f"    {m.container_path}" for m in edits.mounts)
     for h in edits.hooks:
-        lines.append(f"  {h.hook_name} hook: ld cache update ({h.args[4]} -r {h.args[5]} {' '.join(h.args[6:])})"
-                     if h.args[3:4] == ("gpuhook-ldcache",) else f"  {h.hook_name} hook: {h.path}")
+        lines.append(f"  {h.hook_name} hook: {_describe_hook(h)}")
     if edits.additional_gids:
         lines.append("  additional GIDs: " + ", ".join(map(str, edits.additional_gids)))
     return "\n".join(lines)
+
+
+def _describe_hook(h) -> str:
+    """What a hook of plan() does, by its kind, in words."""
+    from . import hook
+
+    parsed = hook.parse(h.args)
+    if h.kind is None or parsed is None:
+        return f"{h.path} {' '.join(h.args[1:])}".rstrip()
+    kind, rootfs, args = parsed
+    if kind == hook.LDCACHE:
+        return (f"{hook.DESCRIPTION[kind]}, isolated in {rootfs} ({args[0]} {' '.join(args[1:])}; "
+                f"{h.path})")
+    pairs = ", ".join(f"{a} -> {b}" for a, b in zip(args[::2], args[1::2]))
+    return f"{hook.DESCRIPTION[kind]}, isolated in {rootfs} ({pairs}; {h.path})"
 
 
 def cmd_plan(args) -> int:

@@ -38,8 +38,10 @@ class Mount(Record, fields="host_path container_path type options",
                 "type": self.type, "options": list(self.options)}
 
 
-class Hook(Record, fields="hook_name path args env timeout", defaults=((), (), None)):
-    """An OCI hook. env is always explicit: a hook must never inherit the container's."""
+class Hook(Record, fields="hook_name path args env timeout kind", defaults=((), (), None, None)):
+    """An OCI hook. env is always explicit: a hook must never inherit the container's.
+    kind: what it does (gpuhook.hook.LDCACHE, BYPATH), None for a hook gpuhook did not make;
+    it is not written into specs (argv says it to the helper)."""
 
     __slots__ = ()
 

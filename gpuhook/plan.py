@@ -26,9 +26,8 @@ policy says.
 
 
 import os
-import stat as _stat
 
-from . import policy
+from . import hook, policy
 from .edits import DeviceNode, Edits, Hook, Mount
 from .inventory import Device, Inventory, Node, VendorInventory
 from .nvidia_tools import NVIDIA_TOOLS
@@ -40,26 +39,10 @@ SANDBOX_ANNOTATIONS = (
 )
 INJECT_ANNOTATION = policy.INJECT
 LDCONFIG_CANDIDATES = ("/sbin/ldconfig.real", "/sbin/ldconfig", "/usr/sbin/ldconfig")
-HOOK_ENV = ("PATH=/usr/sbin:/usr/bin:/sbin:/bin",)
-# A createContainer hook runs in the container's mount namespace before pivot_root, as root
-# on the host. `ldconfig -r` chroots into the rootfs first, so no link in the image can lead
-# it to a host path. Under sh (see _ldcache_hook) a failure is reported but never stops the
-# container.
-LDCACHE_SCRIPT = ('l=$1; r=$2; shift 2; "$l" -r "$r" "$@" '
-                  '|| echo "gpuhook: ldconfig in $r failed; driver libraries need LD_LIBRARY_PATH" >&2; exit 0')
-# /dev/dri/by-path/pci-<address>-{card,render} links for Level Zero (OCI has no symlink edit).
-# Same stage and rules as above. runc has made the container's /dev (a tmpfs) and the nodes
-# by then; the script only ever creates <rootfs>/dev/dri/by-path/<name>, and refuses when
-# <rootfs>/dev, dev/dri or dev/dri/by-path is a symlink (which, before pivot_root, could
-# lead out of the rootfs); `ln -sfn` never follows an existing link. Names and targets are
-# made here from sysfs data and checked (BYPATH_CHARS), never taken from the container.
-BYPATH_SCRIPT = (
-    'r=$1; shift; d="$r/dev/dri"; b="$d/by-path"; '
-    'for p in "$r/dev" "$d"; do if [ -L "$p" ] || [ ! -d "$p" ]; then '
-    'echo "gpuhook: $p is not a directory; /dev/dri/by-path links not made" >&2; exit 0; fi; done; '
-    'if [ -L "$b" ]; then echo "gpuhook: $b is a symlink; /dev/dri/by-path links not made" >&2; exit 0; fi; '
-    '[ -d "$b" ] || mkdir -m 755 "$b" || exit 0; '
-    'while [ $# -ge 2 ]; do if [ -L "$b/$1" ] || [ ! -e "$b/$1" ]; then ln -sfn "$2" "$b/$1"; fi; shift 2; done; exit 0')
+# The createContainer hooks (the ld cache, Intel's /dev/dri/by-path links) run as root on the
+# host before pivot_root: each runs in gpuhook-hook, isolated from the host (gpuhook/hook/).
+# Names and targets of by-path links are made here from sysfs data and checked, never taken
+# from the container.
 BYPATH_CHARS = frozenset("0123456789abcdef:.")
 BIND_RW = ("nosuid", "nodev", "noexec", "rbind", "rprivate")
 IMEX_PREFIX = "/dev/nvidia-caps-imex-channels/channel"
@@ -199,8 +182,11 @@ def _allocated(d: Device, pairs: list[tuple[str, str]]) -> bool:
 
 
 def plan(inv: Inventory, req: Request, ldconfig: str | None = None, config=None,
-         state_dir: str | None = None, warnings: list | None = None) -> Edits:
+         state_dir: str | None = None, warnings: list | None = None, helper: str | None = None) -> Edits:
     """The edits for one container. Empty Edits mean: leave the spec exactly as it is.
+
+    ldconfig: the node's (None: find_ldconfig()). helper: gpuhook-hook as the node sees it
+    (None: this package's own, when it was built).
 
     config: the node config (gpuhook.config.Config; None: the defaults). state_dir: where
     the round robin of max-gpus remembers what it gave (None: no memory, the first devices).
@@ -240,7 +226,7 @@ def plan(inv: Inventory, req: Request, ldconfig: str | None = None, config=None,
         choices.append(_Choice(v, fixed + candidates, driver_only))
     if pod.max_gpus is not None:
         choices = _limit(choices, req, max(0, pod.max_gpus - fixed_count), state_dir, warn)
-    return _edits(inv, req, [c for c in choices if c.devices or c.driver_only], ldconfig, config, warn)
+    return _edits(inv, req, [c for c in choices if c.devices or c.driver_only], ldconfig, config, warn, helper)
 
 
 def _limit(choices: list[_Choice], req: Request, budget: int, state_dir, warn) -> list[_Choice]:
@@ -250,7 +236,7 @@ def _limit(choices: list[_Choice], req: Request, budget: int, state_dir, warn) -
             for c in choices]
 
 
-def _edits(inv: Inventory, req: Request, choices: list[_Choice], ldconfig, config, warn) -> Edits:
+def _edits(inv: Inventory, req: Request, choices: list[_Choice], ldconfig, config, warn, helper) -> Edits:
     nodes: list[DeviceNode] = []
     mounts: list[Mount] = []
     lib_paths: list[str] = []
@@ -296,32 +282,24 @@ def _edits(inv: Inventory, req: Request, choices: list[_Choice], ldconfig, confi
         env = (f"GPUHOOK_ACCELERATOR={','.join(accelerators)}", f"GPUHOOK_DEVICES={','.join(ids)}")
     hooks: list[Hook] = []
     lib_dirs = sorted({os.path.dirname(p) for p in lib_paths if ".so" in p.rpartition("/")[2]})
+    wanted = {}
     if lib_dirs and req.rootfs:
         ldconfig = ldconfig or find_ldconfig()
         if ldconfig:
-            hooks.append(_ldcache_hook(ldconfig, req.rootfs, lib_dirs))
+            wanted[hook.LDCACHE] = (ldconfig, *lib_dirs)
     if bypath and req.rootfs:
-        hooks.append(Hook("createContainer", "/bin/sh",
-                          ("sh", "-c", BYPATH_SCRIPT, "gpuhook-bypath", req.rootfs, *bypath), HOOK_ENV, 10))
+        wanted[hook.BYPATH] = tuple(bypath)
+    if wanted and helper is None:
+        helper = hook.package_helper()
+        if not os.access(helper, os.X_OK):
+            warn(f"{helper} is missing: no {', '.join(hook.DESCRIPTION[k] for k in wanted)} in the container "
+                 "(reinstall gpuhook with a C compiler)")
+            wanted = {}
+    if wanted:
+        for kind, args in wanted.items():
+            hooks.append(Hook("createContainer", helper, hook.argv(kind, req.rootfs, args), hook.ENV,
+                              hook.TIMEOUT[kind], kind))
     return Edits(env, tuple(nodes), tuple(dict.fromkeys(mounts)), tuple(hooks), _group_gids(nodes))
-
-
-def _ldcache_hook(ldconfig: str, rootfs: str, lib_dirs: list[str]) -> Hook:
-    """The hook that refreshes the container's ld cache: the node's `ldconfig -r <rootfs>`.
-
-    ldconfig fails (and with it the container) only when it cannot write the rootfs's /etc:
-    when the image's /etc is a real directory (lstat: nothing in the image is followed or
-    read), ldconfig runs directly; otherwise (no /etc, or a link) it runs under sh, which
-    reports the failure and lets the container start. sh costs ~2 ms per create.
-    """
-    try:
-        direct = _stat.S_ISDIR(os.lstat(os.path.join(rootfs, "etc")).st_mode)
-    except (OSError, ValueError):
-        direct = False
-    if direct:
-        return Hook("createContainer", ldconfig, ("ldconfig", "-r", rootfs, *lib_dirs), HOOK_ENV, 30)
-    return Hook("createContainer", "/bin/sh",
-                ("sh", "-c", LDCACHE_SCRIPT, "gpuhook-ldcache", ldconfig, rootfs, *lib_dirs), HOOK_ENV, 30)
 
 
 def _group_gids(nodes: list[DeviceNode]) -> tuple[int, ...]:

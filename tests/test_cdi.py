@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from conftest import REPO
-from gpuhook import cdi
+from gpuhook import cdi, hook
 from gpuhook.inventory import Device, Inventory, Library, Node, VendorInventory
 from gpuhook.probe import probe
 
@@ -245,21 +245,29 @@ def test_validate_refuses(spec, error):
 
 # -- the ld-cache hook, as CDI must run it ----------------------------------------------------
 
-def _run_hook(tmp_path, config: dict, indent, rootfs_rel: bool, ldconfig_ok: bool = True, hook=None):
-    if hook is None:
-        (hook,) = by_kind(cdi.specs(INV, ldconfig=str(tmp_path / "ldconfig")))["gpuhook.dev/nvidia"]["containerEdits"]["hooks"]
+def _run_hook(tmp_path, config: dict, indent, rootfs_rel: bool, hook_entry=None):
+    """Run a CDI hook of gpuhook's as runc would, the OCI state on stdin. The helper it execs
+    is swapped for a recorder of its argv (the helper itself: test_hook_isolation.py), unless
+    a hook is given."""
+    record = hook_entry is None
+    if record:
+        (hook_entry,) = by_kind(cdi.specs(INV, ldconfig="/sbin/ldconfig"))["gpuhook.dev/nvidia"]["containerEdits"]["hooks"]
+        (tmp_path / "recorder").write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > '{tmp_path}/hook.args'\n")
+        os.chmod(tmp_path / "recorder", 0o755)
+        args = list(hook_entry["args"])
+        assert args[4] == hook.package_helper()
+        args[4] = str(tmp_path / "recorder")
+        hook_entry = dict(hook_entry, args=args)
     bundle = tmp_path / "the bundle"  # a space: every path stays one argument
     (bundle / "rootfs").mkdir(parents=True, exist_ok=True)
     config = dict(config, root={"path": "rootfs" if rootfs_rel else str(bundle / "rootfs"), "readonly": False})
     (bundle / "config.json").write_text(json.dumps(config, indent=indent))
-    (tmp_path / "ldconfig").write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > '{tmp_path}/ldconfig.args'\nexit {0 if ldconfig_ok else 1}\n")
-    os.chmod(tmp_path / "ldconfig", 0o755)
     state = json.dumps({"ociVersion": "1.0.2", "id": "c1", "status": "creating", "pid": 1,
                         "bundle": str(bundle), "annotations": {"x": "\"root\": {\"path\": \"/evil\"}"}})
-    r = subprocess.run([hook["path"], *hook["args"][1:]], input=state, capture_output=True, text=True,
-                       env=dict(e.split("=", 1) for e in hook["env"]), timeout=10, executable=hook["path"])
-    args = (tmp_path / "ldconfig.args").read_text().splitlines() if (tmp_path / "ldconfig.args").exists() else None
-    return r, args, bundle
+    r = subprocess.run([hook_entry["path"], *hook_entry["args"][1:]], input=state, capture_output=True, text=True,
+                       env=dict(e.split("=", 1) for e in hook_entry["env"]), timeout=10, executable=hook_entry["path"])
+    recorded = tmp_path / "hook.args"
+    return r, (recorded.read_text().splitlines() if recorded.exists() else None), bundle
 
 
 @pytest.mark.parametrize("indent", [None, 2])
@@ -269,27 +277,26 @@ def test_hook_finds_the_rootfs_from_the_oci_state(tmp_path, indent, rel):
               "annotations": {"k": "v"}, "mounts": [{"destination": "/root"}]}
     r, args, bundle = _run_hook(tmp_path, config, indent, rel)
     assert r.returncode == 0, r.stderr
-    assert args == ["-r", str(bundle / "rootfs"), "/usr/lib/x86_64-linux-gnu"]
+    assert args == [hook.LDCACHE, str(bundle / "rootfs"), "/sbin/ldconfig", "/usr/lib/x86_64-linux-gnu"]
 
 
-def test_hook_never_stops_the_container(tmp_path):
-    r, args, _ = _run_hook(tmp_path, {"ociVersion": "1.0.2"}, None, False, ldconfig_ok=False)
-    assert r.returncode == 0 and "ldconfig in" in r.stderr
-    (hook,) = by_kind(cdi.specs(INV, ldconfig="/sbin/ldconfig"))["gpuhook.dev/nvidia"]["containerEdits"]["hooks"]
-    r = subprocess.run(["/bin/sh", *hook["args"][1:]], input="not json", capture_output=True, text=True, timeout=10)
+def test_hook_never_stops_the_container():
+    (entry,) = by_kind(cdi.specs(INV, ldconfig="/sbin/ldconfig"))["gpuhook.dev/nvidia"]["containerEdits"]["hooks"]
+    r = subprocess.run(["/bin/sh", *entry["args"][1:]], input="not json", capture_output=True, text=True, timeout=10)
     assert r.returncode == 0 and "gpuhook-ldcache: the container root is not in the OCI state; skipped" in r.stderr
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="gpuhook-hook isolates itself: root only")
 def test_intels_by_path_links_through_cdi(tmp_path, make_host):
     """plan()'s other rootfs hook: /dev/dri/by-path links, made in the container's /dev."""
     specs = by_kind(cdi.specs(probe(make_host("intel", mknod=False))))
-    (hook,) = specs["gpuhook.dev/intel"]["containerEdits"]["hooks"]
-    assert hook["args"][3] == "gpuhook-bypath" and cdi.ROOTFS_PLACEHOLDER in hook["args"][5:]
-    r, _, bundle = _run_hook(tmp_path, {"ociVersion": "1.0.2"}, None, True, hook=hook)
+    (entry,) = specs["gpuhook.dev/intel"]["containerEdits"]["hooks"]
+    assert entry["args"][3] == "gpuhook-bypath" and hook.parse(entry["args"][5:])[:2] == (hook.BYPATH, cdi.ROOTFS_PLACEHOLDER)
+    r, _, bundle = _run_hook(tmp_path, {"ociVersion": "1.0.2"}, None, True, hook_entry=entry)
     assert r.returncode == 0, r.stderr
-    assert "rootfs/dev is not a directory" in r.stderr  # no /dev yet: nothing made, the container starts
+    assert "/dev is not a directory" in r.stderr  # no /dev yet: nothing made, the container starts
     (bundle / "rootfs" / "dev" / "dri").mkdir(parents=True)
-    r, _, bundle = _run_hook(tmp_path, {"ociVersion": "1.0.2"}, None, True, hook=hook)
+    r, _, bundle = _run_hook(tmp_path, {"ociVersion": "1.0.2"}, None, True, hook_entry=entry)
     assert r.returncode == 0 and r.stderr == ""
     links = bundle / "rootfs" / "dev" / "dri" / "by-path"
     assert os.readlink(links / "pci-0000:00:02.0-render") == "../renderD128"
@@ -298,8 +305,11 @@ def test_intels_by_path_links_through_cdi(tmp_path, make_host):
 
 def test_a_hook_cdi_cannot_give_the_rootfs_to_is_refused():
     with pytest.raises(cdi.CDIError):
+        cdi._cdi_hook({"hookName": "createContainer", "path": hook.package_helper(),
+                       "args": list(hook.argv(hook.LDCACHE, "--root=" + cdi.ROOTFS_PLACEHOLDER, ()))})
+    with pytest.raises(cdi.CDIError):
         cdi._cdi_hook({"hookName": "createContainer", "path": "/bin/sh",
-                       "args": ["sh", "-c", "x", "tag", "--root=" + cdi.ROOTFS_PLACEHOLDER]})
+                       "args": ["sh", "-c", "x", "tag", cdi.ROOTFS_PLACEHOLDER]})
     plain = {"hookName": "createContainer", "path": "/bin/true", "args": ["true"]}
     assert cdi._cdi_hook(plain) is plain
 
@@ -311,8 +321,9 @@ def test_the_hook_uses_the_nodes_ldconfig(tmp_path):
     (node / "sbin" / "ldconfig").write_text("#!/bin/sh\n")
     os.chmod(node / "sbin" / "ldconfig", 0o755)
     assert cdi.find_ldconfig(str(node)) == "/sbin/ldconfig"
-    (hook,) = by_kind(cdi.specs(INV, ldconfig="/sbin/ldconfig.real"))["gpuhook.dev/gpu"]["devices"][0]["containerEdits"]["hooks"]
-    assert hook["args"][3] == "gpuhook-ldcache" and hook["args"][5] == "/sbin/ldconfig.real"
+    (entry,) = by_kind(cdi.specs(INV, ldconfig="/sbin/ldconfig.real"))["gpuhook.dev/gpu"]["devices"][0]["containerEdits"]["hooks"]
+    assert entry["args"][3] == "gpuhook-ldcache"
+    assert hook.parse(entry["args"][5:])[2][0] == "/sbin/ldconfig.real"
 
 
 def test_no_ldconfig_on_the_node_no_hook(make_host, tmp_path):

@@ -15,7 +15,7 @@ from gpuhook.models import InventoryModel
 
 def gpuhook(*args, stdin: bytes | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "gpuhook", *args], input=stdin, capture_output=True, cwd=REPO,
-                          env=dict(os.environ, GPUHOOK_CONFIG="/nonexistent/gpuhook.toml", **(env or {})))
+                          env={**os.environ, "GPUHOOK_CONFIG": "/nonexistent/gpuhook.toml", **(env or {})})
 
 
 SPEC = json.dumps({"ociVersion": "1.0.2", "process": {"args": ["sh"], "env": ["PATH=/bin"]},
@@ -91,3 +91,19 @@ def test_bad_input_is_one_line_and_nonzero(args, stdin, message):
 def test_version():
     r = gpuhook("--version")
     assert r.returncode == 0 and r.stdout.startswith(b"gpuhook 0.")
+
+
+@pytest.mark.parametrize("scenario, words", [
+    ("nvidia", "ld cache update, isolated in /run/c/rootfs (/sbin/ldconfig"),
+    ("intel", "/dev/dri/by-path links, isolated in /run/c/rootfs (pci-0000:00:02.0-card -> ../card0"),
+])
+def test_plan_describes_each_hook_kind(make_host, tmp_path, scenario, words):
+    """`gpuhook plan --spec` says what each hook does, by its kind, whatever the image holds."""
+    root = make_host(scenario, mknod=False)
+    spec = tmp_path / "config.json"
+    spec.write_bytes(SPEC)
+    (tmp_path / "node.toml").write_text('ldconfig = "/sbin/ldconfig"\n')
+    r = gpuhook("plan", "--root", root, "--spec", str(spec), env={"GPUHOOK_CONFIG": str(tmp_path / "node.toml")})
+    assert r.returncode == 0, r.stderr
+    lines = [x for x in r.stdout.decode().splitlines() if "createContainer hook:" in x]
+    assert len(lines) == 1 and words in lines[0], r.stdout.decode()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gpuhook import hook
 from gpuhook.inventory import Device, Inventory, Library, Node, VendorInventory
 from gpuhook.plan import Request, plan, request_from_spec
 
@@ -35,12 +36,23 @@ def test_all_vendors_and_the_env_contract():
     assert all("ro" in m.options for m in e.mounts)
 
 
-def test_ldcache_hook_has_explicit_env_and_chroots():
-    (hook,) = plan(INV, req(), ldconfig="/sbin/ldconfig").hooks
-    assert hook.hook_name == "createContainer"
-    assert hook.env == ("PATH=/usr/sbin:/usr/bin:/sbin:/bin",)  # never the container's env
-    assert hook.args[4:] == ("/sbin/ldconfig", "/run/b/rootfs", "/usr/lib/x86_64-linux-gnu")
-    assert '"$l" -r "$r"' in hook.args[2]  # ldconfig -r: chroot into the rootfs first
+def test_ldcache_hook_has_explicit_env_and_runs_isolated():
+    (h,) = plan(INV, req(), ldconfig="/sbin/ldconfig").hooks
+    assert h.hook_name == "createContainer" and h.kind == hook.LDCACHE
+    assert h.env == ("PATH=/usr/sbin:/usr/bin:/sbin:/bin",)  # never the container's env
+    # the isolated helper (gpuhook/hook/), never ldconfig or sh over the rootfs directly
+    assert h.path == hook.package_helper()
+    assert h.args == ("gpuhook-hook", "ldcache", "/run/b/rootfs", "/sbin/ldconfig", "/usr/lib/x86_64-linux-gnu")
+    assert h.timeout == 30
+
+
+def test_no_hook_when_the_helper_is_missing(monkeypatch):
+    """An unbuilt helper: no hook at all (runc would fail the container on a missing hook
+    binary), and the warning says so; never the bare ldconfig."""
+    monkeypatch.setattr(hook, "package_helper", lambda: "/nonexistent/gpuhook-hook")
+    warnings: list = []
+    e = plan(INV, req(), ldconfig="/sbin/ldconfig", warnings=warnings)
+    assert e.hooks == () and e.mounts and any("gpuhook-hook is missing" in w for w in warnings)
 
 
 def test_no_hook_without_libraries_or_rootfs():
@@ -91,17 +103,15 @@ def test_user_namespace_leaves_out_nodes_the_host_has_not_created():
     assert request_from_spec(spec).userns and not request_from_spec({"linux": {"namespaces": [{"type": "pid"}]}}).userns
 
 
-def test_ldconfig_runs_directly_only_when_the_image_has_a_real_etc(tmp_path):
-    """sh costs ~2 ms a create: it is there only to keep ldconfig's failure (no /etc to write
-    the cache in) from failing the container."""
+def test_the_hook_is_the_same_whatever_the_image_holds(tmp_path):
+    """plan() looks at nothing in the rootfs (no lstat of its /etc either): whatever the image
+    holds is the isolated helper's business, after its pivot_root."""
     plain, linked, bare = tmp_path / "plain", tmp_path / "linked", tmp_path / "bare"
     (plain / "etc").mkdir(parents=True)
     (linked).mkdir()
     (linked / "etc").symlink_to("/etc")
     bare.mkdir()
-    (hook,) = plan(INV, req(rootfs=str(plain)), ldconfig="/sbin/ldconfig").hooks
-    assert (hook.path, hook.args) == ("/sbin/ldconfig", ("ldconfig", "-r", str(plain), "/usr/lib/x86_64-linux-gnu"))
-    assert hook.env == ("PATH=/usr/sbin:/usr/bin:/sbin:/bin",)
-    for rootfs in (linked, bare):
-        (hook,) = plan(INV, req(rootfs=str(rootfs)), ldconfig="/sbin/ldconfig").hooks
-        assert hook.path == "/bin/sh" and hook.args[4:] == ("/sbin/ldconfig", str(rootfs), "/usr/lib/x86_64-linux-gnu")
+    for rootfs in (plain, linked, bare):
+        (h,) = plan(INV, req(rootfs=str(rootfs)), ldconfig="/sbin/ldconfig").hooks
+        assert (h.path, h.args) == (hook.package_helper(), hook.argv(hook.LDCACHE, str(rootfs),
+                                                                     ("/sbin/ldconfig", "/usr/lib/x86_64-linux-gnu")))

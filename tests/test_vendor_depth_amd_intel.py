@@ -10,7 +10,8 @@ import pytest
 from conftest import is_root
 from gpuhook import fakehost
 from gpuhook.inventory import Device, Inventory, Node, VendorInventory
-from gpuhook.plan import BYPATH_SCRIPT, Request, plan
+from gpuhook import hook
+from gpuhook.plan import Request, plan
 from gpuhook.probe import probe
 
 needs_root = pytest.mark.skipif(not is_root(), reason="needs root: real device nodes with a group (mknod, chown)")
@@ -104,16 +105,20 @@ def test_sriov_disabled_is_a_plain_gpu(tmp_path):
 def test_bypath_hook_arguments(tmp_path):
     root = build(tmp_path, "intel", dgpu=True)
     e = plan(probe(root), req())
-    (hook,) = e.hooks
-    assert hook.hook_name == "createContainer" and hook.env == ("PATH=/usr/sbin:/usr/bin:/sbin:/bin",)
-    assert hook.args[:5] == ("sh", "-c", BYPATH_SCRIPT, "gpuhook-bypath", "/run/b/rootfs")
-    assert hook.args[5:] == ("pci-0000:00:02.0-card", "../card0", "pci-0000:00:02.0-render", "../renderD128",
+    (h,) = e.hooks
+    assert h.hook_name == "createContainer" and h.env == ("PATH=/usr/sbin:/usr/bin:/sbin:/bin",)
+    assert h.kind == hook.BYPATH and h.path == hook.package_helper() and h.timeout == 10
+    assert h.args[:3] == ("gpuhook-hook", "bypath", "/run/b/rootfs")
+    assert h.args[3:] == ("pci-0000:00:02.0-card", "../card0", "pci-0000:00:02.0-render", "../renderD128",
                              "pci-0000:03:00.0-card", "../card1", "pci-0000:03:00.0-render", "../renderD129")
     assert plan(probe(root), req(rootfs=None)).hooks == ()
 
 
 def run_bypath(rootfs: str, *pairs: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["/bin/sh", "-c", BYPATH_SCRIPT, "gpuhook-bypath", rootfs, *pairs],
+    """The helper as the hook runs it (it isolates itself: root only)."""
+    if os.geteuid() != 0:
+        pytest.skip("gpuhook-hook isolates itself in a mount namespace: root only")
+    return subprocess.run([hook.package_helper(), *hook.argv(hook.BYPATH, rootfs, pairs)[1:]],
                           capture_output=True, text=True, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
 
 

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from conftest import FIXTURES
+from gpuhook import hook
 from gpuhook import fakehost
 from gpuhook.plan import Request, plan
 from gpuhook.probe import probe
@@ -71,7 +72,8 @@ def test_capability_video_and_graphics(tmp_path):
             f"{LIB}/vdpau/libvdpau_nvidia.so.{V}"} <= got
     assert not any("GLX" in p or "libcuda" in p for p in got)
     assert not any(p.startswith("/dev/dri/") for p in nodes(e))  # DRM nodes only for graphics/display
-    hook_dirs = e.hooks[0].args[6:]
+    (h,) = e.hooks
+    _ldconfig, *hook_dirs = hook.parse(h.args)[2]
     assert f"{LIB}/vdpau" in hook_dirs  # the ld-cache hook makes libvdpau_nvidia.so.1 there
 
     e = edits_for(root, {"NVIDIA_DRIVER_CAPABILITIES": "graphics"})

@@ -39,6 +39,7 @@ import tomllib
 from importlib import metadata
 
 import gpuhook
+from gpuhook import hook
 
 PY = f"python{sys.version_info.major}.{sys.version_info.minor}"
 # stdlib parts a node never needs (and the static libpython, 25 MB on Debian)
@@ -160,6 +161,13 @@ def build(out: str) -> dict:
         if name.endswith(".so") and not SKIP_DYNLOAD.match(name):
             shutil.copy2(os.path.join(dynload, name), os.path.join(pylib, "lib-dynload", name))
     _copy_tree(pkg, os.path.join(site, "gpuhook"), lambda n: n == "__pycache__" or n.endswith(".pyc"))
+    # the hooks' helper (gpuhook/hook/): built here when this gpuhook was not, and a copy at
+    # libexec/ for the CDI specs, which name it by the bundle's path on the node
+    helper = os.path.join(site, "gpuhook", "hook", hook.NAME)
+    if not os.access(helper, os.X_OK):
+        subprocess.run(["sh", os.path.join(pkg, "hook", "build.sh"), helper], check=True)
+    os.makedirs(os.path.join(out, os.path.dirname(hook.BUNDLE_PATH)), exist_ok=True)
+    shutil.copy2(helper, os.path.join(out, hook.BUNDLE_PATH))
     dists = _distributions(_requirements(repo))
     for dist in dists:
         for f in dist.files or []:
@@ -172,7 +180,7 @@ def build(out: str) -> dict:
                 shutil.copy2(src, os.path.join(site, str(f)))
 
     # the interpreter and every shared library anything here loads, glibc's included
-    os.makedirs(os.path.join(out, "libexec"))
+    os.makedirs(os.path.join(out, "libexec"), exist_ok=True)
     shutil.copy2(exe, os.path.join(out, "libexec", "python3"))
     objects = [exe] + [os.path.join(d, n) for d, _, names in os.walk(lib) for n in names if ".so" in n]
     libs, loader = _libs(objects)

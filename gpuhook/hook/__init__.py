@@ -1,0 +1,50 @@
+"""The createContainer hooks gpuhook adds, by kind, and the helper that runs them isolated.
+
+A createContainer hook runs as root on the host, in the container's mount namespace, before
+pivot_root. Whatever works over the image's tree runs in `gpuhook-hook` (gpuhook-hook.c
+beside this file, built with the package): its own mount namespace, no procfs, pivot_root
+into the rootfs, few capabilities. See gpuhook-hook.c and SECURITY.md.
+
+Each kind is a subcommand of the helper; plan() makes an Edits Hook with `kind` set, and
+argv() turns a kind and its arguments into the hook's command line, in one place.
+"""
+
+import os
+
+NAME = "gpuhook-hook"
+LDCACHE = "ldcache"  # the node's ldconfig refreshes the container's ld cache
+BYPATH = "bypath"  # /dev/dri/by-path links for Level Zero (OCI has no symlink edit)
+TIMEOUT = {LDCACHE: 30, BYPATH: 10}
+DESCRIPTION = {LDCACHE: "ld cache update", BYPATH: "/dev/dri/by-path links"}
+# where the host bundle keeps a copy (gpuhook/install/build.py), for specs named from a pod
+BUNDLE_PATH = "libexec/" + NAME
+ENV = ("PATH=/usr/sbin:/usr/bin:/sbin:/bin",)  # explicit: never the container's env
+
+
+def package_helper() -> str:
+    """The helper built with this very package."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), NAME)
+
+
+def helper(consumer_root: str = "/") -> str | None:
+    """The helper as the node sees it, when it is there to run. consumer_root: where the
+    node's / is from here (/host in the DaemonSet's pod, which names the installed bundle's)."""
+    if consumer_root == "/":
+        path = package_helper()
+        return path if os.access(path, os.X_OK) else None
+    from ..install.core import PREFIX
+
+    path = f"{PREFIX}/{BUNDLE_PATH}"
+    return path if os.access(consumer_root.rstrip("/") + path, os.X_OK) else None
+
+
+def argv(kind: str, rootfs: str, args) -> tuple[str, ...]:
+    """The hook's argv for one kind: NAME KIND ROOTFS ARGS..."""
+    return (NAME, kind, rootfs, *args)
+
+
+def parse(args) -> tuple[str, str, tuple[str, ...]] | None:
+    """(kind, rootfs, args) of a hook argv made by argv(); None for any other hook."""
+    if len(args) >= 3 and args[0] == NAME and args[1] in TIMEOUT:
+        return args[1], args[2], tuple(args[3:])
+    return None

@@ -1,0 +1,342 @@
+/*
+ * gpuhook-hook: the createContainer hooks that work over an image's tree, isolated from the host.
+ *
+ *   gpuhook-hook ldcache ROOTFS LDCONFIG DIR...        refresh the container's ld cache
+ *   gpuhook-hook bypath  ROOTFS NAME TARGET [NAME TARGET]...   /dev/dri/by-path links
+ *
+ * A createContainer hook runs as root, in the container's mount namespace, before pivot_root:
+ * its / is the node's.  `ldconfig -r ROOTFS` chroots, but a chroot does not stop procfs magic
+ * links (`/proc/1/root`, `/proc/self/fd/N`, ...): the image could steer any path ldconfig
+ * opens to a host directory.  So, before anything of the image is looked at:
+ *
+ *   1. LDCONFIG is opened (the node's binary, an fd: nothing is looked up after the pivot),
+ *      and must be a static ELF: a dynamic one (or a script) would load the image's loader.
+ *   2. A mount namespace of our own, every mount private (nothing propagates either way).
+ *   3. Every procfs mount under ROOTFS is detached (in our namespace only): no magic link is
+ *      left to follow.  Checked again; any left: give up.  (A rootfs that is not a mount
+ *      point is then bound on itself, as pivot_root wants.)
+ *   4. pivot_root into ROOTFS and detach the old root: no host path is reachable at all.
+ *   5. Capabilities cut to the two that file work needs (DAC_OVERRIDE, FOWNER: no SYS_ADMIN,
+ *      so nothing can mount a procfs again; no DAC_READ_SEARCH, so no open_by_handle_at),
+ *      no_new_privs, every other fd closed on exec.
+ *   6. ldconfig runs (execveat of the fd from 1) in a child, with the hook's own environment.
+ *
+ * Whatever fails, the hook says why on stderr and exits 0: the container starts, without the
+ * libraries in its ld cache.  The one exit that is not 0 is a bad command line (2).
+ */
+#define _GNU_SOURCE
+#include <elf.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/capability.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef MNT_DETACH
+#define MNT_DETACH 2
+#endif
+#ifndef UMOUNT_NOFOLLOW
+#define UMOUNT_NOFOLLOW 8
+#endif
+#ifndef SYS_close_range
+#define SYS_close_range 436
+#endif
+#ifndef CLOSE_RANGE_CLOEXEC
+#define CLOSE_RANGE_CLOEXEC 4
+#endif
+#ifndef AT_EMPTY_PATH
+#define AT_EMPTY_PATH 0x1000
+#endif
+
+static const char *what = "gpuhook-hook";
+
+/* Say why, and let the container start. */
+static int skip(const char *why, int err) {
+    if (err)
+        fprintf(stderr, "gpuhook: %s: %s: %s; skipped\n", what, why, strerror(err));
+    else
+        fprintf(stderr, "gpuhook: %s: %s; skipped\n", what, why);
+    return 0;
+}
+
+/* mountinfo escapes space, tab, newline and backslash as \ooo. */
+static void unescape(char *s) {
+    char *o = s;
+    while (*s) {
+        if (s[0] == '\\' && s[1] >= '0' && s[1] <= '3' && s[2] >= '0' && s[2] <= '7' && s[3] >= '0' && s[3] <= '7') {
+            *o++ = (char)((s[1] - '0') * 64 + (s[2] - '0') * 8 + (s[3] - '0'));
+            s += 4;
+        } else {
+            *o++ = *s++;
+        }
+    }
+    *o = 0;
+}
+
+static int under(const char *path, const char *root, size_t rlen) {
+    return strncmp(path, root, rlen) == 0 && (path[rlen] == 0 || path[rlen] == '/');
+}
+
+/* Detach the procfs mounts under root (detach = 1), or count them (detach = 0); *is_mount
+ * says whether root itself is a mount point.  -1 with errno when mountinfo cannot be read. */
+static int proc_mounts(const char *root, int detach, int *is_mount) {
+    FILE *f = fopen("/proc/self/mountinfo", "re");
+    if (!f)
+        return -1;
+    size_t rlen = strlen(root), cap = 0;
+    char *line = NULL;
+    int n = 0;
+    *is_mount = 0;
+    while (getline(&line, &cap, f) > 0) {
+        /* id parent maj:min root MOUNTPOINT options [optional...] - FSTYPE source superopts */
+        char *save = NULL, *mp = NULL, *tok;
+        int field = 0, dash = 0;
+        for (tok = strtok_r(line, " \n", &save); tok; tok = strtok_r(NULL, " \n", &save), field++) {
+            if (field == 4) {
+                mp = tok;
+                unescape(mp);
+                if (strcmp(mp, root) == 0)
+                    *is_mount = 1;
+            } else if (dash) {
+                if (mp && strcmp(tok, "proc") == 0 && under(mp, root, rlen)) {
+                    n++;
+                    if (detach)
+                        umount2(mp, MNT_DETACH | UMOUNT_NOFOLLOW);  /* EINVAL: gone with its parent */
+                }
+                break;
+            } else if (field > 5 && strcmp(tok, "-") == 0)
+                dash = 1;
+        }
+    }
+    free(line);
+    fclose(f);
+    return n;
+}
+
+/* A static ELF executable: no PT_INTERP (a dynamic one would load the image's loader and libc
+ * after the pivot), and no script (its interpreter would be the image's). */
+static int static_elf(int fd) {
+    unsigned char ident[EI_NIDENT];
+    if (pread(fd, ident, sizeof ident, 0) != (ssize_t)sizeof ident || memcmp(ident, ELFMAG, SELFMAG) != 0)
+        return 0;
+    if (ident[EI_CLASS] == ELFCLASS64) {
+        Elf64_Ehdr eh;
+        if (pread(fd, &eh, sizeof eh, 0) != (ssize_t)sizeof eh || eh.e_phentsize != sizeof(Elf64_Phdr) || eh.e_phnum == 0)
+            return 0;
+        for (unsigned i = 0; i < eh.e_phnum; i++) {
+            Elf64_Phdr ph;
+            if (pread(fd, &ph, sizeof ph, (off_t)(eh.e_phoff + (Elf64_Off)i * sizeof ph)) != (ssize_t)sizeof ph)
+                return 0;
+            if (ph.p_type == PT_INTERP)
+                return 0;
+        }
+        return 1;
+    }
+    if (ident[EI_CLASS] == ELFCLASS32) {
+        Elf32_Ehdr eh;
+        if (pread(fd, &eh, sizeof eh, 0) != (ssize_t)sizeof eh || eh.e_phentsize != sizeof(Elf32_Phdr) || eh.e_phnum == 0)
+            return 0;
+        for (unsigned i = 0; i < eh.e_phnum; i++) {
+            Elf32_Phdr ph;
+            if (pread(fd, &ph, sizeof ph, (off_t)(eh.e_phoff + (Elf32_Off)i * sizeof ph)) != (ssize_t)sizeof ph)
+                return 0;
+            if (ph.p_type == PT_INTERP)
+                return 0;
+        }
+        return 1;
+    }
+    return 0;
+}
+
+/* Keep only what file work needs: reading and writing the image's files, whoever owns them.
+ * Not CAP_DAC_READ_SEARCH: with it, open_by_handle_at() opens any inode of a file system by
+ * its handle, the host's files too where the rootfs shares their file system (DAC_OVERRIDE
+ * reads and searches as well).  Not CAP_SYS_ADMIN (mount), SYS_CHROOT, SYS_PTRACE... */
+static int drop_caps(void) {
+    const int keep[] = {CAP_DAC_OVERRIDE, CAP_FOWNER};
+    unsigned long long mask = 0;
+    for (size_t i = 0; i < sizeof keep / sizeof keep[0]; i++)
+        mask |= 1ULL << keep[i];
+    for (int c = 0; c <= 63; c++) {
+        if (mask & (1ULL << c))
+            continue;
+        if (prctl(PR_CAPBSET_DROP, c, 0, 0, 0) < 0 && errno == EINVAL)
+            break;  /* past the kernel's last capability */
+    }
+    struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct data[2];
+    memset(data, 0, sizeof data);
+    if (syscall(SYS_capget, &hdr, data) < 0)
+        return -1;
+    for (int i = 0; i < 2; i++) {
+        unsigned m = (unsigned)(mask >> (32 * i));
+        data[i].effective &= m;
+        data[i].permitted &= m;
+        data[i].inheritable = 0;
+    }
+    if (syscall(SYS_capset, &hdr, data) < 0)
+        return -1;
+    return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+}
+
+/* Steps 2-5: after this, / is the rootfs, with no procfs and no way back to the host. */
+static int isolate(const char *rootfs) {
+    /* mountinfo names mount points by their real path: the path to the rootfs is the host's
+     * (the bundle's), so resolving it follows nothing of the image. */
+    char root[PATH_MAX];
+    int is_mount;
+    if (!realpath(rootfs, root))
+        return skip(rootfs, errno), -1;
+    if (strcmp(root, "/") == 0)
+        return skip("the container root is the host's /", 0), -1;
+#ifdef GPUHOOK_TEST_WITHOUT_ISOLATION
+    /* Never in a build that ships: tests/test_hook_isolation.py builds this to show that its
+     * hostile images do reach the host through a chroot alone (what `ldconfig -r` does). */
+    if (chroot(root) < 0 || chdir("/") < 0)
+        return skip("chroot", errno), -1;
+    return 0;
+#endif
+    if (unshare(CLONE_NEWNS) < 0)
+        return skip("a mount namespace of its own", errno), -1;
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+        return skip("making the mounts private", errno), -1;
+    if (proc_mounts(root, 1, &is_mount) < 0)
+        return skip("reading /proc/self/mountinfo", errno), -1;
+    int left = proc_mounts(root, 0, &is_mount);
+    if (left < 0)
+        return skip("reading /proc/self/mountinfo", errno), -1;
+    if (left > 0)
+        return skip("a procfs mount in the container root could not be detached", 0), -1;
+    /* pivot_root wants a mount point; runc makes the rootfs one, a bare directory is bound
+     * on itself here (after the detach: the copy has no procfs either) */
+    if (!is_mount && mount(root, root, NULL, MS_BIND | MS_REC, NULL) < 0)
+        return skip("binding the container root", errno), -1;
+    if (chdir(root) < 0)
+        return skip("entering the container root", errno), -1;
+    if (syscall(SYS_pivot_root, ".", ".") < 0)
+        return skip("pivot_root", errno), -1;
+    if (umount2(".", MNT_DETACH) < 0)
+        return skip("detaching the host's root", errno), -1;
+    if (chdir("/") < 0)
+        return skip("chdir /", errno), -1;
+    if (drop_caps() < 0)
+        return skip("dropping capabilities", errno), -1;
+    if (syscall(SYS_close_range, 3, ~0U, CLOSE_RANGE_CLOEXEC) < 0) {
+        for (int fd = 3; fd < 4096; fd++)
+            fcntl(fd, F_SETFD, FD_CLOEXEC);
+    }
+    return 0;
+}
+
+extern char **environ;
+
+static int ldcache(int argc, char **argv) {
+    /* argv: ROOTFS LDCONFIG DIR... */
+    const char *rootfs = argv[0], *ldconfig = argv[1];
+    int fd = open(ldconfig, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return skip(ldconfig, errno);
+    if (!static_elf(fd))
+        return skip("the node's ldconfig is not a static ELF executable (it would load the image's libraries)", 0);
+    if (isolate(rootfs) < 0)
+        return 0;
+    /* ldconfig [-v] DIR...: over /, which is now the container's root. */
+    char **args = calloc((size_t)argc + 1, sizeof *args);
+    if (!args)
+        return skip("out of memory", ENOMEM);
+    args[0] = "ldconfig";
+    for (int i = 2; i < argc; i++)
+        args[i - 1] = argv[i];
+    pid_t pid = fork();
+    if (pid < 0)
+        return skip("fork", errno);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);  /* runc's hook timeout kills us: ldconfig goes too */
+        syscall(SYS_execveat, fd, "", args, environ, AT_EMPTY_PATH);
+        fprintf(stderr, "gpuhook: %s: exec %s: %s\n", what, ldconfig, strerror(errno));
+        _exit(127);
+    }
+    int status;
+    while (waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR)
+            return skip("waitpid", errno);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fprintf(stderr, "gpuhook: %s: ldconfig in %s failed; driver libraries need LD_LIBRARY_PATH\n", what, rootfs);
+    return 0;
+}
+
+/* A by-path link name (pci-0000:03:00.0-card) or target (../card1, ../renderD128): one
+ * path component of the characters sysfs gives, never "." or "..". */
+static int good_name(const char *s, int target) {
+    if (target) {
+        if (strncmp(s, "../", 3) != 0)
+            return 0;
+        s += 3;
+    }
+    if (!*s || strcmp(s, ".") == 0 || strcmp(s, "..") == 0 || strlen(s) > 200)
+        return 0;
+    for (; *s; s++)
+        if (!(*s >= 'a' && *s <= 'z') && !(*s >= 'A' && *s <= 'Z') && !(*s >= '0' && *s <= '9') && !strchr(":.-_", *s))
+            return 0;
+    return 1;
+}
+
+static int opendir_at(int dirfd, const char *name) {
+    return openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+}
+
+static int bypath(int argc, char **argv) {
+    /* argv: ROOTFS NAME TARGET [NAME TARGET]... */
+    if (argc % 2 == 0)
+        return fprintf(stderr, "gpuhook: %s: bypath takes NAME TARGET pairs\n", what), 2;
+    for (int i = 1; i < argc; i += 2)
+        if (!good_name(argv[i], 0) || !good_name(argv[i + 1], 1))
+            return fprintf(stderr, "gpuhook: %s: bad by-path link %s -> %s\n", what, argv[i], argv[i + 1]), 2;
+    if (isolate(argv[0]) < 0)
+        return 0;
+    int dev = opendir_at(AT_FDCWD, "/dev");
+    if (dev < 0)
+        return skip("/dev is not a directory; /dev/dri/by-path links not made", errno);
+    int dri = opendir_at(dev, "dri");
+    if (dri < 0)
+        return skip("/dev/dri is not a directory; /dev/dri/by-path links not made", errno);
+    if (mkdirat(dri, "by-path", 0755) < 0 && errno != EEXIST)
+        return skip("mkdir /dev/dri/by-path", errno);
+    int bp = opendir_at(dri, "by-path");
+    if (bp < 0)
+        return skip("/dev/dri/by-path is not a directory; links not made", errno);
+    for (int i = 1; i < argc; i += 2) {
+        struct stat st;
+        if (fstatat(bp, argv[i], &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISLNK(st.st_mode))
+            continue;  /* something else is there: leave it */
+        char tmp[256];
+        snprintf(tmp, sizeof tmp, ".%s.gpuhook-%d", argv[i], (int)getpid());
+        unlinkat(bp, tmp, 0);
+        if (symlinkat(argv[i + 1], bp, tmp) < 0 || renameat(bp, tmp, bp, argv[i]) < 0) {
+            skip(argv[i], errno);
+            unlinkat(bp, tmp, 0);
+        }
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 2)
+        what = argc >= 2 && strcmp(argv[1], "ldcache") == 0 ? "gpuhook-ldcache" : "gpuhook-bypath";
+    if (argc >= 5 && strcmp(argv[1], "ldcache") == 0 && argv[2][0] == '/')
+        return ldcache(argc - 2, argv + 2);
+    if (argc >= 3 && strcmp(argv[1], "bypath") == 0 && argv[2][0] == '/')
+        return bypath(argc - 2, argv + 2);
+    fprintf(stderr, "usage: gpuhook-hook ldcache /ROOTFS /LDCONFIG DIR... | bypath /ROOTFS NAME TARGET...\n");
+    return 2;
+}

@@ -1,0 +1,277 @@
+"""The createContainer hooks reach nothing of the host, magic links included (SECURITY.md).
+
+A createContainer hook runs as root, in the container's mount namespace, before pivot_root,
+with the container's /proc already mounted in the rootfs. A chroot (`ldconfig -r`) does not
+stop procfs magic links: /proc/1/root inside it is the root of the container's init, which
+is the node's / at that moment. Hostile images here point every path ldconfig opens (its aux
+cache directory, ld.so.conf directories and includes, /etc itself, where the cache and its
+temp file go) at host sentinel directories through each kind of magic link. Through real runc
+(gpuhook-runtime) and through podman with gpuhook's CDI spec: the sentinels stay exactly as
+they were (listing, content, mtime, inotify), and the container starts with the driver
+libraries in its ld cache.
+
+test_a_chroot_alone_lets_them_through builds gpuhook-hook with its isolation compiled out
+(a chroot, as `ldconfig -r` did) and runs the same images: the sentinels change. That is
+what makes the tests above able to fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import needs_runc, requires
+from gpuhook import bundle as oci_bundle
+from gpuhook import hook, spec as ocispec
+from gpuhook.plan import find_ldconfig, plan, request_from_spec
+from gpuhook.probe import ldcache, probe
+from test_cdi_podman import PODMAN, cdi_specs  # noqa: F401 (a fixture)
+from test_cdi_podman import gpuhook as cdi_gpuhook
+from test_hostile import Watch, records_for, snapshot, tree
+
+pytestmark = needs_runc
+
+# Each kind of magic link that could lead a path opened inside the rootfs to the host. Under a
+# chroot, /proc/1/* are runc init's (its root and cwd are the node's); /proc/self and
+# /proc/thread-self are ldconfig's own; fd links are whatever the processes hold open.
+MAGIC = {
+    "proc-1-root": "/proc/1/root",
+    "proc-2-root": "/proc/2/root",
+    "proc-self-root": "/proc/self/root",
+    "proc-thread-self-root": "/proc/thread-self/root",
+    "proc-1-cwd": "/proc/1/cwd" + "/.." * 24,
+    "proc-self-cwd": "/proc/self/cwd" + "/.." * 24,
+}
+FD_LINKS = [f"{base}/{n}" for base in ("/proc/self/fd", "/dev/fd", "/proc/1/fd", "/proc/thread-self/fd")
+            for n in range(12)]
+# What each hostile image aims at, as (path in the image, how it points at the host)
+TARGETS = ("auxcache", "ldsoconf", "include", "etc", "fds")
+
+
+def host_sentinels(tmp_path, magic: str) -> str:
+    """Host directories a hostile image aims at, with a real library (ldconfig would make its
+    soname link there) and a conf file that an include would read (naming the library's
+    directory through the same magic link)."""
+    s = str(tmp_path / "host-sentinels")
+    for d in ("auxdir", "libdir", "confdir", "etcdir"):
+        os.makedirs(os.path.join(s, d))
+    lib = ldcache_lib()
+    shutil.copy(lib, os.path.join(s, "libdir", "libsentinel.so.7.1"))
+    with open(os.path.join(s, "confdir", "evil.conf"), "w") as f:
+        f.write(f"{magic}{s}/libdir\n")
+    with open(os.path.join(s, "etcdir", "ld.so.conf"), "w") as f:
+        f.write(f"{s}/libdir\n")
+    return s
+
+
+def ldcache_lib() -> str:
+    """A real shared object with a soname (libz.so.1), renamed: ldconfig makes its soname link."""
+    for d in ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64", "/lib64"):
+        p = os.path.join(d, "libz.so.1")
+        if os.path.exists(p):
+            return os.path.realpath(p)
+    raise AssertionError("no libz.so.1 on this machine")
+
+
+def hostile_rootfs(rootfs: str, s: str, magic: str, target: str) -> None:
+    """Make the image's `target` path lead to host sentinel `s` through `magic`."""
+    host = lambda rel: magic + s + "/" + rel  # noqa: E731
+    etc = os.path.join(rootfs, "etc")
+    if target == "auxcache":  # ldconfig writes <aux cache dir>/aux-cache
+        os.makedirs(os.path.join(rootfs, "var", "cache"), exist_ok=True)
+        os.symlink(host("auxdir"), os.path.join(rootfs, "var", "cache", "ldconfig"))
+    elif target == "ldsoconf":  # ldconfig scans the directory and makes soname links in it
+        with open(os.path.join(etc, "ld.so.conf"), "w") as f:
+            f.write(host("libdir") + "\n")
+    elif target == "fds":  # whatever the processes hold open, as directories and includes
+        with open(os.path.join(etc, "ld.so.conf"), "w") as f:
+            f.writelines(f"{p}\ninclude {p}\n" for p in FD_LINKS)
+    elif target == "include":
+        with open(os.path.join(etc, "ld.so.conf"), "w") as f:
+            f.write(f"include {host('confdir')}/*.conf\n")
+    elif target == "etc":  # /etc/ld.so.cache~ is written and renamed in the host directory
+        shutil.rmtree(etc)
+        os.symlink(host("etcdir"), etc)
+
+
+def check_untouched(s: str, before: dict, events: list[str], context: str) -> None:
+    assert not events, f"{context}: host paths touched: {events}"
+    after = snapshot(s)
+    assert after == before, f"{context}: the host changed: " + ", ".join(
+        sorted(set(after) ^ set(before)) or [p for p in after if after[p] != before.get(p)])
+
+
+def cache_of(rootfs: str) -> dict:
+    with open(os.path.join(rootfs, "etc", "ld.so.cache"), "rb") as f:
+        return ldcache.lookup(ldcache.parse(f.read()))
+
+
+CASES = [(m, t) for m in sorted(MAGIC) for t in TARGETS if t != "fds"] + [("proc-1-root", "fds")]
+
+
+@pytest.mark.parametrize("magic,target", CASES)
+def test_hostile_images_reach_nothing_of_the_host(make_host, runtime, tmp_path, magic, target):
+    root = make_host("nvidia", mknod=True, gpus=2)
+    rt = runtime(root)
+    s = host_sentinels(tmp_path, MAGIC[magic])
+    b = rt.bundle("b", ["/bin/busybox", "sh", "-c", "echo started; echo accel=$GPUHOOK_ACCELERATOR"])
+    rootfs = os.path.join(b, "rootfs")
+    hostile_rootfs(rootfs, s, MAGIC[magic], target)
+    before = snapshot(s)
+    watch = Watch(tree(s))
+    try:
+        cid = f"magic-{magic}-{target}"
+        r = rt.run(b, cid)
+        events = watch.events()
+    finally:
+        watch.close()
+    check_untouched(s, before, events, f"{magic} as {target}")
+    assert r.returncode == 0, r.stderr
+    assert "started" in r.stdout and "accel=nvidia" in r.stdout, r.stdout + r.stderr
+    assert records_for(rt, cid)[-1]["decision"] == "injected"
+    if target != "etc":  # the image's own /etc took the cache, with the driver libraries
+        found = cache_of(rootfs)
+        assert "libcuda.so.1" in found and "libz.so.1" not in found, sorted(found)
+    # else /etc leads nowhere in the isolated root: ldconfig fails there, the container starts
+
+
+def _run_unisolated(b: str, root: str, helper: str, cid: str, state: str) -> subprocess.CompletedProcess:
+    """What gpuhook-runtime does (plan + spec.apply), with another gpuhook-hook, then runc."""
+    path = os.path.join(b, "config.json")
+    with open(path) as f:
+        spec = json.load(f)
+    edits = plan(probe(root), request_from_spec(spec, b), find_ldconfig(), helper=helper)
+    assert [h.kind for h in edits.hooks] == [hook.LDCACHE]
+    with open(path, "w") as f:
+        json.dump(ocispec.apply(spec, edits), f)
+    return subprocess.run(["runc", "--root", state, "run", "--bundle", b, cid], capture_output=True,
+                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+
+@requires(bool(shutil.which("gcc")), "needs gcc to build gpuhook-hook without its isolation")
+def test_a_chroot_alone_lets_them_through(make_host, tmp_path):
+    """The removal check, automated: gpuhook-hook built with its isolation compiled out (a
+    chroot only) lets the images above write in the host's directories."""
+    src = os.path.join(os.path.dirname(hook.__file__), "gpuhook-hook.c")
+    unsafe = str(tmp_path / "gpuhook-hook-chroot-only")
+    subprocess.run(["gcc", "-static", "-O2", "-DGPUHOOK_TEST_WITHOUT_ISOLATION", "-o", unsafe, src],
+                   check=True, capture_output=True)
+    root = make_host("nvidia", mknod=True, gpus=2)
+    state = str(tmp_path / "runc-state")
+    escaped = {}
+    for magic, target in (("proc-1-root", "auxcache"), ("proc-1-root", "ldsoconf"),
+                          ("proc-1-root", "include"), ("proc-1-root", "etc")):
+        s = host_sentinels(tmp_path / f"{magic}-{target}", MAGIC[magic])
+        b = str(tmp_path / f"b-{magic}-{target}")
+        oci_bundle.make_bundle(b, ["/bin/busybox", "true"])
+        hostile_rootfs(os.path.join(b, "rootfs"), s, MAGIC[magic], target)
+        before = snapshot(s)
+        cid = f"unisolated-{target}"
+        try:
+            _run_unisolated(b, root, unsafe, cid, state)
+        finally:
+            subprocess.run(["runc", "--root", state, "delete", "--force", cid], capture_output=True)
+        after = snapshot(s)
+        escaped[target] = sorted(p[len(s):] for p in set(after) | set(before) if after.get(p) != before.get(p))
+    # the aux cache lands in a host directory of the image's choosing; ldconfig makes links
+    # among the host's libraries; the cache itself is written in a host directory
+    assert "/auxdir/aux-cache" in escaped["auxcache"], escaped
+    assert "/libdir/libz.so.1" in escaped["ldsoconf"], escaped
+    assert "/libdir/libz.so.1" in escaped["include"], escaped
+    assert "/etcdir/ld.so.cache" in escaped["etc"], escaped
+
+
+def test_the_helper_refuses_a_dynamic_or_script_ldconfig(tmp_path):
+    """After the pivot a dynamic ldconfig would load the image's loader and libc, a script the
+    image's interpreter: as root. The helper checks before it isolates anything."""
+    rootfs = tmp_path / "rootfs"
+    oci_bundle.make_rootfs(str(rootfs))
+    script = tmp_path / "ldconfig.sh"
+    script.write_text("#!/bin/sh\ntouch /ran\n")
+    script.chmod(0o755)
+    for fake in (str(script), "/bin/true" if os.path.exists("/bin/true") else shutil.which("true")):
+        r = subprocess.run([hook.package_helper(), hook.LDCACHE, str(rootfs), fake, "/usr/lib"],
+                           capture_output=True, text=True, timeout=10)
+        assert r.returncode == 0 and "not a static ELF executable" in r.stderr, (fake, r.stderr)
+    assert not (rootfs / "ran").exists()
+
+
+@pytest.mark.parametrize("argv", [[], ["ldcache"], ["ldcache", "relative", "/sbin/ldconfig", "/x"],
+                                  ["bypath", "/r", "name"], ["bypath", "/r", "../x", "../card0"],
+                                  ["bypath", "/r", "pci-1-card", "/etc/passwd"], ["nope", "/r", "a", "b"]])
+def test_the_helper_refuses_bad_command_lines(argv):
+    r = subprocess.run([hook.package_helper(), *argv], capture_output=True, text=True, timeout=10)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+# -- the CDI form (podman, containerd with CDI) ---------------------------------------------
+
+@requires(bool(shutil.which("podman")), "needs podman (make test installs it)")
+# (podman itself refuses a rootfs whose /etc leads nowhere: it writes /etc/hosts there)
+@pytest.mark.parametrize("magic,target", [("proc-1-root", t) for t in TARGETS if t != "etc"]
+                         + [("proc-2-root", "auxcache"), ("proc-1-cwd", "ldsoconf")])
+def test_hostile_images_through_the_cdi_spec(make_host, tmp_path, cdi_specs, magic, target):
+    """The CDI spec's hook finds the rootfs in the OCI state, then runs the same isolated
+    helper: podman runs the hostile images with gpuhook.dev/gpu=all, nothing on the host
+    changes, and the container's ld cache lists the driver libraries."""
+    root = make_host("nvidia", mknod=True, gpus=2)
+    out = tmp_path / "cdi"
+    r = cdi_gpuhook("cdi", "generate", "--root", root, "--spec-root", root, "--output-dir", str(out),
+                    "--ldconfig", find_ldconfig() or "/sbin/ldconfig", "--kind", "gpu")
+    assert r.returncode == 0, r.stderr
+    text = (out / "gpuhook.dev-gpu.yaml").read_text()
+    assert hook.NAME in text and hook.LDCACHE in text
+    cdi_specs([str(out / "gpuhook.dev-gpu.yaml")])
+    s = host_sentinels(tmp_path, MAGIC[magic])
+    rootfs = str(tmp_path / "rootfs")
+    oci_bundle.make_rootfs(rootfs)
+    hostile_rootfs(rootfs, s, MAGIC[magic], target)
+    before = snapshot(s)
+    watch = Watch(tree(s))
+    try:
+        r = subprocess.run(PODMAN + ["--device", "gpuhook.dev/gpu=all", "--rootfs", rootfs, "sh", "-c",
+                                     "echo accel=$GPUHOOK_ACCELERATOR"],
+                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        events = watch.events()
+    finally:
+        watch.close()
+    check_untouched(s, before, events, f"{magic} as {target}, through CDI")
+    assert r.returncode == 0 and "accel=nvidia" in r.stdout, r.stderr
+    found = cache_of(rootfs)
+    assert "libcuda.so.1" in found and "libz.so.1" not in found, sorted(found)
+
+
+def test_ldconfig_failing_never_stops_the_container(make_host, runtime):
+    """An image whose /etc cannot take the cache (a directory where ldconfig writes its temp
+    file): the helper says so, and the container starts, without the libraries in its cache."""
+    root = make_host("nvidia", mknod=True, gpus=2)
+    rt = runtime(root)
+    b = rt.bundle("b", ["/bin/busybox", "sh", "-c", "echo started; echo accel=$GPUHOOK_ACCELERATOR"])
+    os.makedirs(os.path.join(b, "rootfs", "etc", "ld.so.cache~"))
+    r = rt.run(b, "ldconfig-fails")
+    assert r.returncode == 0, r.stderr
+    assert "started" in r.stdout and "accel=nvidia" in r.stdout, r.stdout
+    assert not os.path.exists(os.path.join(b, "rootfs", "etc", "ld.so.cache"))
+
+
+def test_the_helper_says_why_ldconfig_failed(tmp_path):
+    rootfs = tmp_path / "rootfs"
+    oci_bundle.make_rootfs(str(rootfs))
+    (rootfs / "etc" / "ld.so.cache~").mkdir()
+    r = subprocess.run([hook.package_helper(), hook.LDCACHE, str(rootfs), find_ldconfig(), "/usr/lib"],
+                       capture_output=True, text=True, timeout=10)
+    assert r.returncode == 0 and f"ldconfig in {rootfs} failed" in r.stderr, r.stderr
+
+
+def test_no_compiler_no_helper_and_one_line_that_says_so(tmp_path):
+    """pip install builds the helper (setup.py -> build.sh): without a C compiler it fails
+    with one line that says what to install, and leaves no half-written binary."""
+    out = tmp_path / "gpuhook-hook"
+    r = subprocess.run(["sh", os.path.join(os.path.dirname(hook.__file__), "build.sh"), str(out)],
+                       env=dict(os.environ, CC="/nonexistent/cc"), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "needs a C compiler" in r.stderr.splitlines()[-1], r.stderr
+    assert list(tmp_path.iterdir()) == []
