@@ -25,7 +25,8 @@ def add_commands(sub) -> None:
     _common(sp)
     sp.add_argument("--bundle-dir", metavar="DIR",
                     help="the host bundle to copy to /opt/gpuhook (default: $GPUHOOK_BUNDLE_DIR, else the "
-                         "bundle this gpuhook runs from)")
+                         "bundle this gpuhook runs from, else one built from this Python and this gpuhook, "
+                         "as packaging/build-bundle.sh builds it)")
     sp.set_defaults(func=cmd_install)
 
     sp = sub.add_parser("uninstall", help="remove the gpu-optional handler and gpuhook from this node")

@@ -1,7 +1,9 @@
 """`gpuhook install` and `gpuhook uninstall`: the steps, and what each leaves on the host.
 
 install (every step is skipped when its result is already there: a second run writes nothing)
-  1. the host bundle -> /opt/gpuhook (not when gpuhook runs from that very bundle: the .deb)
+  1. the host bundle -> /opt/gpuhook (not when gpuhook runs from that very bundle: the .deb);
+     with no --bundle-dir from a pip install, one is built first (build.py) in a temporary
+     directory, from the interpreter and the gpuhook package running this
   2. /etc/gpuhook/config.toml, only when absent: the operator's file is never overwritten
   3. the runtime: containerd's config.toml edited in place, after a byte copy of the original
      in /etc/gpuhook/backup/; or CRI-O's drop-in
@@ -18,6 +20,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import shutil
+import sys
+import tempfile
+import time
 from typing import Callable
 
 from . import InstallError, containerd, crio, files, restart
@@ -76,14 +82,31 @@ def detect(root: str) -> str:
                        f"nor CRI-O ({', '.join(CRIO_MARKS)}) under {root}; pass --runtime")
 
 
-def _bundle_source(opts: Options) -> str:
+def _bundle_source(opts: Options) -> str | None:
+    """The bundle to copy; None when there is none and install builds one (a pip install)."""
     src = opts.bundle_dir or os.environ.get("GPUHOOK_BUNDLE_DIR") or files.running_bundle()
-    if not src:
-        raise InstallError("no host bundle to install: pass --bundle-dir DIR (build one with "
-                           "packaging/build-bundle.sh), or run the gpuhook of a bundle or of the gpuhook image")
-    if not os.path.isdir(src):
+    if src and not os.path.isdir(src):
         raise InstallError(f"--bundle-dir {src}: not a directory")
     return src
+
+
+def _build_bundle(say: Say) -> tuple[str, str]:
+    """Build the host bundle from the interpreter and the gpuhook running this, as
+    packaging/build-bundle.sh does, in a temporary directory: (that directory, the bundle)."""
+    from . import build
+
+    tmp = tempfile.mkdtemp(prefix="gpuhook-bundle-")
+    out = os.path.join(tmp, "gpuhook")
+    say(f"bundle: no --bundle-dir: building one from this Python ({sys.executable}) and this gpuhook, "
+        "as packaging/build-bundle.sh does")
+    try:
+        started = time.monotonic()
+        record = build.build(out, lambda line: say(f"bundle: {line}"))
+        say(f"bundle: built in {time.monotonic() - started:.1f}s: {build.describe(record, out)}")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return tmp, out
 
 
 # -- install -----------------------------------------------------------------------------
@@ -101,16 +124,18 @@ def install(opts: Options, say: Say) -> None:
 
     read = _read_containerd(root) if runtime == "containerd" else None  # refuse before writing anything
     src = _bundle_source(opts)
-    files.manifest(src)
-    dst = host(root, PREFIX)
-    if files.same_dir(src, dst):
-        say(f"bundle: {PREFIX} is the bundle this gpuhook runs from: left as it is")
-        state.setdefault("bundle", {"path": PREFIX, "copied": False})
+    if src is None and opts.dry_run:
+        say(f"bundle: no --bundle-dir: one would be built from this Python ({sys.executable}) and this gpuhook, "
+            f"and copied to {PREFIX}")
     else:
-        total, written, removed = files.sync_bundle(src, dst, opts.dry_run)
-        say(f"bundle: {PREFIX}: {total} files, {written} {would}written, {removed} {would}removed"
-            if written or removed else f"bundle: {PREFIX}: {total} files, all up to date")
-        state["bundle"] = {"path": PREFIX, "copied": True}
+        built = None
+        if src is None:
+            built, src = _build_bundle(say)
+        try:
+            _install_bundle(root, src, state, opts.dry_run, say)
+        finally:
+            if built:
+                shutil.rmtree(built, ignore_errors=True)
 
     path = host(root, NODE_CONFIG)
     if os.path.lexists(path):
@@ -136,6 +161,20 @@ def install(opts: Options, say: Say) -> None:
         files.save_state(root, state)  # before the restart: a failed one is retried next time
     if _restart(opts, runtime, root, config_file, state, say):
         files.save_state(root, state)
+
+
+def _install_bundle(root: str, src: str, state: dict, dry_run: bool, say: Say) -> None:
+    files.manifest(src)
+    dst = host(root, PREFIX)
+    would = "would be " if dry_run else ""
+    if files.same_dir(src, dst):
+        say(f"bundle: {PREFIX} is the bundle this gpuhook runs from: left as it is")
+        state.setdefault("bundle", {"path": PREFIX, "copied": False})
+    else:
+        total, written, removed = files.sync_bundle(src, dst, dry_run)
+        say(f"bundle: {PREFIX}: {total} files, {written} {would}written, {removed} {would}removed"
+            if written or removed else f"bundle: {PREFIX}: {total} files, all up to date")
+        state["bundle"] = {"path": PREFIX, "copied": True}
 
 
 def _read_containerd(root: str) -> tuple[bytes | None, object, int]:
