@@ -212,5 +212,6 @@ def _systemctl(runtime: str, host_root: str, timeout: float) -> str:
     if done.returncode != 0:
         why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
         raise InstallError(f"--restart systemd: `{' '.join(cmd)}` failed: {why}")
-    done_word = "reloaded" if SYSTEMCTL[runtime] == "reload-or-restart" else "restarted"
-    return f"restart: {UNITS[runtime]} {done_word} (systemctl {SYSTEMCTL[runtime]}{' via nsenter' if cmd[0] == 'nsenter' else ''})"
+    how = "" if SYSTEMCTL[runtime] == "restart" else f" {SYSTEMCTL[runtime]}"
+    return (f"restart: {UNITS[runtime]} {'restarted' if not how else 'reloaded'} "
+            f"(systemctl{how}{' via nsenter' if cmd[0] == 'nsenter' else ''})")
