@@ -456,6 +456,17 @@ def _uninstall_containerd(root: str, mine: dict | None, dry_run: bool, say: Say)
 
 
 def _uninstall_docker(root: str, mine: dict | None, dry_run: bool, say: Say) -> bool:
+    changed = _uninstall_docker_file(root, mine, dry_run, say)
+    after = files.read(host(root, docker.DEFAULT_CONFIG), docker.DEFAULT_CONFIG) if not dry_run else None
+    if changed and not dry_run and docker.RUNTIMES not in docker.parse(after, docker.DEFAULT_CONFIG):
+        # dockerd reloads `runtimes` only when the file sets the key (checked, dockerd 20.10)
+        say(f"docker: {docker.DEFAULT_CONFIG} now has no \"runtimes\", and a reload keeps the runtimes a running "
+            "dockerd has: it lists gpu-optional until its next restart (containers asking for it fail to "
+            "start once /opt/gpuhook is removed)")
+    return changed
+
+
+def _uninstall_docker_file(root: str, mine: dict | None, dry_run: bool, say: Say) -> bool:
     name = docker.DEFAULT_CONFIG
     path = host(root, name)
     raw = files.read(path, name)
