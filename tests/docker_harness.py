@@ -31,6 +31,7 @@ import uuid
 from containerd_harness import _cgroup_hierarchies, busybox_layer
 
 DOCKERD = "dockerd"
+COMPOSE = "docker-compose"  # Debian's docker-compose: 1.29 (Python) on Debian 12, 2.x on 13
 
 
 def docker_cli() -> str | None:
@@ -39,7 +40,7 @@ def docker_cli() -> str | None:
 
 
 def missing_tools() -> list[str]:
-    return [t for t in (DOCKERD, "containerd", "containerd-shim-runc-v2", "runc", "unshare")
+    return [t for t in (DOCKERD, "containerd", "containerd-shim-runc-v2", "runc", "unshare", COMPOSE)
             if shutil.which(t) is None] + ([] if docker_cli() else ["docker"])
 
 
@@ -126,16 +127,24 @@ class Dockerd:
 
     def docker(self, *args: str, check: bool = True, timeout: float = 120,
                input: bytes | None = None) -> subprocess.CompletedProcess:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
-        env["DOCKER_HOST"] = f"unix://{self.socket}"
-        env["DOCKER_CONFIG"] = os.path.join(self.base, "client")
-        r = subprocess.run([docker_cli(), *args], env=env, capture_output=True, timeout=timeout,
+        r = subprocess.run([docker_cli(), *args], env=self._client_env(), capture_output=True, timeout=timeout,
                            input=input, stdin=None if input is not None else subprocess.DEVNULL)
         r.stdout = r.stdout.decode("utf-8", "replace")
         r.stderr = r.stderr.decode("utf-8", "replace")
         if check and r.returncode != 0:
             raise DockerError(f"docker {' '.join(args)} failed ({r.returncode}):\n{r.stderr}{r.stdout}")
         return r
+
+    def _client_env(self) -> dict:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "COMPOSE_"))}
+        env["DOCKER_HOST"] = f"unix://{self.socket}"
+        env["DOCKER_CONFIG"] = os.path.join(self.base, "client")
+        return env
+
+    def compose(self, project_dir: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        """docker-compose in `project_dir` (its compose.yaml), against this dockerd."""
+        return subprocess.run([shutil.which(COMPOSE), *args], env=self._client_env(), cwd=project_dir,
+                              capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
     def info(self) -> dict:
         return json.loads(self.docker("info", "--format", "{{json .}}").stdout)

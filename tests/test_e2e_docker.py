@@ -10,7 +10,8 @@ the host bundle that install copies to NODE/opt/gpuhook is at /opt/gpuhook for d
      pid, its default runtime and the running container;
   2. `docker run --runtime gpu-optional` on a fake 8-GPU NVIDIA host: the nodes with their
      numbers, the cgroup allows them (ENXIO, not EPERM), libcuda in the container's ld
-     cache, GPUHOOK_ACCELERATOR=nvidia; on a CPU-only host the container runs untouched;
+     cache, GPUHOOK_ACCELERATOR=nvidia; the same through a Compose file with
+     `runtime: gpu-optional`; on a CPU-only host the container runs untouched;
   3. `gpuhook uninstall --restart signal`: daemon.json byte for byte, the runtime gone from
      the live dockerd, the running container still running.
 """
@@ -36,6 +37,15 @@ SHOW = ("for n in /dev/nvidia*; do [ -e $n ] && stat -c 'node %n %t:%T %F' $n; d
         "echo accel=${GPUHOOK_ACCELERATOR:-none}; echo devices=${GPUHOOK_DEVICES:-none}; "
         "[ -e /dev/nvidia0 ] && { cat /dev/nvidia0 >/dev/null 2>/tmp/err; echo open: $(cat /tmp/err); }; "
         "echo ldcache=$(grep -c libcuda.so.1 /etc/ld.so.cache 2>/dev/null || echo 0); true")
+
+COMPOSE = """\
+services:
+  worker:
+    image: {image}
+    runtime: gpu-optional
+    network_mode: none
+    command: ["sh", "-c", {show}]
+"""
 
 pytestmark = requires(bool(is_root() and not docker_harness.missing_tools() and bundle.find_busybox()),
                       "needs root, Debian's docker.io (dockerd, docker), containerd, runc and busybox-static "
@@ -139,6 +149,18 @@ def test_docker_run_gets_the_gpus_through_the_installed_runtime(tmp_path, make_h
     assert "ldcache=0" not in r.stdout and "ldcache=" in r.stdout
     rec = rt.log_records()[-1]
     assert rec["decision"] == "injected" and rec["vendors"] == ["nvidia"], rec
+
+    # the README's Compose file: `runtime: gpu-optional`
+    project = tmp_path / "compose"
+    project.mkdir()
+    (project / "compose.yaml").write_text(COMPOSE.format(image=IMAGE, show=json.dumps(SHOW.replace("$", "$$"))))  # $$: no interpolation
+    name = f"gh{os.getpid()}"
+    r = d.compose(str(project), "-p", name, "run", "--rm", "-T", "worker")
+    assert r.returncode == 0, r.stderr
+    assert nodes_of(r.stdout)["/dev/nvidia7"] == (195, 7) and "accel=nvidia" in r.stdout, r.stdout + r.stderr
+    assert d.compose(str(project), "-p", name, "down").returncode == 0
+    rec = rt.log_records()[-1]
+    assert rec["decision"] == "injected" and rec["container_id"] != keep
 
     # the default runtime is not gpuhook's
     r = d.docker("run", "--rm", "--network", "none", IMAGE, "sh", "-c", SHOW)
