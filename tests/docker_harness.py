@@ -181,10 +181,13 @@ class Dockerd:
         """Stop everything this dockerd started; what had to be forced. Never raises."""
         forced: list[str] = []
         if self.proc is not None and self.proc.poll() is None:
-            r = self.docker("ps", "-aq", check=False, timeout=30)
-            ids = r.stdout.split() if r.returncode == 0 else []
-            if ids:
-                self.docker("rm", "-f", *ids, check=False, timeout=120)
+            try:
+                r = self.docker("ps", "-aq", check=False, timeout=30)
+                ids = r.stdout.split() if r.returncode == 0 else []
+                if ids:
+                    self.docker("rm", "-f", *ids, check=False, timeout=120)
+            except (OSError, subprocess.SubprocessError) as e:  # keep cleaning: dockerd stops them
+                forced.append(f"docker rm: {e}")
         forced += self._terminate()
         forced += self._kill_namespace()
         forced += self._remove_cgroups()
