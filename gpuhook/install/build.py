@@ -37,9 +37,12 @@ import sys
 import sysconfig
 import tomllib
 from importlib import metadata
+from typing import Callable
 
 import gpuhook
 from gpuhook import hook
+
+from . import InstallError
 
 PY = f"python{sys.version_info.major}.{sys.version_info.minor}"
 # stdlib parts a node never needs (and the static libpython, 25 MB on Debian)
@@ -82,9 +85,9 @@ def _libs(paths: list[str]) -> tuple[dict[str, str], str]:
                 loader = os.path.basename(path)
                 libs[loader] = path
             elif "not found" in line:
-                raise SystemExit(f"build-bundle: {p} needs {line.split()[0]}, which is not on this machine")
+                raise InstallError(f"bundle build: {p} needs {line.split()[0]}, which is not on this machine")
     if loader is None:
-        raise SystemExit("build-bundle: the interpreter is not dynamically linked; this builder needs ldd's view of it")
+        raise InstallError("bundle build: the interpreter is not dynamically linked; this builder needs ldd's view of it")
     return libs, loader
 
 
@@ -94,7 +97,14 @@ def _requirements(root: str) -> list[str]:
     if os.path.exists(pyproject):
         with open(pyproject, "rb") as f:
             return list(tomllib.load(f)["project"].get("dependencies", []))
-    return [r for r in metadata.requires("gpuhook") or [] if "extra ==" not in r]
+    try:
+        reqs = metadata.requires("gpuhook")
+    except metadata.PackageNotFoundError:
+        reqs = None
+    if reqs is None:
+        raise InstallError(f"bundle build: gpuhook's dependencies are unknown: no pyproject.toml next to {root}/gpuhook "
+                           f"and no installed gpuhook metadata for {sys.executable} (pip install it)")
+    return [r for r in reqs if "extra ==" not in r]
 
 
 def _wanted(req: str) -> str | None:
@@ -123,7 +133,7 @@ def _distributions(reqs: list[str]) -> list[metadata.Distribution]:
         try:
             dist = metadata.distribution(name)
         except metadata.PackageNotFoundError:
-            raise SystemExit(f"build-bundle: {name} (a gpuhook dependency) is not installed for {sys.executable}") from None
+            raise InstallError(f"bundle build: {name} (a gpuhook dependency) is not installed for {sys.executable}") from None
         seen[key] = dist
         todo.extend(n for n in map(_wanted, dist.requires or []) if n)
     return list(seen.values())
@@ -141,7 +151,12 @@ def _copy_tree(src: str, dst: str, skip) -> None:
             shutil.copy2(s, os.path.join(dst, rel, name))
 
 
-def build(out: str) -> dict:
+def build(out: str, progress: Callable[[str], None] | None = None) -> dict:
+    """Build the bundle in `out` (replaced when it exists); its manifest record. `progress`
+    gets one line as each step starts."""
+    say = progress or (lambda line: None)
+    if shutil.which("ldd") is None:
+        raise InstallError("bundle build: ldd not found (apt-get install libc-bin)")
     if os.path.exists(out):
         shutil.rmtree(out)
     pkg = os.path.dirname(os.path.abspath(gpuhook.__file__))
@@ -153,22 +168,29 @@ def build(out: str) -> dict:
     pylib = os.path.join(lib, PY)
     site = os.path.join(pylib, "site-packages")
 
-    # the stdlib, then gpuhook (from this source tree) and its dependencies (from this Python)
+    # the stdlib, then gpuhook (this package directory, whatever it holds) and its
+    # dependencies (from this Python)
+    say(f"copying the standard library of Python {platform.python_version()} ({stdlib})")
     _copy_tree(stdlib, pylib, lambda n: n in SKIP_STDLIB or n.startswith(SKIP_STDLIB_PREFIX)
                or n == "lib-dynload" or n.endswith((".pyc", ".pyo")))
     os.makedirs(os.path.join(pylib, "lib-dynload"), exist_ok=True)
     for name in sorted(os.listdir(dynload)):
         if name.endswith(".so") and not SKIP_DYNLOAD.match(name):
             shutil.copy2(os.path.join(dynload, name), os.path.join(pylib, "lib-dynload", name))
+    dists = _distributions(_requirements(repo))
+    say(f"copying gpuhook {gpuhook.__version__} ({pkg}) and its dependencies: "
+        + ", ".join(sorted(f"{d.metadata['Name']} {d.version}" for d in dists)))
     _copy_tree(pkg, os.path.join(site, "gpuhook"), lambda n: n == "__pycache__" or n.endswith(".pyc"))
     # the hooks' helper (gpuhook/hook/): built here when this gpuhook was not, and a copy at
     # libexec/ for the CDI specs, which name it by the bundle's path on the node
     helper = os.path.join(site, "gpuhook", "hook", hook.NAME)
     if not os.access(helper, os.X_OK):
-        subprocess.run(["sh", os.path.join(pkg, "hook", "build.sh"), helper], check=True)
+        say("building gpuhook-hook (gpuhook/hook/build.sh)")
+        r = subprocess.run(["sh", os.path.join(pkg, "hook", "build.sh"), helper], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise InstallError("bundle build: " + (r.stderr.strip().splitlines() or ["gpuhook-hook did not build"])[-1])
     os.makedirs(os.path.join(out, os.path.dirname(hook.BUNDLE_PATH)), exist_ok=True)
     shutil.copy2(helper, os.path.join(out, hook.BUNDLE_PATH))
-    dists = _distributions(_requirements(repo))
     for dist in dists:
         for f in dist.files or []:
             if f.parts[0] == ".." or "__pycache__" in f.parts or f.name.endswith(".pyc") \
@@ -183,6 +205,7 @@ def build(out: str) -> dict:
     os.makedirs(os.path.join(out, "libexec"), exist_ok=True)
     shutil.copy2(exe, os.path.join(out, "libexec", "python3"))
     objects = [exe] + [os.path.join(d, n) for d, _, names in os.walk(lib) for n in names if ".so" in n]
+    say(f"copying the interpreter ({exe}) and the shared libraries of {len(objects)} objects, glibc's loader included")
     libs, loader = _libs(objects)
     for soname, path in sorted(libs.items()):
         shutil.copy2(path, os.path.join(lib, soname))  # follows links: the real file, named as asked
@@ -196,6 +219,7 @@ def build(out: str) -> dict:
     os.chmod(os.path.join(out, "bin", "gpuhook-runtime"), 0o755)
 
     # compiled ahead, with the paths they will have on the node (for tracebacks)
+    say(f"compiling {sum(n.endswith('.py') for _, _, names in os.walk(pylib) for n in names)} modules ahead")
     ok = compileall.compile_dir(pylib, quiet=2, workers=0, stripdir=out, prependdir="/opt/gpuhook",
                                 invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
     if not ok:
@@ -218,15 +242,25 @@ def build(out: str) -> dict:
     return record
 
 
+def describe(record: dict, out: str) -> str:
+    """What a built bundle is, in one line: versions, file count, size."""
+    size = sum(os.lstat(os.path.join(out, f)).st_size for f in record["files"])
+    return (f"gpuhook {record['gpuhook']}, Python {record['python']} ({record['machine']}, {record['libc']}), "
+            f"{len(record['files'])} files, {size / 1e6:.1f} MB")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print("usage: python -m gpuhook.install.build OUT_DIR", file=sys.stderr)
         return 2
-    record = build(os.path.abspath(args[0]))
-    size = sum(os.path.getsize(os.path.join(args[0], f)) for f in record["files"])
-    print(f"bundle: {args[0]}: gpuhook {record['gpuhook']}, Python {record['python']} ({record['machine']}, "
-          f"{record['libc']}), {len(record['files'])} files, {size / 1e6:.1f} MB")
+    out = os.path.abspath(args[0])
+    try:
+        record = build(out)
+    except InstallError as e:
+        print(f"build-bundle: {e}", file=sys.stderr)
+        return 1
+    print(f"bundle: {args[0]}: {describe(record, out)}")
     return 0
 
 

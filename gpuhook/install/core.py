@@ -1,16 +1,18 @@
 """`gpuhook install` and `gpuhook uninstall`: the steps, and what each leaves on the host.
 
 install (every step is skipped when its result is already there: a second run writes nothing)
-  1. the host bundle -> /opt/gpuhook (not when gpuhook runs from that very bundle: the .deb)
+  1. the host bundle -> /opt/gpuhook (not when gpuhook runs from that very bundle: the .deb);
+     with no --bundle-dir from a pip install, one is built first (build.py) in a temporary
+     directory, from the interpreter and the gpuhook package running this
   2. /etc/gpuhook/config.toml, only when absent: the operator's file is never overwritten
-  3. the runtime: containerd's config.toml edited in place, after a byte copy of the original
-     in /etc/gpuhook/backup/; or CRI-O's drop-in
+  3. the runtime: containerd's config.toml edited in place, or dockerd's daemon.json, after a
+     byte copy of the original in /etc/gpuhook/backup/; or CRI-O's drop-in
   4. /etc/gpuhook/backup/install-state.json: what was done, with the hash of each file as
      written; then the restart, only when the runtime's config changed (or an earlier change
      still waits for one)
 
-uninstall undoes it: config.toml gets the original bytes back when nobody changed it since
-install wrote it; otherwise only our handler is removed (with tomlkit) and the backup stays.
+uninstall undoes it: config.toml (daemon.json) gets the original bytes back when nobody changed
+it since install wrote it; otherwise only our handler is removed and the backup stays.
 """
 
 from __future__ import annotations
@@ -18,17 +20,24 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import shutil
+import sys
+import tempfile
+import time
 from typing import Callable
 
-from . import InstallError, containerd, crio, files, restart
+from . import InstallError, containerd, crio, docker, files, restart
 from .files import host, sha256
 
 PREFIX = "/opt/gpuhook"
 BINARY = PREFIX + "/bin/gpuhook-runtime"
 NODE_CONFIG = "/etc/gpuhook/config.toml"
 BACKUP = files.STATE_DIR + "/containerd-config.toml"
+DOCKER_BACKUP = files.STATE_DIR + "/docker-daemon.json"
 CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
 CRIO_MARKS = ("/etc/crio", "/run/crio/crio.sock", "/var/run/crio/crio.sock")
+DOCKER_MARKS = (docker.DEFAULT_CONFIG,) + docker.SOCKETS
+KUBELET_MARK = "/var/lib/kubelet"  # a Kubernetes node: its CRI runtime, not dockerd, serves pods
 
 NODE_CONFIG_TEXT = """\
 # gpuhook node config, read by gpuhook-runtime at every container create.
@@ -49,7 +58,7 @@ NODE_CONFIG_TEXT = """\
 @dataclasses.dataclass
 class Options:
     host_root: str = "/"
-    runtime: str = "auto"          # containerd | crio | auto
+    runtime: str = "auto"          # containerd | crio | docker | auto
     restart: str = "none"          # signal | systemd | none
     bundle_dir: str | None = None
     dry_run: bool = False
@@ -67,23 +76,57 @@ def _root(path: str) -> str:
 
 
 def detect(root: str) -> str:
-    """--runtime auto: containerd when its config or socket is there, else CRI-O."""
+    """--runtime auto: dockerd when its config or socket is there and the node runs no
+    kubelet; else containerd when its config or socket is there, else CRI-O, else dockerd.
+    (A Docker host has containerd too: dockerd runs its containers through it.)"""
+    from ..probe.host import Host
+
+    h = Host(root)
+    has_docker = any(os.path.lexists(h.resolve(p)) for p in DOCKER_MARKS)
+    if has_docker and not os.path.isdir(h.resolve(KUBELET_MARK)):
+        return "docker"
     if os.path.exists(host(root, containerd.DEFAULT_CONFIG)) or os.path.exists(host(root, CONTAINERD_SOCKET)):
         return "containerd"
     if any(os.path.exists(host(root, p)) for p in CRIO_MARKS):
         return "crio"
-    raise InstallError(f"--runtime auto: no containerd ({containerd.DEFAULT_CONFIG}, {CONTAINERD_SOCKET}) "
-                       f"nor CRI-O ({', '.join(CRIO_MARKS)}) under {root}; pass --runtime")
+    if has_docker:
+        return "docker"
+    raise InstallError(f"--runtime auto: no containerd ({containerd.DEFAULT_CONFIG}, {CONTAINERD_SOCKET}), "
+                       f"CRI-O ({', '.join(CRIO_MARKS)}) nor dockerd ({', '.join(DOCKER_MARKS)}) under {root}; "
+                       "pass --runtime")
 
 
-def _bundle_source(opts: Options) -> str:
+def _config_file(root: str, runtime: str) -> str | None:
+    """The runtime's config file we edit, as a path from here (what --restart signal matches)."""
+    return {"containerd": host(root, containerd.DEFAULT_CONFIG),
+            "docker": host(root, docker.DEFAULT_CONFIG)}.get(runtime)
+
+
+def _bundle_source(opts: Options) -> str | None:
+    """The bundle to copy; None when there is none and install builds one (a pip install)."""
     src = opts.bundle_dir or os.environ.get("GPUHOOK_BUNDLE_DIR") or files.running_bundle()
-    if not src:
-        raise InstallError("no host bundle to install: pass --bundle-dir DIR (build one with "
-                           "packaging/build-bundle.sh), or run the gpuhook of a bundle or of the gpuhook image")
-    if not os.path.isdir(src):
+    if src and not os.path.isdir(src):
         raise InstallError(f"--bundle-dir {src}: not a directory")
     return src
+
+
+def _build_bundle(say: Say) -> tuple[str, str]:
+    """Build the host bundle from the interpreter and the gpuhook running this, as
+    packaging/build-bundle.sh does, in a temporary directory: (that directory, the bundle)."""
+    from . import build
+
+    tmp = tempfile.mkdtemp(prefix="gpuhook-bundle-")
+    out = os.path.join(tmp, "gpuhook")
+    say(f"bundle: no --bundle-dir: building one from this Python ({sys.executable}) and this gpuhook, "
+        "as packaging/build-bundle.sh does")
+    try:
+        started = time.monotonic()
+        record = build.build(out, lambda line: say(f"bundle: {line}"))
+        say(f"bundle: built in {time.monotonic() - started:.1f}s: {build.describe(record, out)}")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return tmp, out
 
 
 # -- install -----------------------------------------------------------------------------
@@ -99,18 +142,21 @@ def install(opts: Options, say: Say) -> None:
     would = "would be " if opts.dry_run else ""
     say(f"gpuhook install: host root {root}, runtime {runtime}{' (dry run: nothing is written)' if opts.dry_run else ''}")
 
-    read = _read_containerd(root) if runtime == "containerd" else None  # refuse before writing anything
+    # refuse a config we cannot edit before anything is written
+    read = _read_containerd(root) if runtime == "containerd" else _read_docker(root) if runtime == "docker" else None
     src = _bundle_source(opts)
-    files.manifest(src)
-    dst = host(root, PREFIX)
-    if files.same_dir(src, dst):
-        say(f"bundle: {PREFIX} is the bundle this gpuhook runs from: left as it is")
-        state.setdefault("bundle", {"path": PREFIX, "copied": False})
+    if src is None and opts.dry_run:
+        say(f"bundle: no --bundle-dir: one would be built from this Python ({sys.executable}) and this gpuhook, "
+            f"and copied to {PREFIX}")
     else:
-        total, written, removed = files.sync_bundle(src, dst, opts.dry_run)
-        say(f"bundle: {PREFIX}: {total} files, {written} {would}written, {removed} {would}removed"
-            if written or removed else f"bundle: {PREFIX}: {total} files, all up to date")
-        state["bundle"] = {"path": PREFIX, "copied": True}
+        built = None
+        if src is None:
+            built, src = _build_bundle(say)
+        try:
+            _install_bundle(root, src, state, opts.dry_run, say)
+        finally:
+            if built:
+                shutil.rmtree(built, ignore_errors=True)
 
     path = host(root, NODE_CONFIG)
     if os.path.lexists(path):
@@ -123,10 +169,11 @@ def install(opts: Options, say: Say) -> None:
 
     if runtime == "containerd":
         changed = _install_containerd(root, state, opts.dry_run, say, read)
-        config_file = host(root, containerd.DEFAULT_CONFIG)
+    elif runtime == "docker":
+        changed = _install_docker(root, state, opts.dry_run, say, read)
     else:
         changed = _install_crio(root, state, opts.dry_run, say)
-        config_file = None
+    config_file = _config_file(root, runtime)
     state["runtime"] = runtime
     state["restart_pending"] = bool(changed or state.get("restart_pending"))
     if opts.dry_run:
@@ -136,6 +183,20 @@ def install(opts: Options, say: Say) -> None:
         files.save_state(root, state)  # before the restart: a failed one is retried next time
     if _restart(opts, runtime, root, config_file, state, say):
         files.save_state(root, state)
+
+
+def _install_bundle(root: str, src: str, state: dict, dry_run: bool, say: Say) -> None:
+    files.manifest(src)
+    dst = host(root, PREFIX)
+    would = "would be " if dry_run else ""
+    if files.same_dir(src, dst):
+        say(f"bundle: {PREFIX} is the bundle this gpuhook runs from: left as it is")
+        state.setdefault("bundle", {"path": PREFIX, "copied": False})
+    else:
+        total, written, removed = files.sync_bundle(src, dst, dry_run)
+        say(f"bundle: {PREFIX}: {total} files, {written} {would}written, {removed} {would}removed"
+            if written or removed else f"bundle: {PREFIX}: {total} files, all up to date")
+        state["bundle"] = {"path": PREFIX, "copied": True}
 
 
 def _read_containerd(root: str) -> tuple[bytes | None, object, int]:
@@ -162,26 +223,63 @@ def _install_containerd(root: str, state: dict, dry_run: bool, say: Say, read) -
         say(f"containerd: {name}: handler gpu-optional already in place (config version {version})")
         return False
     new = containerd.dumps(doc).encode()
-    mine = state.get("containerd")
     if dry_run:
         say(f"containerd: {name}: handler gpu-optional would be added (config version {version})")
         return True
+    mine = _write_config(root, state, "containerd", name, BACKUP, raw, new)
+    say(f"containerd: {name}: handler gpu-optional {'added' if existed else 'written to a new file'} "
+        f"(config version {version}, BinaryName {BINARY})"
+        + (f"; original kept in {BACKUP}" if existed and mine.get("backup") else ""))
+    return True
+
+
+def _write_config(root: str, state: dict, key: str, name: str, backup: str, raw: bytes | None, new: bytes,
+                  first: dict | None = None) -> dict:
+    """Write a runtime's config file `name` (`raw` now, None when absent) as `new`: on the
+    first change a byte copy of the original goes to `backup` for uninstall, and state[key]
+    records both hashes. The state is saved first: a crash right after the write still
+    knows the backup. `first`: more to record on the first change."""
+    existed = raw is not None
+    mine = state.get(key)
     if mine is None:
-        # First change: keep the original bytes for uninstall.
         if existed:
-            files.write(host(root, BACKUP), raw, 0o600, BACKUP)
-        mine = state["containerd"] = {"config": name, "existed": existed, "backup": BACKUP if existed else None,
-                                      "original": sha256(raw), "restorable": True}
+            files.write(host(root, backup), raw, 0o600, backup)
+        mine = state[key] = {"config": name, "existed": existed, "backup": backup if existed else None,
+                             "original": sha256(raw), "restorable": True, **(first or {})}
     elif sha256(raw) not in (mine.get("written"), mine.get("original")):
         # Someone changed the file since we wrote it: the backup no longer equals "the file
         # without gpuhook", so uninstall will only remove our handler.
         mine["restorable"] = False
     mine["written"] = sha256(new)
-    files.save_state(root, state)  # first: a crash right after the write still knows the backup
-    files.write(path, new, None if existed else 0o644, name)
-    say(f"containerd: {name}: handler gpu-optional {'added' if existed else 'written to a new file'} "
-        f"(config version {version}, BinaryName {BINARY})"
-        + (f"; original kept in {BACKUP}" if existed and mine.get("backup") else ""))
+    files.save_state(root, state)
+    files.write(host(root, name), new, None if existed else 0o644, name)
+    return mine
+
+
+def _read_docker(root: str) -> tuple[bytes | None, dict]:
+    """(original bytes or None, document), checked before anything is written."""
+    name = docker.DEFAULT_CONFIG
+    raw = files.read(host(root, name), name)
+    doc = docker.parse(raw, name)
+    docker.check(doc, BINARY, name)
+    return raw, doc
+
+
+def _install_docker(root: str, state: dict, dry_run: bool, say: Say, read) -> bool:
+    name = docker.DEFAULT_CONFIG
+    raw, doc = read
+    had_runtimes = docker.RUNTIMES in doc
+    if not docker.add_handler(doc, BINARY):
+        say(f"docker: {name}: runtime gpu-optional already in place")
+        return False
+    if dry_run:
+        say(f"docker: {name}: runtime gpu-optional would be added (path {BINARY})")
+        return True
+    mine = _write_config(root, state, "docker", name, DOCKER_BACKUP, raw, docker.dumps(doc, raw),
+                         first={"added_runtimes": not had_runtimes})
+    say(f"docker: {name}: runtime gpu-optional {'added' if raw is not None else 'written to a new file'} "
+        f"(path {BINARY}; default-runtime unchanged)"
+        + (f"; original kept in {DOCKER_BACKUP}" if raw is not None and mine.get("backup") else ""))
     return True
 
 
@@ -221,8 +319,7 @@ def _restart(opts: Options, runtime: str, root: str, config_file: str | None, st
     if opts.restart == "none" and restart.host_pid_namespace(root) and not restart.find(runtime, root, config_file):
         say(f"restart: {runtime} is not running: it loads the handler when it starts")
     elif opts.restart == "none":
-        say(f"restart: not done (--restart none): restart {runtime} to load its new config "
-            f"(systemctl restart {restart.UNITS[runtime]})")
+        say(f"restart: not done (--restart none): {restart.HOW[runtime]} to load its new config")
         return False
     else:
         say(restart.restart(opts.restart, runtime, root, config_file, opts.restart_timeout))
@@ -246,10 +343,11 @@ def uninstall(opts: Options, say: Say) -> None:
 
     if runtime == "containerd":
         changed = _uninstall_containerd(root, state.get("containerd"), opts.dry_run, say)
-        config_file = host(root, containerd.DEFAULT_CONFIG)
+    elif runtime == "docker":
+        changed = _uninstall_docker(root, state.get("docker"), opts.dry_run, say)
     else:
         changed = _uninstall_crio(root, state.get("crio"), opts.dry_run, say)
-        config_file = None
+    config_file = _config_file(root, runtime)
 
     mine = state.get("node_config")
     path = host(root, NODE_CONFIG)
@@ -281,6 +379,7 @@ def uninstall(opts: Options, say: Say) -> None:
         say(_dry_restart(opts, runtime, bool(changed or state.get("restart_pending"))))
         return
     state.pop("containerd", None)
+    state.pop("docker", None)
     state.pop("crio", None)
     state.pop("node_config", None)
     state["restart_pending"] = bool(changed or state.get("restart_pending"))
@@ -306,25 +405,43 @@ def uninstall(opts: Options, say: Say) -> None:
             pass
 
 
+def _restore(root: str, mine: dict | None, label: str, name: str, backup: str, raw: bytes | None,
+             dry_run: bool, say: Say) -> bool:
+    """Undo install's write of `name` when nobody changed the file since: the original bytes
+    back from `backup`, or the file removed when install had created it. False when that
+    cannot be done (then only the handler is removed)."""
+    would = "would be " if dry_run else ""
+    if not (mine and mine.get("restorable") and raw is not None and sha256(raw) == mine.get("written")):
+        return False
+    path = host(root, name)
+    if not mine.get("existed"):
+        if not dry_run:
+            files.remove(path, name)
+        say(f"{label}: {name}: {would}removed (install had created it)")
+        return True
+    saved = files.read(host(root, backup), backup)
+    if saved is not None and sha256(saved) == mine.get("original"):
+        if not dry_run:
+            files.write(path, saved, None, name)
+            files.remove(host(root, backup), backup)
+        say(f"{label}: {name}: original {would}restored byte for byte from {backup}")
+        return True
+    say(f"{label}: {backup} is missing or changed: removing only the handler")
+    return False
+
+
+def _only_handler_removed(root: str, mine: dict | None, label: str, backup: str, dry_run: bool) -> str:
+    why = "changed since install" if mine else "no install record"
+    keep = f"; the pre-install copy stays in {backup}" if mine and mine.get("backup") and os.path.exists(host(root, backup)) else ""
+    return f"{why}, so only the gpu-optional handler was {'' if not dry_run else 'to be '}removed{keep}"
+
+
 def _uninstall_containerd(root: str, mine: dict | None, dry_run: bool, say: Say) -> bool:
     name = containerd.DEFAULT_CONFIG
     path = host(root, name)
     raw = files.read(path, name)
-    would = "would be " if dry_run else ""
-    if mine and mine.get("restorable") and raw is not None and sha256(raw) == mine.get("written"):
-        if not mine.get("existed"):
-            if not dry_run:
-                files.remove(path, name)
-            say(f"containerd: {name}: {would}removed (install had created it)")
-            return True
-        backup = files.read(host(root, BACKUP), BACKUP)
-        if backup is not None and sha256(backup) == mine.get("original"):
-            if not dry_run:
-                files.write(path, backup, None, name)
-                files.remove(host(root, BACKUP), BACKUP)
-            say(f"containerd: {name}: original {would}restored byte for byte from {BACKUP}")
-            return True
-        say(f"containerd: {BACKUP} is missing or changed: removing only the handler")
+    if _restore(root, mine, "containerd", name, BACKUP, raw, dry_run, say):
+        return True
     if raw is None:
         say(f"containerd: {name} does not exist: nothing to remove")
         return False
@@ -334,9 +451,37 @@ def _uninstall_containerd(root: str, mine: dict | None, dry_run: bool, say: Say)
         return False
     if not dry_run:
         files.write(path, containerd.dumps(doc).encode(), None, name)
-    why = "changed since install" if mine else "no install record"
-    keep = f"; the pre-install copy stays in {BACKUP}" if mine and mine.get("backup") and os.path.exists(host(root, BACKUP)) else ""
-    say(f"containerd: {name}: {why}, so only the gpu-optional handler was {'' if not dry_run else 'to be '}removed{keep}")
+    say(f"containerd: {name}: {_only_handler_removed(root, mine, 'containerd', BACKUP, dry_run)}")
+    return True
+
+
+def _uninstall_docker(root: str, mine: dict | None, dry_run: bool, say: Say) -> bool:
+    changed = _uninstall_docker_file(root, mine, dry_run, say)
+    after = files.read(host(root, docker.DEFAULT_CONFIG), docker.DEFAULT_CONFIG) if not dry_run else None
+    if changed and not dry_run and docker.RUNTIMES not in docker.parse(after, docker.DEFAULT_CONFIG):
+        # dockerd reloads `runtimes` only when the file sets the key (checked, dockerd 20.10)
+        say(f"docker: {docker.DEFAULT_CONFIG} now has no \"runtimes\", and a reload keeps the runtimes a running "
+            "dockerd has: it lists gpu-optional until its next restart (containers asking for it fail to "
+            "start once /opt/gpuhook is removed)")
+    return changed
+
+
+def _uninstall_docker_file(root: str, mine: dict | None, dry_run: bool, say: Say) -> bool:
+    name = docker.DEFAULT_CONFIG
+    path = host(root, name)
+    raw = files.read(path, name)
+    if _restore(root, mine, "docker", name, DOCKER_BACKUP, raw, dry_run, say):
+        return True
+    if raw is None:
+        say(f"docker: {name} does not exist: nothing to remove")
+        return False
+    doc = docker.parse(raw, name)
+    if not docker.remove_handler(doc, BINARY, drop_empty=bool(mine and mine.get("added_runtimes"))):
+        say(f"docker: {name}: no gpu-optional runtime of gpuhook's ({BINARY}): left as it is")
+        return False
+    if not dry_run:
+        files.write(path, docker.dumps(doc, raw), None, name)
+    say(f"docker: {name}: {_only_handler_removed(root, mine, 'docker', DOCKER_BACKUP, dry_run)}")
     return True
 
 

@@ -11,8 +11,14 @@ spot (exit by signal, no clean shutdown). So:
            CRI-O: SIGHUP, a live reload: crio.conf(5) marks the runtimes table as reloadable
            (not tried here: no CRI-O package on Debian 12; an older CRI-O that does not
            reload runtimes needs --restart systemd).
+           dockerd: SIGHUP to the dockerd that reads the daemon.json we edited (matched by
+           its --config-file's inode): dockerd reloads `runtimes` live (checked with
+           dockerd 20.10; running containers keep running).
   systemd  `systemctl restart containerd` (or crio) on the host: through
            `nsenter -t 1 -m` when the host root is not / (a pod with hostPID: true).
+           dockerd: `systemctl reload-or-restart docker.service`: docker.service reloads
+           with SIGHUP (ExecReload), which loads the runtime and keeps the containers, where
+           a plain restart would stop every container not under live-restore.
   none     nothing; the runtime loads the handler the next time it starts.
 
 signal and systemd from a container need the host's PID namespace (hostPID: true).
@@ -27,8 +33,14 @@ import time
 
 from . import InstallError
 
-UNITS = {"containerd": "containerd.service", "crio": "crio.service"}
-COMMS = {"containerd": "containerd", "crio": "crio"}
+UNITS = {"containerd": "containerd.service", "crio": "crio.service", "docker": "docker.service"}
+COMMS = {"containerd": "containerd", "crio": "crio", "docker": "dockerd"}
+# what `systemctl` does with the unit under --restart systemd
+SYSTEMCTL = {"containerd": "restart", "crio": "restart", "docker": "reload-or-restart"}
+# what an operator does by hand after --restart none
+HOW = {"containerd": "restart containerd (systemctl restart containerd.service)",
+       "crio": "restart CRI-O (systemctl restart crio.service)",
+       "docker": "reload dockerd (systemctl reload docker.service, or SIGHUP to dockerd)"}
 # containerd's global flags that take a value (urfave/cli: "--flag value" or "--flag=value")
 _VALUE_FLAGS = {"--config", "-c", "--log-level", "-l", "--address", "-a", "--root", "--state"}
 
@@ -84,9 +96,24 @@ def _containerd_config(proc: str, pid: int, argv: list[str]) -> str | None:
     return os.path.join(base, config.lstrip("/"))
 
 
+def _dockerd_config(proc: str, pid: int, argv: list[str]) -> str:
+    """The daemon.json a dockerd reads (--config-file, default /etc/docker/daemon.json), as
+    a path from here."""
+    config = "/etc/docker/daemon.json"
+    for i, arg in enumerate(argv[1:], 1):
+        name, eq, value = arg.partition("=")
+        if name == "--config-file":
+            config = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+    base = os.path.join(proc, str(pid), "root") if config.startswith("/") else os.path.join(proc, str(pid), "cwd")
+    return os.path.join(base, config.lstrip("/"))
+
+
+CONFIG_OF = {"containerd": _containerd_config, "docker": _dockerd_config}
+
+
 def find(runtime: str, host_root: str, config_file: str | None = None) -> list[int]:
-    """Pids of the runtime's daemon; for containerd only those reading `config_file`
-    (a path from here): other containerds on the machine are left alone."""
+    """Pids of the runtime's daemon; for containerd and dockerd only those reading
+    `config_file` (a path from here): other daemons on the machine are left alone."""
     proc = _proc(host_root)
     want = None
     if config_file is not None:
@@ -106,9 +133,9 @@ def find(runtime: str, host_root: str, config_file: str | None = None) -> list[i
         comm = _read(os.path.join(proc, entry, "comm"))
         if comm is None or comm.strip().decode(errors="replace") != COMMS[runtime] or not _alive(proc, int(entry)):
             continue
-        if runtime == "containerd" and want is not None:
+        if runtime in CONFIG_OF and want is not None:
             argv = [a.decode(errors="replace") for a in (_read(os.path.join(proc, entry, "cmdline")) or b"").split(b"\0") if a]
-            path = _containerd_config(proc, int(entry), argv)
+            path = CONFIG_OF[runtime](proc, int(entry), argv)
             try:
                 st = os.stat(path) if path else None
             except OSError:
@@ -135,6 +162,11 @@ def restart(mode: str, runtime: str, host_root: str, config_file: str | None, ti
         for pid in pids:
             _kill(pid, signal.SIGHUP)
         return f"restart: sent SIGHUP to crio (pid {', '.join(map(str, pids))}): CRI-O reloads its runtimes"
+    if runtime == "docker":
+        for pid in pids:
+            _kill(pid, signal.SIGHUP)
+        return (f"restart: sent SIGHUP to dockerd (pid {', '.join(map(str, pids))}): dockerd reloads its runtimes, "
+                "running containers keep running (`docker info` lists the runtimes it has)")
     for pid in pids:
         _kill(pid, signal.SIGTERM)
     proc = _proc(host_root)
@@ -164,7 +196,7 @@ def _kill(pid: int, sig: int) -> None:
 
 
 def _systemctl(runtime: str, host_root: str, timeout: float) -> str:
-    cmd = ["systemctl", "restart", UNITS[runtime]]
+    cmd = ["systemctl", SYSTEMCTL[runtime], UNITS[runtime]]
     if os.path.realpath(host_root) != "/":
         if not host_pid_namespace(host_root):
             raise InstallError("--restart systemd: not in the host's PID namespace, so the host's systemd "
@@ -180,4 +212,6 @@ def _systemctl(runtime: str, host_root: str, timeout: float) -> str:
     if done.returncode != 0:
         why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
         raise InstallError(f"--restart systemd: `{' '.join(cmd)}` failed: {why}")
-    return f"restart: {UNITS[runtime]} restarted (systemctl{' via nsenter' if cmd[0] == 'nsenter' else ''})"
+    how = "" if SYSTEMCTL[runtime] == "restart" else f" {SYSTEMCTL[runtime]}"
+    return (f"restart: {UNITS[runtime]} {'restarted' if not how else 'reloaded'} "
+            f"(systemctl{how}{' via nsenter' if cmd[0] == 'nsenter' else ''})")

@@ -1,0 +1,220 @@
+"""Docker end to end: `gpuhook install --runtime docker` on a real dockerd (Debian's docker.io).
+
+The test's dockerd reads NODE/etc/docker/daemon.json (its own data-root, exec-root, pidfile,
+socket, no iptables, no bridge, vfs; see docker_harness.py), the file gpuhook install edits;
+the host bundle that install copies to NODE/opt/gpuhook is at /opt/gpuhook for dockerd alone
+(a mount namespace of its own), where daemon.json's runtime path points.
+
+  1. a container runs (plain runc), then `gpuhook install --restart signal`: dockerd gets
+     SIGHUP, reloads its runtimes (`docker info` lists gpu-optional with our path), keeps its
+     pid, its default runtime and the running container;
+  2. `docker run --runtime gpu-optional` on a fake 8-GPU NVIDIA host: the nodes with their
+     numbers, the cgroup allows them (ENXIO, not EPERM), libcuda in the container's ld
+     cache, GPUHOOK_ACCELERATOR=nvidia; the same through a Compose file with
+     `runtime: gpu-optional`; on a CPU-only host the container runs untouched;
+  3. `gpuhook uninstall --restart signal`: daemon.json byte for byte, the runtime gone from
+     the live dockerd, the running container still running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, is_root, nodes_of, requires
+from gpuhook import bundle
+
+import docker_harness
+
+BINARY = "/opt/gpuhook/bin/gpuhook-runtime"
+IMAGE = "localhost/gpuhook/busybox:docker-test"
+SHOW = ("for n in /dev/nvidia*; do [ -e $n ] && stat -c 'node %n %t:%T %F' $n; done; "
+        "echo accel=${GPUHOOK_ACCELERATOR:-none}; echo devices=${GPUHOOK_DEVICES:-none}; "
+        "[ -e /dev/nvidia0 ] && { cat /dev/nvidia0 >/dev/null 2>/tmp/err; echo open: $(cat /tmp/err); }; "
+        "echo ldcache=$(grep -c libcuda.so.1 /etc/ld.so.cache 2>/dev/null || echo 0); true")
+
+COMPOSE = """\
+services:
+  worker:
+    image: {image}
+    runtime: gpu-optional
+    network_mode: none
+    command: ["sh", "-c", {show}]
+"""
+
+pytestmark = requires(bool(is_root() and not docker_harness.missing_tools() and bundle.find_busybox()),
+                      "needs root, Debian's docker.io (dockerd, docker), containerd, runc and busybox-static "
+                      f"(make deps installs them); missing: {', '.join(docker_harness.missing_tools()) or 'none'}")
+
+
+def gpuhook(*args) -> str:
+    r = subprocess.run([sys.executable, "-m", "gpuhook", *map(str, args)], cwd=REPO, capture_output=True, text=True,
+                       timeout=300, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, f"exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
+    return r.stdout
+
+
+def runtimes(d: docker_harness.Dockerd) -> dict:
+    return d.info()["Runtimes"]
+
+
+def wait_for(check, what: str, timeout: float = 20):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def dockerd(tmp_path):
+    """dockerd(config_path, env, binds) -> a Dockerd whose daemon.json the test wrote
+    (Dockerd.settings()) before start(). Stopped and cleaned up at the end; the test fails
+    when anything of it is left."""
+    import tempfile
+
+    made = []
+
+    def make(config_path: str, env: dict, binds: dict) -> docker_harness.Dockerd:
+        # a short base: dockerd's managed containerd puts sockets under exec-root
+        d = docker_harness.Dockerd(tempfile.mkdtemp(prefix="gh-dockerd-", dir="/tmp"), config_path, env=env,
+                                   binds=binds)
+        made.append(d)
+        return d
+    yield make
+    left = {}
+    for d in made:
+        d.stop()
+        if d.leftovers():
+            left[d.base] = d.leftovers()
+        else:
+            import shutil
+
+            shutil.rmtree(d.base, ignore_errors=True)
+    assert not left, f"left behind: {left}"
+
+
+def test_docker_run_gets_the_gpus_through_the_installed_runtime(tmp_path, make_host, runtime, real_bundle, dockerd):
+    gpu_host = make_host("nvidia", mknod=True)
+    cpu_host = make_host("cpu")
+    rt = runtime(gpu_host)  # its node config reaches gpuhook-runtime through dockerd's environment
+    env = {"GPUHOOK_CONFIG": rt.config, "GPUHOOK_CACHE_DIR": str(tmp_path / "cache")}
+
+    node = tmp_path / "node"
+    (node / "etc" / "docker").mkdir(parents=True)
+    (node / "opt" / "gpuhook").mkdir(parents=True)  # bind-mounted at /opt/gpuhook for dockerd; install fills it
+    os.symlink("/proc", node / "proc")  # the "host's" /proc: this machine's (for --restart signal)
+    daemon_json = node / "etc" / "docker" / "daemon.json"
+    d = dockerd(str(daemon_json), env, {"/opt/gpuhook": str(node / "opt" / "gpuhook")})
+    original = (json.dumps(d.settings(), indent=4) + "\n").encode()
+    daemon_json.write_bytes(original)
+    d.start()
+    d.import_busybox(IMAGE)
+    assert "gpu-optional" not in runtimes(d)
+    keep = d.docker("run", "-d", "--network", "none", IMAGE, "sleep", "600").stdout.strip()
+    started = d.docker("inspect", "-f", "{{.State.StartedAt}}", keep).stdout.strip()
+
+    # 1. install, and dockerd reloads on SIGHUP
+    out = gpuhook("install", "--host-root", node, "--runtime", "docker", "--bundle-dir", real_bundle,
+                  "--restart", "signal")
+    assert f"restart: sent SIGHUP to dockerd (pid {d.pid})" in out, out
+    doc = json.loads(daemon_json.read_text())
+    assert list(doc) == list(d.settings()) + ["runtimes"]
+    assert doc["runtimes"] == {"gpu-optional": {"path": BINARY}}
+    live = wait_for(lambda: runtimes(d).get("gpu-optional"), "dockerd lists the gpu-optional runtime")
+    assert live["path"] == BINARY
+    info = d.info()
+    assert info["DefaultRuntime"] == "runc"
+    assert d.proc.poll() is None  # the same dockerd: a reload, not a restart
+    assert d.docker("inspect", "-f", "{{.State.Running}} {{.State.StartedAt}}", keep).stdout.split() == ["true", started]
+    assert d.docker("exec", keep, "echo", "alive").stdout.strip() == "alive"
+
+    # 2. a GPU host: the nodes, the cgroup rules, the libraries, the env
+    r = d.docker("run", "--rm", "--runtime", "gpu-optional", "--network", "none", IMAGE, "sh", "-c", SHOW)
+    nodes = nodes_of(r.stdout)
+    assert [nodes[f"/dev/nvidia{i}"] for i in range(8)] == [(195, i) for i in range(8)], r.stdout
+    assert nodes["/dev/nvidiactl"] == (195, 255)
+    assert nodes["/dev/nvidia-uvm"] == (510, 0)
+    assert "open: cat: can't open '/dev/nvidia0': No such device or address" in r.stdout  # not EPERM
+    assert "accel=nvidia" in r.stdout
+    assert r.stdout.count(",nvidia:GPU-") == 7
+    assert "ldcache=0" not in r.stdout and "ldcache=" in r.stdout
+    rec = rt.log_records()[-1]
+    assert rec["decision"] == "injected" and rec["vendors"] == ["nvidia"], rec
+
+    # the README's Compose file: `runtime: gpu-optional`
+    project = tmp_path / "compose"
+    project.mkdir()
+    (project / "compose.yaml").write_text(COMPOSE.format(image=IMAGE, show=json.dumps(SHOW.replace("$", "$$"))))  # $$: no interpolation
+    name = f"gh{os.getpid()}"
+    r = d.compose(str(project), "-p", name, "run", "--rm", "-T", "worker")
+    assert r.returncode == 0, r.stderr
+    assert nodes_of(r.stdout)["/dev/nvidia7"] == (195, 7) and "accel=nvidia" in r.stdout, r.stdout + r.stderr
+    assert d.compose(str(project), "-p", name, "down").returncode == 0
+    rec = rt.log_records()[-1]
+    assert rec["decision"] == "injected" and rec["container_id"] != keep
+
+    # the default runtime is not gpuhook's
+    r = d.docker("run", "--rm", "--network", "none", IMAGE, "sh", "-c", SHOW)
+    assert "accel=none" in r.stdout and not nodes_of(r.stdout)
+    assert rt.log_records()[-1] == rec
+
+    # a CPU-only host: the container runs untouched
+    with open(rt.config, "w") as f:
+        f.write(f'host_root = "{cpu_host}"\nlog_file = "{rt.log}"\n')
+    r = d.docker("run", "--rm", "--runtime", "gpu-optional", "--network", "none", IMAGE, "sh", "-c", SHOW)
+    assert "accel=none" in r.stdout and "devices=none" in r.stdout and not nodes_of(r.stdout)
+    assert rt.log_records()[-1]["decision"] == "no-gpu"
+
+    # 3. uninstall: the bytes back, the runtime gone from the live daemon, the container kept
+    out = gpuhook("uninstall", "--host-root", node, "--restart", "signal", "--keep-bundle")
+    assert "original restored byte for byte" in out and f"sent SIGHUP to dockerd (pid {d.pid})" in out
+    assert daemon_json.read_bytes() == original
+    assert d.proc.poll() is None
+    assert d.docker("inspect", "-f", "{{.State.Running}} {{.State.StartedAt}}", keep).stdout.split() == ["true", started]
+    # dockerd reloads runtimes only from a file that sets the key, and this one has none:
+    # uninstall says so; the next start of dockerd has no gpu-optional
+    assert 'now has no "runtimes"' in out and "until its next restart" in out
+    d.docker("rm", "-f", keep)
+    d.restart()
+    assert "gpu-optional" not in runtimes(d)
+    r = d.docker("run", "--rm", "--runtime", "gpu-optional", "--network", "none", IMAGE, "true", check=False)
+    assert r.returncode != 0 and "gpu-optional" in r.stderr
+
+
+def test_uninstall_reload_drops_the_runtime_when_the_file_keeps_runtimes(tmp_path, make_host, runtime,
+                                                                       real_bundle, dockerd):
+    """An operator's daemon.json with a runtimes object of its own: install adds ours beside
+    it, uninstall gives the bytes back and the SIGHUP drops gpu-optional from the live daemon."""
+    rt = runtime(make_host("nvidia", mknod=True, gpus=2, libs=False))
+    node = tmp_path / "node"
+    (node / "etc" / "docker").mkdir(parents=True)
+    (node / "opt" / "gpuhook").mkdir(parents=True)
+    os.symlink("/proc", node / "proc")
+    daemon_json = node / "etc" / "docker" / "daemon.json"
+    d = dockerd(str(daemon_json), {"GPUHOOK_CONFIG": rt.config}, {"/opt/gpuhook": str(node / "opt" / "gpuhook")})
+    settings = dict(d.settings(), runtimes={"plain-runc": {"path": "/usr/bin/runc"}})
+    original = json.dumps(settings, indent="\t").encode()  # no final newline, tabs
+    daemon_json.write_bytes(original)
+    d.start()
+    d.import_busybox(IMAGE)
+    assert "plain-runc" in runtimes(d) and "gpu-optional" not in runtimes(d)
+    gpuhook("install", "--host-root", node, "--runtime", "docker", "--bundle-dir", real_bundle, "--restart", "signal")
+    wait_for(lambda: "gpu-optional" in runtimes(d), "dockerd lists the gpu-optional runtime")
+    assert json.loads(daemon_json.read_text())["runtimes"] == {"plain-runc": {"path": "/usr/bin/runc"},
+                                                               "gpu-optional": {"path": BINARY}}
+    r = d.docker("run", "--rm", "--runtime", "gpu-optional", "--network", "none", IMAGE, "sh", "-c", SHOW)
+    assert nodes_of(r.stdout)["/dev/nvidia1"] == (195, 1) and "accel=nvidia" in r.stdout
+    out = gpuhook("uninstall", "--host-root", node, "--restart", "signal")
+    assert "original restored byte for byte" in out and "now has no" not in out
+    assert daemon_json.read_bytes() == original
+    wait_for(lambda: "gpu-optional" not in runtimes(d), "dockerd drops the gpu-optional runtime")
+    assert runtimes(d)["plain-runc"]["path"] == "/usr/bin/runc"

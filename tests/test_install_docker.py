@@ -1,0 +1,275 @@
+"""gpuhook install --runtime docker: runtimes["gpu-optional"] in /etc/docker/daemon.json.
+
+On temp host roots: every other key and its order kept, the file's indentation kept, a
+missing file created, bad files refused with one line and nothing written, idempotent,
+uninstall byte for byte (or only our runtime when the file was edited since), --runtime auto,
+--restart systemd through a stand-in nsenter. The real dockerd is in test_e2e_docker.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+DAEMON_JSON = "etc/docker/daemon.json"
+BACKUP = "etc/gpuhook/backup/docker-daemon.json"
+STATE = "etc/gpuhook/backup/install-state.json"
+BINARY = "/opt/gpuhook/bin/gpuhook-runtime"
+
+# a daemon.json as an operator has it: nvidia's runtime, a default-runtime, a tab indent
+OPERATOR = """{
+\t"log-driver": "json-file",
+\t"log-opts": {"max-size": "10m", "max-file": "3"},
+\t"default-runtime": "runc",
+\t"runtimes": {
+\t\t"nvidia": {"path": "nvidia-container-runtime", "runtimeArgs": []}
+\t},
+\t"data-root": "/srv/docker",
+\t"features": {"buildkit": true}
+}
+"""
+
+
+def gpuhook(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpuhook", *map(str, args)], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+
+def ok(r: subprocess.CompletedProcess) -> str:
+    assert r.returncode == 0, f"exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
+    return r.stdout
+
+
+def refused(r: subprocess.CompletedProcess) -> str:
+    assert r.returncode == 2, f"exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
+    assert "Traceback" not in r.stderr + r.stdout
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpuhook: "), r.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def fake_bundle(tmp_path) -> str:
+    b = tmp_path / "bundle"
+    (b / "bin").mkdir(parents=True)
+    (b / "bin" / "gpuhook-runtime").write_text("#!/bin/sh\nexec runc \"$@\"\n")
+    (b / "bin" / "gpuhook-runtime").chmod(0o755)
+    (b / "gpuhook-bundle.json").write_text(json.dumps({"files": ["bin/gpuhook-runtime", "gpuhook-bundle.json"]}))
+    return str(b)
+
+
+def node_with(tmp_path, text: str | bytes | None, name: str = "node"):
+    root = tmp_path / name
+    (root / "etc" / "docker").mkdir(parents=True)
+    if text is not None:
+        (root / DAEMON_JSON).write_bytes(text.encode() if isinstance(text, str) else text)
+    return root
+
+
+def tree(root) -> dict:
+    out = {}
+    for d, _, names in os.walk(root):
+        for n in names:
+            p = os.path.join(d, n)
+            st = os.lstat(p)
+            out[os.path.relpath(p, root)] = (st.st_ino, st.st_mtime_ns, open(p, "rb").read())
+    return out
+
+
+def test_runtime_added_everything_else_kept_and_uninstall_restores_the_bytes(tmp_path, fake_bundle):
+    node = node_with(tmp_path, OPERATOR)
+    out = ok(gpuhook("install", "--host-root", node, "--runtime", "docker", "--bundle-dir", fake_bundle))
+    assert f"docker: /etc/docker/daemon.json: runtime gpu-optional added (path {BINARY}; default-runtime unchanged)" in out
+    text = (node / DAEMON_JSON).read_text()
+    after = json.loads(text)
+    before = json.loads(OPERATOR)
+    assert list(after) == list(before)  # same keys, same order
+    assert {k: v for k, v in after.items() if k != "runtimes"} == {k: v for k, v in before.items() if k != "runtimes"}
+    assert list(after["runtimes"]) == ["nvidia", "gpu-optional"]
+    assert after["runtimes"]["nvidia"] == before["runtimes"]["nvidia"]
+    assert after["runtimes"]["gpu-optional"] == {"path": BINARY}
+    assert after["default-runtime"] == "runc"
+    assert text.startswith('{\n\t"log-driver"') and text.endswith("}\n")  # the file's tab indent
+    assert (node / BACKUP).read_text() == OPERATOR
+    assert os.stat(node / BACKUP).st_mode & 0o777 == 0o600
+
+    first = tree(node)
+    out = ok(gpuhook("install", "--host-root", node, "--runtime", "docker", "--bundle-dir", fake_bundle))
+    assert "runtime gpu-optional already in place" in out and "restart: not done" in out
+    assert tree(node) == first  # nothing rewritten
+
+    out = ok(gpuhook("uninstall", "--host-root", node))  # the state knows it is docker
+    assert "docker: /etc/docker/daemon.json: original restored byte for byte" in out
+    assert (node / DAEMON_JSON).read_text() == OPERATOR
+    assert sorted(os.listdir(node / "etc")) == ["docker"] and os.listdir(node / "etc/docker") == ["daemon.json"]
+
+
+def test_missing_file_is_created_and_removed_again(tmp_path, fake_bundle):
+    node = tmp_path / "node"
+    node.mkdir()
+    out = ok(gpuhook("install", "--host-root", node, "--runtime", "docker", "--bundle-dir", fake_bundle))
+    assert "runtime gpu-optional written to a new file" in out
+    assert json.loads((node / DAEMON_JSON).read_text()) == {"runtimes": {"gpu-optional": {"path": BINARY}}}
+    assert os.stat(node / DAEMON_JSON).st_mode & 0o777 == 0o644
+    assert not (node / BACKUP).exists()
+    assert "removed (install had created it)" in ok(gpuhook("uninstall", "--host-root", node))
+    assert not (node / DAEMON_JSON).exists()
+
+
+@pytest.mark.parametrize("text, indent", [('{"debug": true}\n', None), ('{\n    "debug": true\n}', "    "),
+                                          ("", "  "), ("  \n", "  ")])
+def test_layout_follows_the_file(tmp_path, fake_bundle, text, indent):
+    node = node_with(tmp_path, text)
+    ok(gpuhook("install", "--host-root", node, "--runtime", "docker", "--bundle-dir", fake_bundle))
+    new = (node / DAEMON_JSON).read_text()
+    doc = json.loads(new)
+    assert doc["runtimes"] == {"gpu-optional": {"path": BINARY}}
+    assert new == json.dumps(doc, indent=indent) + ("\n" if text.endswith("\n") or not text.strip() else "")
+    ok(gpuhook("uninstall", "--host-root", node))
+    assert (node / DAEMON_JSON).read_text() == text
+
+
+def test_operator_edit_between_install_and_uninstall_is_kept(tmp_path, fake_bundle):
+    node = node_with(tmp_path, '{\n  "log-level": "info"\n}\n')
+    ok(gpuhook("install", "--host-root", node, "--runtime", "docker", "--bundle-dir", fake_bundle))
+    doc = json.loads((node / DAEMON_JSON).read_text())
+    doc["log-level"] = "debug"
+    doc["runtimes"]["crun"] = {"path": "/usr/bin/crun"}
+    (node / DAEMON_JSON).write_text(json.dumps(doc, indent=2) + "\n")
+    out = ok(gpuhook("uninstall", "--host-root", node))
+    assert "changed since install, so only the gpu-optional handler was removed" in out
+    assert json.loads((node / DAEMON_JSON).read_text()) == {"log-level": "debug",
+                                                            "runtimes": {"crun": {"path": "/usr/bin/crun"}}}
+
+    # the runtimes key install added goes with our runtime when nothing else is in it
+    node = node_with(tmp_path, '{"log-level": "info"}', name="node2")
+    ok(gpuhook("install", "--host-root", node, "--runtime", "docker", "--bundle-dir", fake_bundle))
+    doc = json.loads((node / DAEMON_JSON).read_text())
+    doc["debug"] = True
+    (node / DAEMON_JSON).write_text(json.dumps(doc))
+    ok(gpuhook("uninstall", "--host-root", node))
+    assert (node / DAEMON_JSON).read_text() == '{"log-level": "info", "debug": true}'
+
+
+def test_uninstall_without_state_removes_only_a_runtime_of_ours(tmp_path):
+    theirs = {"runtimes": {"gpu-optional": {"path": "/usr/local/bin/other"}}}
+    node = node_with(tmp_path, json.dumps(theirs))
+    out = ok(gpuhook("uninstall", "--host-root", node, "--runtime", "docker"))
+    assert "no gpu-optional runtime of gpuhook's" in out
+    assert json.loads((node / DAEMON_JSON).read_text()) == theirs
+    ours = {"debug": False, "runtimes": {"gpu-optional": {"path": BINARY}, "x": {"path": "/x"}}}
+    (node / DAEMON_JSON).write_text(json.dumps(ours))
+    assert "no install record, so only the gpu-optional handler was removed" in \
+        ok(gpuhook("uninstall", "--host-root", node, "--runtime", "docker"))
+    assert json.loads((node / DAEMON_JSON).read_text()) == {"debug": False, "runtimes": {"x": {"path": "/x"}}}
+
+
+@pytest.mark.parametrize("case, text, words", [
+    ("not json", '{"debug": true,}', "not valid JSON"),
+    ("nan", '{"x": NaN}', "not valid JSON"),
+    ("not utf-8", b'{"x": "\xff"}', "not UTF-8"),
+    ("not an object", '["runtimes"]', "not a JSON object"),
+    ("runtimes a list", '{"runtimes": ["gpu-optional"]}', '"runtimes" is a list, not an object'),
+    ("runtimes a string", '{"runtimes": "runc"}', '"runtimes" is a string'),
+    ("another path", '{"runtimes": {"gpu-optional": {"path": "/usr/bin/nvidia-container-runtime"}}}',
+     "runtimes.gpu-optional already names '/usr/bin/nvidia-container-runtime'"),
+    ("no path", '{"runtimes": {"gpu-optional": {"runtimeType": "io.containerd.runsc.v1"}}}',
+     "runtimes.gpu-optional already is {\"runtimeType\""),
+    ("null", '{"runtimes": {"gpu-optional": null}}', "runtimes.gpu-optional already is null"),
+    ("a directory", None, "cannot read it"),
+])
+def test_bad_daemon_json_is_refused_and_nothing_is_written(tmp_path, fake_bundle, case, text, words):
+    node = node_with(tmp_path, text)
+    if text is None:
+        (node / DAEMON_JSON).mkdir()
+    before = tree(node)
+    line = refused(gpuhook("install", "--host-root", node, "--runtime", "docker", "--bundle-dir", fake_bundle))
+    assert words in line and "/etc/docker/daemon.json" in line, line
+    assert tree(node) == before
+    assert sorted(os.listdir(node)) == ["etc"] and os.listdir(node / "etc") == ["docker"]
+
+
+def test_dry_run_writes_nothing(tmp_path, fake_bundle):
+    node = node_with(tmp_path, OPERATOR)
+    before = tree(node)
+    out = ok(gpuhook("install", "--host-root", node, "--runtime", "docker", "--bundle-dir", fake_bundle,
+                     "--dry-run", "--restart", "signal"))
+    assert "runtime gpu-optional would be added" in out and "docker would be restarted" in out
+    assert tree(node) == before
+
+
+@pytest.mark.parametrize("marks, expected", [
+    (["etc/docker/daemon.json"], "docker"),
+    (["run/docker.sock"], "docker"),
+    (["var/run/docker.sock"], "docker"),
+    (["run/docker.sock", "etc/containerd/config.toml", "run/containerd/containerd.sock"], "docker"),  # a Docker host
+    (["run/docker.sock", "etc/containerd/config.toml", "var/lib/kubelet/"], "containerd"),  # a Kubernetes node
+    (["etc/docker/daemon.json", "etc/crio/", "var/lib/kubelet/"], "crio"),
+    (["run/docker.sock", "var/lib/kubelet/"], "docker"),  # cri-dockerd
+])
+def test_runtime_auto(tmp_path, fake_bundle, marks, expected):
+    node = tmp_path / "node"
+    for m in marks:
+        p = node / m
+        if m.endswith("/"):
+            p.mkdir(parents=True, exist_ok=True)
+        else:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text("{}\n" if m.endswith(".json") else "version = 2\n" if m.endswith(".toml") else "")
+    out = ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle, "--dry-run"))
+    assert f"runtime {expected}" in out.splitlines()[0], out
+
+
+def test_var_run_link_is_resolved_inside_the_host_root(tmp_path, fake_bundle):
+    """/var/run -> /run on the node is the node's /run, not this machine's."""
+    node = tmp_path / "node"
+    (node / "var").mkdir(parents=True)
+    (node / "run").mkdir()
+    os.symlink("/run", node / "var" / "run")
+    (node / "etc/containerd").mkdir(parents=True)
+    (node / "etc/containerd/config.toml").write_text("version = 2\n")
+    assert "runtime containerd" in ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle, "--dry-run"))
+    (node / "run/docker.sock").touch()
+    assert "runtime docker" in ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle, "--dry-run"))
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_restart_systemd_reloads_docker_service_through_nsenter(tmp_path, fake_bundle, fails):
+    """From a pod (host root not /): `nsenter -t 1 -m -- systemctl reload-or-restart docker.service`:
+    docker.service reloads with SIGHUP, so running containers are kept. A stand-in nsenter
+    records its argv: this machine has no systemd."""
+    node = node_with(tmp_path, "{}\n")
+    os.symlink("/proc", node / "proc")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nsenter").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/argv\n"
+                                     + ("echo 'Job for docker.service failed.' >&2; exit 1\n" if fails else ""))
+    (bin_dir / "nsenter").chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    r = subprocess.run([sys.executable, "-m", "gpuhook", "install", "--host-root", str(node), "--runtime", "docker",
+                        "--bundle-dir", fake_bundle, "--restart", "systemd"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert (tmp_path / "argv").read_text().split() == ["--target", "1", "--mount", "--", "systemctl",
+                                                       "reload-or-restart", "docker.service"]
+    if fails:
+        assert "Job for docker.service failed." in refused(r)
+        assert json.loads((node / STATE).read_text())["restart_pending"] is True
+    else:
+        assert "restart: docker.service reloaded (systemctl reload-or-restart via nsenter)" in ok(r)
+        assert json.loads((node / STATE).read_text())["restart_pending"] is False
+
+
+def test_switching_runtimes_needs_an_uninstall(tmp_path, fake_bundle):
+    node = node_with(tmp_path, "{}\n")
+    (node / "etc/containerd").mkdir()
+    (node / "etc/containerd/config.toml").write_text("version = 2\n")
+    ok(gpuhook("install", "--host-root", node, "--runtime", "docker", "--bundle-dir", fake_bundle))
+    assert "installed for docker" in refused(gpuhook("install", "--host-root", node, "--runtime", "containerd",
+                                                     "--bundle-dir", fake_bundle))
+    assert (node / "etc/containerd/config.toml").read_text() == "version = 2\n"
