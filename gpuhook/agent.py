@@ -294,7 +294,7 @@ class Agent:
             else:
                 parts = [f"+{d}" for d in change["added"]] + [f"-{d}" for d in change["removed"]]
                 parts += [f"{v} driver {a or '-'} -> {b or '-'}" for v, (a, b) in change["driver_version"].items()]
-                parts += [f"{v} {'usable' if a else 'not usable'} -> {'not usable: ' + b if b else 'usable'}"
+                parts += [f"{v} {'not usable' if a else 'usable'} -> {'not usable: ' + b if b else 'usable'}"
                           for v, (a, b) in change["unusable"].items()]
                 self._post("GPUInventoryChanged", f"{describe(inv)} ({'; '.join(parts)})")
             if summary["unusable"] and (first or change["unusable"]):
