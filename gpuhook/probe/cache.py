@@ -27,7 +27,7 @@ import os
 import time
 
 from ..inventory import Inventory, inventory_from_dict
-from .driverroot import watched
+from .driverroot import AUTO, watched
 
 WATCHED = ("/dev", "/dev/dri", "/dev/accel", "/dev/nvidia-caps", "/sys/class/drm", "/sys/class/accel",
            "/sys/class/kfd/kfd/topology/nodes", "/proc/driver/nvidia/gpus", "/etc/ld.so.cache",
@@ -37,7 +37,7 @@ VERSION_FILE = "/proc/driver/nvidia/version"
 
 def fingerprint(root: str, nvidia_driver_root: str | None = None) -> list:
     base = "" if root == "/" else root.rstrip("/")
-    out: list = [root, nvidia_driver_root]
+    out: list = [root, nvidia_driver_root or AUTO]
     for path in WATCHED + watched(nvidia_driver_root):
         try:
             st = os.stat(base + path)
