@@ -411,3 +411,37 @@ def test_cli_bad_driver_root_flag_is_one_line(tmp_path, command):
     fh = host(tmp_path, "gke", gpus=1)
     r = gpuhook(*command, "--root", fh.root, "--nvidia-driver-root", "opt/x")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--nvidia-driver-root opt/x" in r.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mount --bind)")
+def test_cache_sees_a_driver_root_mounted_over_an_empty_directory(tmp_path):
+    """The GPU Operator mounts the driver container's root on /run/nvidia/driver, which may
+    already be there, empty: the mount alone invalidates the cached "no driver" answer."""
+    fh = host(tmp_path, "gpu_operator", installed=False)
+    os.makedirs(fh.p(fakehost.OPERATOR_ROOT))
+    drv = fakehost.FakeHost(str(tmp_path / "driver-container"), mknod=False)
+    fakehost.nvidia_userspace(drv, V, firmware_dir="/lib/firmware/nvidia")
+    cdir = str(tmp_path / "cache")
+    assert unusable(cache.probe_cached(fh.root, cdir, 3600).vendor("nvidia"))
+    subprocess.run(["mount", "--bind", drv.root, fh.p(fakehost.OPERATOR_ROOT)], check=True)
+    try:
+        v = cache.probe_cached(fh.root, cdir, 3600).vendor("nvidia")
+    finally:
+        subprocess.run(["umount", fh.p(fakehost.OPERATOR_ROOT)], check=True)
+    assert unusable(v) is None and v.driver_root == "/run/nvidia/driver"
+
+
+def test_cli_agent_once_takes_the_setting(tmp_path):
+    fh = host(tmp_path, "gpu_operator", gpus=1)
+    common = ["agent", "--once", "--no-install", "--no-udev", "--root", fh.root, "--spec-root", fh.root,
+              "--cdi-dir", str(tmp_path / "cdi"), "--nfd-dir", str(tmp_path / "nfd"), "--ready-file", "",
+              "--log-format", "json"]
+    r = gpuhook(*common, "--nvidia-driver-root", "/")
+    assert r.returncode == 0, r.stderr
+    found = labels.parse_nfd((tmp_path / "nfd" / "gpuhook").read_text())
+    assert found["gpuhook.dev/accelerator"] == "none" and found["gpuhook.dev/nvidia.unusable"] == "no-libcuda"
+    assert not (tmp_path / "cdi" / "gpuhook.dev-nvidia.yaml").exists()
+    r = gpuhook(*common)  # auto: the Operator's root
+    assert r.returncode == 0, r.stderr
+    assert labels.parse_nfd((tmp_path / "nfd" / "gpuhook").read_text())["gpuhook.dev/accelerator"] == "nvidia"
+    assert f"/usr/lib/x86_64-linux-gnu/libcuda.so.{V}" in (tmp_path / "cdi" / "gpuhook.dev-nvidia.yaml").read_text()
