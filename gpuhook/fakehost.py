@@ -21,6 +21,8 @@ import os
 import shutil
 import subprocess
 
+from .probe import driverroot
+
 DRM_MAJOR = 226
 NVIDIA_MAJOR = 195
 
@@ -278,9 +280,9 @@ def nvidia(fh: FakeHost, gpus: int = 8, driver: str = "550.54.14", minors: list[
 
 
 HOST_LIBDIR = "/usr/lib/x86_64-linux-gnu"
-OPERATOR_ROOT = "/run/nvidia/driver"  # the GPU Operator's driver container root
-OPERATOR_READY = "/run/nvidia/validations/driver-ready"
-GKE_ROOT = "/home/kubernetes/bin/nvidia"  # GKE's driver installer
+OPERATOR_ROOT = driverroot.OPERATOR_ROOT
+OPERATOR_READY = driverroot.READY_FILE
+GKE_ROOT = driverroot.GKE_ROOT
 
 
 def nvidia_userspace(fh: FakeHost, driver: str, libdir: str = HOST_LIBDIR, bindir: str = "/usr/bin",

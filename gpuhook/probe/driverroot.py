@@ -17,8 +17,10 @@ Constants only (with the probe cache's watch list): this module is on the per-co
 
 AUTO = "auto"
 HOST = "/"
-AUTO_ROOTS = (HOST, "/run/nvidia/driver", "/home/kubernetes/bin/nvidia")
-READY_FILE = "/run/nvidia/validations/driver-ready"
+OPERATOR_ROOT = "/run/nvidia/driver"  # the GPU Operator's driver container
+GKE_ROOT = "/home/kubernetes/bin/nvidia"  # GKE's driver installer
+AUTO_ROOTS = (HOST, OPERATOR_ROOT, GKE_ROOT)
+READY_FILE = "/run/nvidia/validations/driver-ready"  # the Operator's: its driver is installed
 # Under a driver root other than the host: what changes when a driver is installed there
 # (a mount on the root itself, its ld cache, a library or tool directory filled in).
 WATCH_UNDER = ("", "/etc/ld.so.cache", "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib/aarch64-linux-gnu",

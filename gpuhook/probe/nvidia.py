@@ -501,9 +501,6 @@ def _why_not(sub: Host, layout: Layout, version: str | None) -> str:
     return why
 
 
-AUTO_OPERATOR_ROOT = driverroot.AUTO_ROOTS[1]
-
-
 def _userspace(host: Host, version: str | None) -> Userspace:
     """The driver userspace of the running driver: from the first driver root (the node
     config's nvidia_driver_root, or every one of driverroot.AUTO_ROOTS) that has libcuda of
@@ -523,7 +520,7 @@ def _userspace(host: Host, version: str | None) -> Userspace:
             host.warnings.extend(sub.warnings)
             return found
         why = _why_not(sub, layout, version)
-        if root == AUTO_OPERATOR_ROOT and not host.exists(driverroot.READY_FILE):
+        if root == driverroot.OPERATOR_ROOT and not host.exists(driverroot.READY_FILE):
             why += f" (no {driverroot.READY_FILE} yet: the driver container is not ready)"
         tried.append(f"{root}: {why}")
         if root == driverroot.HOST:
