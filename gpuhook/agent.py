@@ -43,6 +43,7 @@ class Options:
     install_restart: str = "none"    # passed to gpuhook install: signal | systemd | none
     api_resync: float = 300.0        # re-check the Node's labels at least this often
     udev: bool = True
+    nvidia_driver_root: str | None = None  # the node config's nvidia_driver_root (None: auto)
 
     def resolved_cdi_dir(self) -> str:
         return self._under_root(self.cdi_dir, cdi.DEFAULT_DIR)
@@ -71,24 +72,41 @@ def default_installer(opts: Options, log) -> Callable[[], None]:
 
 
 def summarize(inv) -> dict:
-    """What the agent compares between probes: devices by vendor:id, and driver versions."""
+    """What the agent compares between probes: devices by vendor:id, driver versions, and
+    the vendors whose devices cannot be used (plan.unusable: e.g. no driver userspace yet)."""
+    from .plan import unusable
+
+    bad = {}
+    for v in inv.vendors:
+        why = unusable(v) if v.devices else None
+        if why:
+            bad[v.vendor] = why[1]
     return {
         "devices": {f"{v.vendor}:{d.id}": d.model or "" for v in inv.vendors for d in v.devices},
         "drivers": {v.vendor: v.driver_version for v in inv.vendors if v.driver_version},
+        "unusable": bad,
     }
 
 
 def describe(inv) -> str:
-    """One line for people: '2 GPUs: nvidia x2 (NVIDIA H100, driver 550.54.14)'."""
+    """One line for people: '2 GPUs: nvidia x2 (NVIDIA H100, driver 550.54.14)'; a vendor
+    whose devices cannot be used is named with the reason."""
+    from .plan import unusable
+
     vendors = [v for v in inv.vendors if v.devices]
     if not vendors:
         return "no GPU: CPU-only node"
-    parts = []
+    parts, n = [], 0
     for v in vendors:
+        why = unusable(v)
         extra = [x for x in (labels_mod.common_model(v.devices), v.driver_version and f"driver {v.driver_version}") if x]
+        if why:
+            extra.append(f"not usable: {why[1]}")
+        else:
+            n += len(v.devices)
         parts.append(f"{v.vendor} x{len(v.devices)}" + (f" ({', '.join(extra)})" if extra else ""))
-    n = sum(len(v.devices) for v in vendors)
-    return f"{n} GPU{'s' if n != 1 else ''}: " + ", ".join(parts)
+    total = sum(len(v.devices) for v in vendors)
+    return f"{total} GPU{'s' if total != 1 else ''}{f' ({n} usable)' if n != total else ''}: " + ", ".join(parts)
 
 
 def diff(old: dict, new: dict) -> dict:
@@ -97,7 +115,9 @@ def diff(old: dict, new: dict) -> dict:
     drivers = {v: [old["drivers"].get(v), new["drivers"].get(v)]
                for v in sorted(set(old["drivers"]) | set(new["drivers"]))
                if old["drivers"].get(v) != new["drivers"].get(v)}
-    return {"added": added, "removed": removed, "driver_version": drivers}
+    before, after = old.get("unusable", {}), new.get("unusable", {})
+    usable = {v: [before.get(v), after.get(v)] for v in sorted(set(before) | set(after)) if before.get(v) != after.get(v)}
+    return {"added": added, "removed": removed, "driver_version": drivers, "unusable": usable}
 
 
 class UdevWatch:
@@ -153,9 +173,11 @@ class Agent:
             kube = labels_mod.KubeAPI.in_cluster()
         self.kube = kube
         if probe is None:
+            import functools
+
             from .probe import probe as probe_fn
 
-            probe = probe_fn
+            probe = functools.partial(probe_fn, nvidia_driver_root=opts.nvidia_driver_root)
         self.probe = probe
         self.clock = clock
         self.stop_event = threading.Event()
@@ -272,7 +294,13 @@ class Agent:
             else:
                 parts = [f"+{d}" for d in change["added"]] + [f"-{d}" for d in change["removed"]]
                 parts += [f"{v} driver {a or '-'} -> {b or '-'}" for v, (a, b) in change["driver_version"].items()]
+                parts += [f"{v} {'not usable' if a else 'usable'} -> {'not usable: ' + b if b else 'usable'}"
+                          for v, (a, b) in change["unusable"].items()]
                 self._post("GPUInventoryChanged", f"{describe(inv)} ({'; '.join(parts)})")
+            if summary["unusable"] and (first or change["unusable"]):
+                self.log.warning("inventory.unusable", vendors=summary["unusable"])
+                self._post("GPUUnusable", "; ".join(f"{v}: {why}: gpu-optional containers get none of its devices"
+                                                    for v, why in summary["unusable"].items()), "Warning")
         return ok
 
     def _write_cdi(self, inv) -> bool:

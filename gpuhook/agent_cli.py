@@ -29,6 +29,9 @@ def add_commands(sub) -> None:
     g.add_argument("--ldconfig", metavar="PATH", help="the node's ldconfig for the ld-cache hook (found when unset)")
     g.add_argument("--max-cdi-version", metavar="VERSION", help="the newest cdiVersion the node's runtimes read "
                    "(podman 4.3: 0.5.0): newer fields are left out (default: what the specs need)")
+    from .cli import add_driver_root_arg
+
+    add_driver_root_arg(g)
     g.set_defaults(func=cmd_cdi_generate)
 
     sp = sub.add_parser("agent", help="the node agent: install, watch the GPUs, keep CDI specs and node labels current")
@@ -58,6 +61,7 @@ def add_commands(sub) -> None:
     sp.add_argument("--log-format", choices=("auto", "json", "console"), default="auto",
                     help="auto: console on a terminal, JSON lines otherwise")
     sp.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    add_driver_root_arg(sp)
     sp.set_defaults(func=cmd_agent)
 
     sp = sub.add_parser("log", help="the last container creates gpuhook-runtime logged")
@@ -103,7 +107,9 @@ def cmd_cdi_generate(args) -> int:
         raise _usage_error(f"--root {args.root}: not a directory")
     if not args.spec_root.startswith("/"):
         raise _usage_error(f"--spec-root {args.spec_root}: must be an absolute path")
-    inv = probe(args.root)
+    from .cli import driver_root
+
+    inv = probe(args.root, nvidia_driver_root=driver_root(args, args.root))
     consumer = args.root if args.spec_root == "/" else "/"
     ldconfig = args.ldconfig or cdi.find_ldconfig(consumer) or False
     helper = cdi.find_helper(consumer) or False
@@ -174,9 +180,12 @@ def cmd_agent(args) -> int:
 
     if not os.path.isdir(args.root):
         raise _usage_error(f"--root {args.root}: not a directory")
+    from .cli import driver_root
+
+    nvidia_driver_root = driver_root(args, args.root)
     logmod.configure(fmt=args.log_format, level=args.log_level)
     log = logmod.get()
-    opts = Options(root=args.root, spec_root=args.spec_root, interval=args.interval, debounce=args.debounce,
+    opts = Options(root=args.root, nvidia_driver_root=nvidia_driver_root, spec_root=args.spec_root, interval=args.interval, debounce=args.debounce,
                    cdi_dir=args.cdi_dir, nfd_dir=args.nfd_dir, cdi_format=args.cdi_format,
                    cdi_max_version=args.max_cdi_version,
                    install=not args.no_install, once=args.once, ready_file=args.ready_file,

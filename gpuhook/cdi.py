@@ -171,8 +171,10 @@ def vendor_spec(inv: Inventory, v: VendorInventory, spec_root: str = "/", ldconf
     devices, names, dev_nodes = [], {ALL}, set()
     per_device = []
     for d in v.devices:
+        # the device's own nodes (the libraries stay: plan() gives no device of a vendor
+        # whose userspace is missing, and only device_nodes are taken from this plan)
         one = _plan(inv._replace(root=spec_root, vendors=(v._replace(devices=(d,), control_nodes=(),
-                                                                         libraries=(), binaries=()),)), False)
+                                                                         binaries=()),)), False)
         own = tuple(one.device_nodes)
         dev_nodes.update(own)
         per_device.append((d, own))
@@ -214,7 +216,10 @@ def specs(inv: Inventory, spec_root: str = "/", ldconfig: str | None | bool = No
     """Every spec of this node: one per vendor with devices, then gpuhook.dev/gpu. None at
     all on a CPU-only node (a CDI spec must have a device). CDIError if one would break
     CDI's rules (never written)."""
-    out = [vendor_spec(inv, v, spec_root, ldconfig, helper) for v in inv.vendors if v.devices]
+    from .plan import unusable
+
+    # a vendor whose userspace is missing (plan.unusable) gets no spec: it cannot work
+    out = [vendor_spec(inv, v, spec_root, ldconfig, helper) for v in inv.vendors if v.devices and unusable(v) is None]
     generic = generic_spec(inv, spec_root, ldconfig, helper)
     if generic is not None:
         out.append(generic)

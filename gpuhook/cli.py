@@ -43,6 +43,25 @@ def _root(args) -> str:
     return root
 
 
+def driver_root(args, root: str) -> str:
+    """The NVIDIA driver root setting for a command: --nvidia-driver-root, else the node
+    config's nvidia_driver_root (the config of the node whose / is `root`)."""
+    from .config import load, node_config_path, valid_driver_root
+
+    given = getattr(args, "nvidia_driver_root", None)
+    if given is not None:
+        if not valid_driver_root(given):
+            raise UsageError(f"--nvidia-driver-root {given}: not auto, / or a normal absolute path")
+        return given
+    return load(node_config_path(root))[0].nvidia_driver_root
+
+
+def add_driver_root_arg(sp) -> None:
+    sp.add_argument("--nvidia-driver-root", metavar="DIR", help="where the NVIDIA driver's userspace is: auto "
+                    "(the host, /run/nvidia/driver, /home/kubernetes/bin/nvidia) or a node path "
+                    "(default: the node config's nvidia_driver_root, auto)")
+
+
 def _read_spec(path: str | None) -> dict:
     if path is None:
         return json.loads(json.dumps(SAMPLE_SPEC))
@@ -72,6 +91,8 @@ def _node(n) -> str:
 
 
 def format_inventory(inv) -> str:
+    from .plan import unusable
+
     lines = []
     if not inv.vendors:
         lines.append(f"No GPU found under {inv.root}: this is a CPU-only node. "
@@ -81,6 +102,14 @@ def format_inventory(inv) -> str:
         if v.driver_version:
             head += f", driver {v.driver_version}"
         lines.append(head)
+        if v.vendor == "nvidia":
+            where = {"/": "the host"}.get(v.driver_root or "", v.driver_root)
+            lines.append(f"  driver userspace: {'from ' + where if where else 'not found'}"
+                         + (f" (mounted at: {', '.join(f'{a} -> {b}' for a, b in v.mount_map)})" if v.mount_map else ""))
+        why = unusable(v)
+        if why is not None:
+            lines.append(f"  NOT USABLE: {why[1]}: gpu-optional containers get no {v.vendor} device "
+                         "and run without it (see the warnings)")
         rows = [("#", "KIND", "ID", "PCI", "MODEL", "NODES")]
         for d in v.devices:
             rows.append((str(d.index), d.kind, d.id, d.pci or "-", d.model or "-",
@@ -92,9 +121,12 @@ def format_inventory(inv) -> str:
             lines.append("  control nodes: " + ", ".join(_node(n) for n in v.control_nodes))
         if v.libraries:
             lines.append(f"  libraries ({len(v.libraries)}):")
-            lines.extend(f"    {lib.path}  [{lib.capability}]" for lib in v.libraries)
+            lines.extend(f"    {lib.path}  [{lib.capability}]"
+                         + (f" -> {v.container_path(lib.path)}" if v.container_path(lib.path) != lib.path else "")
+                         for lib in v.libraries)
         if v.binaries:
-            lines.append("  binaries: " + ", ".join(v.binaries))
+            lines.append("  binaries: " + ", ".join(
+                b + (f" -> {v.container_path(b)}" if v.container_path(b) != b else "") for b in v.binaries))
     for w in inv.warnings:
         lines.append(f"warning: {w}")
     return "\n".join(lines)
@@ -103,7 +135,8 @@ def format_inventory(inv) -> str:
 def cmd_probe(args) -> int:
     from .probe import probe
 
-    inv = probe(_root(args))
+    root = _root(args)
+    inv = probe(root, nvidia_driver_root=driver_root(args, root))
     if args.json:
         from .models import InventoryModel
 
@@ -169,7 +202,7 @@ def _plan(args, root: str) -> int:
 
     spec = _read_spec(args.spec)
     config, errors = load()
-    inv = probe(root)
+    inv = probe(root, nvidia_driver_root=driver_root(args, root) if args.nvidia_driver_root else config.nvidia_driver_root)
     warnings = list(errors) + list(inv.warnings)
     # a dry run: no state_dir, so the max-gpus round robin neither reads nor moves
     edits = plan(inv, request_from_spec(spec, os.path.dirname(os.path.abspath(args.spec)) if args.spec else None),
@@ -200,7 +233,7 @@ def cmd_precreate(args) -> int:
     warnings = list(errors)
     try:
         check(spec)  # read the spec only as the runtime will (the same rule as gpuhook-runtime)
-        inv = probe(root)
+        inv = probe(root, nvidia_driver_root=config.nvidia_driver_root)
         warnings += inv.warnings
         edits = plan(inv, request_from_spec(spec), config.ldconfig or find_ldconfig(), config, cache_dir(), warnings)
         spec = apply(spec, edits) if edits else spec
@@ -229,13 +262,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("probe", help="show the GPUs this node has")
     root_arg(sp)
     sp.add_argument("--json", action="store_true", help="machine-readable output")
+    add_driver_root_arg(sp)
     sp.set_defaults(func=cmd_probe)
 
     sp = sub.add_parser("plan", help="dry run: the edits a container would get")
     root_arg(sp)
     sp.add_argument("--spec", metavar="FILE", help="an OCI config.json (default: a sample container)")
-    sp.add_argument("--simulate", metavar="NODE", help="probe a built-in simulated node: nvidia, amd, intel, nvidia+intel, bmc, cpu")
+    sp.add_argument("--simulate", metavar="NODE", help="probe a built-in simulated node: nvidia, amd, intel, nvidia+intel, "
+                    "gpu-operator, gke, bmc, cpu")
     sp.add_argument("--json", action="store_true", help="machine-readable output (CDI containerEdits)")
+    add_driver_root_arg(sp)
     sp.set_defaults(func=cmd_plan)
 
     sp = sub.add_parser("precreate", help="podman precreate hook: OCI spec on stdin, edited spec on stdout")

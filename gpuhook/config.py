@@ -13,6 +13,7 @@ the same keys with a pydantic model (config_model.py) for humans.
 
 
 import os
+from .probe.driverroot import AUTO as NVIDIA_DRIVER_ROOT_AUTO
 from .record import Record
 
 DEFAULT_PATH = "/etc/gpuhook/config.toml"
@@ -23,21 +24,25 @@ SHARE_MODES = ("all", "unallocated")
 MPS_PIPE_DIR = "/tmp/nvidia-mps"
 
 
-class Config(Record, fields="runtime host_root log_file fail_mode ldconfig probe_cache_ttl share mps_pipe_dir",
-             defaults=(None, "/", "/var/log/gpuhook.log", "open", None, 10.0, "all", MPS_PIPE_DIR)):
+class Config(Record, fields="runtime host_root log_file fail_mode ldconfig probe_cache_ttl share mps_pipe_dir "
+                            "nvidia_driver_root",
+             defaults=(None, "/", "/var/log/gpuhook.log", "open", None, 10.0, "all", MPS_PIPE_DIR,
+                       NVIDIA_DRIVER_ROOT_AUTO)):
     """runtime: the real OCI runtime, a name on PATH or a path (None: first of runc, crun).
     host_root: where the node's / is (tests and dry runs point it at a fake host).
     log_file: one JSON line per create ("" disables). fail_mode: open | closed.
     ldconfig: the node's ldconfig for the ld-cache hook (None: found on the node).
     probe_cache_ttl: seconds a probe result may be reused (probe/cache.py); 0 disables.
     share: all | unallocated (GPUs the kubelet allocated to other pods are never given).
-    mps_pipe_dir: the node's NVIDIA MPS control daemon pipe directory (mounted when present)."""
+    mps_pipe_dir: the node's NVIDIA MPS control daemon pipe directory (mounted when present).
+    nvidia_driver_root: where the NVIDIA driver's userspace is: "auto" (the host, the GPU
+    Operator's /run/nvidia/driver, GKE's /home/kubernetes/bin/nvidia) or one node path."""
 
     __slots__ = ()
 
 
 _TYPES = {"runtime": str, "host_root": str, "log_file": str, "fail_mode": str, "ldconfig": str,
-          "probe_cache_ttl": (int, float), "share": str, "mps_pipe_dir": str}
+          "probe_cache_ttl": (int, float), "share": str, "mps_pipe_dir": str, "nvidia_driver_root": str}
 
 
 def config_path() -> str:
@@ -81,7 +86,25 @@ def from_dict(data: dict) -> tuple[Config, list[str]]:
     if "mps_pipe_dir" in values and not is_clean_abspath(values["mps_pipe_dir"]):
         errors.append(f"mps_pipe_dir: {values.pop('mps_pipe_dir')!r} is not a normal absolute path; "
                       f"{MPS_PIPE_DIR!r} used")
+    if "nvidia_driver_root" in values and not valid_driver_root(values["nvidia_driver_root"]):
+        errors.append(f"nvidia_driver_root: {values.pop('nvidia_driver_root')!r} is not "
+                      f"{NVIDIA_DRIVER_ROOT_AUTO!r} or a normal absolute path; {NVIDIA_DRIVER_ROOT_AUTO!r} used")
     return Config(**values), errors
+
+
+def valid_driver_root(value: str) -> bool:
+    """nvidia_driver_root: "auto", "/" (the host only), or a normal absolute path."""
+    return value in (NVIDIA_DRIVER_ROOT_AUTO, "/") or is_clean_abspath(value)
+
+
+def node_config_path(root: str) -> str:
+    """The node config of the node whose / is `root` (/host in the DaemonSet), as seen from
+    here: GPUHOOK_CONFIG when set, else DEFAULT_PATH inside root."""
+    if os.environ.get("GPUHOOK_CONFIG") or root == "/":
+        return config_path()
+    from .probe.host import Host
+
+    return Host(root).resolve(DEFAULT_PATH)
 
 
 def is_clean_abspath(path: str) -> bool:

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError, field_validator
 
-from .config import MPS_PIPE_DIR, is_clean_abspath
+from .config import MPS_PIPE_DIR, NVIDIA_DRIVER_ROOT_AUTO, is_clean_abspath, valid_driver_root
 
 
 class ConfigModel(BaseModel):
@@ -28,12 +28,23 @@ class ConfigModel(BaseModel):
     share: Literal["all", "unallocated"] = Field(
         "all", description="unallocated: GPUs the kubelet allocated to other pods are never given")
     mps_pipe_dir: StrictStr = Field(MPS_PIPE_DIR, description="the NVIDIA MPS control daemon's pipe directory")
+    nvidia_driver_root: StrictStr = Field(
+        NVIDIA_DRIVER_ROOT_AUTO, description='where the NVIDIA driver\'s userspace is: "auto" (the host, '
+        '/run/nvidia/driver, /home/kubernetes/bin/nvidia) or one node path')
 
     @field_validator("host_root")
     @classmethod
     def _absolute(cls, v: str) -> str:
         if not v.startswith("/"):
             raise ValueError("must be an absolute path")
+        return v
+
+    @field_validator("nvidia_driver_root")
+    @classmethod
+    def _driver_root(cls, v: str) -> str:
+        if not valid_driver_root(v):
+            raise ValueError(f'must be "{NVIDIA_DRIVER_ROOT_AUTO}", "/" or a normal absolute path '
+                             "(no '.', '..', '//' or trailing '/')")
         return v
 
     @field_validator("mps_pipe_dir")

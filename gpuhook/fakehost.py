@@ -4,7 +4,9 @@ Used by `make demo` (the built-in simulated GPU node), by `gpuhook plan --simula
 the tests. The layouts follow the kernel's and the drivers' real ones:
 
 - NVIDIA: /proc/driver/nvidia/{version,gpus/<bdf>/information}, /proc/devices majors,
-  /dev/nvidia<minor>, /dev/nvidiactl, libraries with real sonames and an ld.so.cache.
+  /dev/nvidia<minor>, /dev/nvidiactl, libraries with real sonames and an ld.so.cache; the
+  driver's userspace on the host, or in a driver root: the GPU Operator's
+  /run/nvidia/driver (gpu_operator) or GKE's /home/kubernetes/bin/nvidia (gke).
 - DRM: /sys/devices/pci0000:00/<bdf>/{vendor,device,class,uevent,driver->,drm/<card|renderD>/dev}
   with /sys/class/drm/<name> -> ../../devices/..., and /dev/dri/<name>.
 - KFD: /sys/class/kfd/kfd/topology/nodes/<n>/properties, /dev/kfd.
@@ -18,6 +20,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+
+from .probe import driverroot
 
 DRM_MAJOR = 226
 NVIDIA_MAJOR = 195
@@ -202,7 +206,7 @@ def nvidia(fh: FakeHost, gpus: int = 8, driver: str = "550.54.14", minors: list[
            uvm_node: bool = True, libs: bool = True, model: str = "NVIDIA H100 80GB HBM3", *,
            graphics: bool = False, video: bool = False, stale: str | None = None, mig: bool = False,
            nvswitch: int = 0, imex_channels: int = 0, firmware: bool = False, persistenced: bool = False,
-           fabricmanager: bool = False, mps: bool = False) -> None:
+           fabricmanager: bool = False, mps: bool = False, userspace: bool = True) -> None:
     """An NVIDIA node: `gpus` GPUs whose Device Minors are `minors` (default: reversed, so
     they differ from the indices), nvidia-uvm present or not yet created.
 
@@ -214,7 +218,11 @@ def nvidia(fh: FakeHost, gpus: int = 8, driver: str = "550.54.14", minors: list[
     capabilities in /proc and /dev/nvidia-caps, config and monitor too), nvswitch (that many
     NVSwitches and the nvswitchctl node), imex_channels, firmware (GSP firmware of the
     running and of an older version), persistenced / fabricmanager (their sockets), mps
-    (an MPS control daemon's pipe directory)."""
+    (an MPS control daemon's pipe directory).
+
+    libs=False leaves out the library set and the ld cache, but for one libcuda of the
+    running driver (the least a container that asks for compute needs: plan.unusable);
+    userspace=False leaves that out too: a node with no driver userspace on the host."""
     minors = minors if minors is not None else list(reversed(range(gpus)))
     fh.majors.update({"nvidia-frontend": NVIDIA_MAJOR, "nvidia-uvm": 510, "nvidia-caps": 235, "nvidia-nvswitch": 511})
     if imex_channels:
@@ -266,24 +274,89 @@ def nvidia(fh: FakeHost, gpus: int = 8, driver: str = "550.54.14", minors: list[
             fh.file("/tmp/nvidia-mps/control", "")
         fh.file("/tmp/nvidia-mps/log/control.log", "")
     if libs:
-        libdir = "/usr/lib/x86_64-linux-gnu"
-        names = dict(NVIDIA_LIBS)
-        if video:
-            names.update(NVIDIA_VIDEO_LIBS)
-        if graphics:
-            names.update({k.replace("VERSION", driver): v for k, v in NVIDIA_GRAPHICS_LIBS.items()})
-        for soname in names:
-            fh.library(f"{libdir}/vdpau" if soname.startswith("libvdpau") else libdir, soname, driver)
-        if stale:
-            for soname in ("libcuda.so.1", "libnvidia-ml.so.1"):
-                fh.library(libdir, soname, stale)  # the soname link now points at the stale one
-        fh.file("/usr/bin/nvidia-smi", "#!/bin/sh\necho fake nvidia-smi\n", 0o755)
-        if mps:
-            fh.file("/usr/bin/nvidia-cuda-mps-control", "#!/bin/sh\n", 0o755)
-        if graphics:
-            for path, text in NVIDIA_GRAPHICS_FILES.items():
-                fh.file(path, text)
+        nvidia_userspace(fh, driver, video=video, graphics=graphics, stale=stale, mps=mps)
+    elif userspace:
+        fh.library(HOST_LIBDIR, "libcuda.so.1", driver)
+
+
+HOST_LIBDIR = "/usr/lib/x86_64-linux-gnu"
+OPERATOR_ROOT = driverroot.OPERATOR_ROOT
+OPERATOR_READY = driverroot.READY_FILE
+GKE_ROOT = driverroot.GKE_ROOT
+
+
+def nvidia_userspace(fh: FakeHost, driver: str, libdir: str = HOST_LIBDIR, bindir: str = "/usr/bin",
+                     ld_cache: bool = True, *, video: bool = False, graphics: bool = False,
+                     stale: str | None = None, mps: bool = False, firmware_dir: str | None = None) -> None:
+    """The driver's userspace in the tree of `fh` (the host, or a driver root): libraries of
+    `driver` in libdir (real ELF with their sonames), nvidia-smi in bindir, an ld cache of
+    libdir when ld_cache, GSP firmware in firmware_dir/<driver> when given."""
+    names = dict(NVIDIA_LIBS)
+    if video:
+        names.update(NVIDIA_VIDEO_LIBS)
+    if graphics:
+        names.update({k.replace("VERSION", driver): v for k, v in NVIDIA_GRAPHICS_LIBS.items()})
+    for soname in names:
+        fh.library(f"{libdir}/vdpau" if soname.startswith("libvdpau") else libdir, soname, driver)
+    if stale:
+        for soname in ("libcuda.so.1", "libnvidia-ml.so.1"):
+            fh.library(libdir, soname, stale)  # the soname link now points at the stale one
+    fh.file(f"{bindir}/nvidia-smi", f"#!/bin/sh\necho fake nvidia-smi {driver}\n", 0o755)
+    if mps:
+        fh.file(f"{bindir}/nvidia-cuda-mps-control", "#!/bin/sh\n", 0o755)
+    if graphics:
+        for path, text in NVIDIA_GRAPHICS_FILES.items():
+            fh.file(path, text)
+    if firmware_dir:
+        fh.file(f"{firmware_dir}/{driver}/gsp_ga10x.bin", b"\x00fake gsp firmware\n")
+    if ld_cache:
         fh.ldconfig([libdir])
+
+
+def gpu_operator(fh: FakeHost, gpus: int = 2, driver: str = "550.54.14", *, installed: bool | str = True,
+                 ready: bool | None = None, root_driver: str | None = None) -> None:
+    """A node of the NVIDIA GPU Operator: the GPUs, /proc/driver/nvidia and /dev/nvidia* on the
+    host, whose own ld cache lists no NVIDIA library; the driver's userspace in the driver
+    container's root, /run/nvidia/driver (usr/lib/x86_64-linux-gnu, usr/bin/nvidia-smi,
+    etc/ld.so.cache, lib/firmware/nvidia/<version>), and /run/nvidia/validations/driver-ready.
+
+    installed: True (all of it), "partial" (the driver container still installing: the root
+    with nvidia-smi and NVML, no libcuda, no ld cache) or False (no root yet). ready: the
+    driver-ready file (default: when installed is True). root_driver: the version of the
+    userspace in the root (default `driver`; another one is a mismatched driver container)."""
+    nvidia(fh, gpus=gpus, driver=driver, libs=False, userspace=False)
+    os.makedirs(fh.p(HOST_LIBDIR), exist_ok=True)
+    fh.ldconfig([HOST_LIBDIR])  # the host's own cache: no NVIDIA library in it
+    if installed:
+        operator_driver_root(fh, root_driver or driver, partial=installed == "partial")
+    if ready if ready is not None else installed is True:
+        fh.file(OPERATOR_READY, "")
+
+
+def operator_driver_root(fh: FakeHost, driver: str, partial: bool = False, root: str = OPERATOR_ROOT) -> None:
+    """The GPU Operator's driver container root at `root` (what gpu_operator makes)."""
+    sub = FakeHost(fh.p(root), mknod=fh.mknod)
+    if partial:
+        sub.library(HOST_LIBDIR, "libnvidia-ml.so.1", driver)
+        sub.file("/usr/bin/nvidia-smi", f"#!/bin/sh\necho fake nvidia-smi {driver}\n", 0o755)
+        os.makedirs(sub.p("/etc"), exist_ok=True)
+        return
+    nvidia_userspace(sub, driver, firmware_dir="/lib/firmware/nvidia")
+
+
+def gke(fh: FakeHost, gpus: int = 1, driver: str = "550.54.14", *, installed: bool = True,
+        model: str = "NVIDIA L4") -> None:
+    """A GKE node on Container-Optimized OS: the GPUs on the host, the driver installer's
+    userspace under /home/kubernetes/bin/nvidia/{lib64,bin} (and firmware/nvidia/<version>),
+    no ld cache listing it, nothing NVIDIA in the host's library directories."""
+    nvidia(fh, gpus=gpus, driver=driver, libs=False, userspace=False, model=model)
+    if installed:
+        gke_driver_root(fh, driver)
+
+
+def gke_driver_root(fh: FakeHost, driver: str, root: str = GKE_ROOT) -> None:
+    sub = FakeHost(fh.p(root), mknod=fh.mknod)
+    nvidia_userspace(sub, driver, libdir="/lib64", bindir="/bin", ld_cache=False, firmware_dir="/firmware/nvidia")
 
 
 def nvidia_mig(fh: FakeHost, gpu_minor: int, instances: dict[int, list[int]], gpus: int = 1) -> dict[str, int]:
@@ -420,6 +493,8 @@ SCENARIOS = {
                                      fabricmanager=True, mps=True),
     "mi300": lambda fh: amd_mi300(fh),
     "intel-sriov": lambda fh: intel_sriov(fh),
+    "gpu-operator": lambda fh: gpu_operator(fh),
+    "gke": lambda fh: gke(fh),
     "bmc": bmc_only,
     "cpu": cpu_only,
 }

@@ -40,11 +40,25 @@ class Library(Record, fields="path soname capability"):
     __slots__ = ()
 
 
-class VendorInventory(Record, fields="vendor devices control_nodes libraries binaries driver_version",
-                                 defaults=((), (), (), None)):
-    """One vendor's share of the node. control_nodes go with any of its devices."""
+class VendorInventory(Record, fields="vendor devices control_nodes libraries binaries driver_version "
+                                        "driver_root mount_map",
+                                 defaults=((), (), (), None, None, ())):
+    """One vendor's share of the node. control_nodes go with any of its devices.
+
+    driver_root: the node directory the driver's userspace was taken from ("/": the host;
+    "/run/nvidia/driver": the GPU Operator's...), None when none was found. mount_map:
+    (node directory, container directory) pairs for files from a driver root that are not
+    mounted at their own path (see container_path)."""
 
     __slots__ = ()
+
+    def container_path(self, path: str) -> str:
+        """Where a library, tool or file of this vendor goes in the container: its node path,
+        except under a mount_map directory (the first that holds it)."""
+        for src, dst in self.mount_map:
+            if path.startswith(src) and path[len(src):len(src) + 1] in ("", "/"):
+                return (dst.rstrip("/") + path[len(src):]) or "/"
+        return path
 
 
 class Inventory(Record, fields="root vendors warnings", defaults=((),)):
@@ -77,6 +91,8 @@ class Inventory(Record, fields="root vendors warnings", defaults=((),)):
                     "control_nodes": [n._asdict() for n in v.control_nodes],
                     "libraries": [lib._asdict() for lib in v.libraries],
                     "binaries": list(v.binaries),
+                    "driver_root": v.driver_root,
+                    "mount_map": [list(pair) for pair in v.mount_map],
                 }
                 for v in self.vendors
             ],
@@ -99,6 +115,8 @@ def inventory_from_dict(d: dict) -> Inventory:
                 tuple(Library(**lib) for lib in v["libraries"]),
                 tuple(v["binaries"]),
                 v["driver_version"],
+                v["driver_root"],
+                tuple((str(src), str(dst)) for src, dst in v["mount_map"]),
             )
             for v in d["vendors"]
         ),

@@ -8,6 +8,9 @@ through the Kubernetes API when the agent has a service account.
     gpuhook.dev/driver.version=...            the primary vendor's driver version
     gpuhook.dev/<vendor>.count / .model / .driver.version
     gpuhook.dev/runtime-ready=true            the gpu-optional runtime handler is installed
+    gpuhook.dev/<vendor>.unusable=no-libcuda  devices there, userspace missing (plan.unusable):
+                                              not counted or advertised above; with no other
+    gpuhook.dev/accelerator.reason=nvidia-no-libcuda   vendor, accelerator=none and why
 
 The primary vendor is the first of GPUHOOK_ACCELERATOR, i.e. the backend a gpu-optional
 container picks (probe order: nvidia, amd, intel, accel, dxg: discrete before integrated).
@@ -66,10 +69,25 @@ def common_model(devices) -> str:
 
 
 def node_labels(inv, runtime_ready: bool = False) -> dict[str, str]:
-    """The gpuhook.dev/ labels this node should have (values never empty)."""
-    vendors = [v for v in inv.vendors if v.devices]
+    """The gpuhook.dev/ labels this node should have (values never empty). A vendor whose
+    devices a gpu-optional container would not get (plan.unusable: no driver userspace) is
+    not advertised: only gpuhook.dev/<vendor>.unusable=<why>, and, when no vendor is left,
+    gpuhook.dev/accelerator=none with gpuhook.dev/accelerator.reason=<vendor>-<why>."""
+    from .plan import unusable
+
+    vendors, refused = [], []
+    for v in inv.vendors:
+        why = unusable(v) if v.devices else None
+        if why:
+            refused.append((v.vendor, why[0]))
+        elif v.devices:
+            vendors.append(v)
     labels = {ACCELERATOR: vendors[0].vendor if vendors else "none",
               PREFIX + "gpu.count": str(sum(len(v.devices) for v in vendors))}
+    for vendor, code in refused:
+        labels[f"{PREFIX}{label_value(vendor)}.unusable"] = label_value(code)
+    if refused and not vendors:
+        labels[ACCELERATOR + ".reason"] = label_value(f"{refused[0][0]}-{refused[0][1]}")
     for i, v in enumerate(vendors):
         vendor = label_value(v.vendor)
         model, driver = label_value(common_model(v.devices)), label_value(v.driver_version)

@@ -48,6 +48,8 @@ class VendorModel(_Strict):
     control_nodes: list[NodeModel]
     libraries: list[LibraryModel]
     binaries: list[str]
+    driver_root: str | None = None
+    mount_map: list[tuple[str, str]] = []
 
 
 class InventoryModel(_Strict):

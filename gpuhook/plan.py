@@ -4,7 +4,11 @@ The probe only reports and the spec editor only applies; this module decides. It
 are validated by policy.py (annotations, env, state); the decisions, in order:
 
 1. Nothing for a sandbox (pause) container, a CPU-only node, or `gpuhook.dev/inject: "false"`.
-2. Vendors: every vendor of the node, narrowed by `gpuhook.dev/vendors`.
+2. Vendors: every vendor of the node, narrowed by `gpuhook.dev/vendors`, without those whose
+   userspace the container cannot work without is missing (`unusable`: NVIDIA with no
+   libcuda of the running driver for a container that asks for compute, no NVML for one
+   that asks for utility only; WSL's dxg without libdxcore): never advertise what cannot
+   work. Such a vendor is left out whole (no device, no GPUHOOK_ACCELERATOR) with a warning.
 3. Devices of a vendor: when the spec already holds nodes of that vendor's devices (a device
    plugin put them there), exactly those: no further device of that vendor. Else every
    device, narrowed for NVIDIA by NVIDIA_VISIBLE_DEVICES (void/empty: nothing; none: driver
@@ -47,6 +51,10 @@ BYPATH_CHARS = frozenset("0123456789abcdef:.")
 BIND_RW = ("nosuid", "nodev", "noexec", "rbind", "rprivate")
 IMEX_PREFIX = "/dev/nvidia-caps-imex-channels/channel"
 NVIDIA_DRIVER_ONLY_CAPS = ("firmware", "ipc")  # mounted with any NVIDIA driver files
+# What a container of NVIDIA cannot work without: the library of the first of these
+# capabilities it asks for (NVIDIA_DRIVER_CAPABILITIES).
+NVIDIA_NEEDS = (("compute", "libcuda.so.1"), ("utility", "libnvidia-ml.so.1"))
+DXG_NEEDS = "libdxcore.so"
 
 
 class Request(Record, fields="env annotations rootfs device_paths spec_devices mounts userns",
@@ -113,11 +121,30 @@ def _drop(_msg: str) -> None:
     pass
 
 
-class _Choice(Record, fields="vendor devices driver_only"):
+class _Choice(Record, fields="vendor devices driver_only caps", defaults=(None,)):
     """One vendor's share of the container: its inventory, the devices given (fixed ones
-    from the spec first), and whether it gives driver files without any device."""
+    from the spec first), whether it gives driver files without any device, and (NVIDIA)
+    the driver capabilities the container asks for."""
 
     __slots__ = ()
+
+
+def unusable(v: VendorInventory, caps: frozenset | None = None) -> tuple[str, str] | None:
+    """(code, reason) when the vendor's devices are there but what its userspace needs is
+    not, for a container asking for `caps` (NVIDIA; None: the default capabilities); None
+    when it can work. code is short enough for a label value (labels.py)."""
+    if v.vendor == "nvidia":
+        for cap, soname in NVIDIA_NEEDS:
+            if cap in (policy.DEFAULT_CAPS if caps is None else caps):
+                if any(lib.soname == soname for lib in v.libraries):
+                    return None
+                return (f"no-{soname.partition('.so')[0]}",
+                        f"no {soname} of driver {v.driver_version or '(unknown version)'} on this node "
+                        f"(capability {cap})")
+        return None
+    if v.vendor == "dxg" and not any(lib.path.rpartition("/")[2] == DXG_NEEDS for lib in v.libraries):
+        return "no-libdxcore", f"no {DXG_NEEDS} in /usr/lib/wsl/lib"
+    return None
 
 
 def _in_spec(d: Device, req: Request) -> bool:
@@ -210,10 +237,18 @@ def plan(inv: Inventory, req: Request, ldconfig: str | None = None, config=None,
             continue
         fixed = [d for d in v.devices if _in_spec(d, req)]
         driver_only = False
+        caps = None
         if v.vendor == "nvidia":
             vis = policy.nvidia_visible(req.env, req.mounts)
             if vis.mode == "void":
                 continue
+            caps = policy.nvidia_caps(req.env, warn)
+        why = unusable(v, caps)
+        if why is not None:
+            warn(f"{v.vendor}: {len(v.devices)} device(s) not given: {why[1]}; "
+                 "the container runs without them")
+            continue
+        if v.vendor == "nvidia":
             driver_only = vis.mode == "none"
             candidates = [] if fixed else _visible_nvidia(v, vis, warn)
         else:
@@ -223,7 +258,7 @@ def plan(inv: Inventory, req: Request, ldconfig: str | None = None, config=None,
         elif candidates and allocated:
             candidates = [d for d in candidates if not _allocated(d, allocated)]
         fixed_count += len(fixed)
-        choices.append(_Choice(v, fixed + candidates, driver_only))
+        choices.append(_Choice(v, fixed + candidates, driver_only, caps))
     if pod.max_gpus is not None:
         choices = _limit(choices, req, max(0, pod.max_gpus - fixed_count), state_dir, warn)
     return _edits(inv, req, [c for c in choices if c.devices or c.driver_only], ldconfig, config, warn, helper)
@@ -261,9 +296,9 @@ def _edits(inv: Inventory, req: Request, choices: list[_Choice], ldconfig, confi
                         bypath += [f"pci-{d.pci}-{kind}", f"../{name}"]
         nodes.extend(_node(n) for n in v.control_nodes)
         for lib in v.libraries:
-            mounts.append(Mount(_on_host(inv.root, lib.path), lib.path))
-            lib_paths.append(lib.path)
-        mounts.extend(Mount(_on_host(inv.root, b), b) for b in v.binaries)
+            mounts.append(Mount(_on_host(inv.root, lib.path), v.container_path(lib.path)))
+            lib_paths.append(v.container_path(lib.path))
+        mounts.extend(Mount(_on_host(inv.root, b), v.container_path(b)) for b in v.binaries)
     if req.userns:
         # In a user namespace runc cannot mknod: it bind-mounts each node from the host, and a
         # node the driver has not created yet (nvidia-uvm-tools, nvidia-modeset...) would
@@ -315,7 +350,7 @@ def _group_gids(nodes: list[DeviceNode]) -> tuple[int, ...]:
 def _nvidia(inv: Inventory, req: Request, c: _Choice, config, nodes: list, mounts: list,
             lib_paths: list, warn) -> None:
     v = c.vendor
-    caps = policy.nvidia_caps(req.env, warn)
+    caps = c.caps if c.caps is not None else policy.nvidia_caps(req.env, warn)
     drm = bool(caps & {"graphics", "display"})
     for d in c.devices:
         nodes.extend(_node(n) for n in d.nodes if drm or not n.path.startswith("/dev/dri/"))
@@ -329,10 +364,12 @@ def _nvidia(inv: Inventory, req: Request, c: _Choice, config, nodes: list, mount
         if cap == "mps":
             continue
         if cap in caps or cap in NVIDIA_DRIVER_ONLY_CAPS:
-            mounts.append(Mount(_on_host(inv.root, lib.path), lib.path))
+            # from a driver root (the GPU Operator's, GKE's): at its path in the container
+            dest = v.container_path(lib.path)
+            mounts.append(Mount(_on_host(inv.root, lib.path), dest))
             if lib.soname:
-                lib_paths.append(lib.path)
-    mounts.extend(Mount(_on_host(inv.root, b), b) for b in v.binaries
+                lib_paths.append(dest)
+    mounts.extend(Mount(_on_host(inv.root, b), v.container_path(b)) for b in v.binaries
                   if NVIDIA_TOOLS.get(b.rpartition("/")[2], "utility") in caps)
     if "compute" in caps:
         _mps(inv, req, v, config, mounts, warn)

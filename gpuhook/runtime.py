@@ -144,7 +144,7 @@ def edit_bundle(bundle: str, config, out: Outcome) -> None:
     if request.is_sandbox:
         out.decision = "sandbox"
         return
-    inventory = probe_cached(config.host_root, cache_dir(), config.probe_cache_ttl)
+    inventory = probe_cached(config.host_root, cache_dir(), config.probe_cache_ttl, config.nvidia_driver_root)
     out.warnings = list(inventory.warnings)
     edits = plan(inventory, request, config.ldconfig or find_ldconfig(), config, cache_dir(), out.warnings)
     if not edits:

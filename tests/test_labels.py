@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from gpuhook import labels
-from gpuhook.inventory import Device, Inventory, Node, VendorInventory
+from gpuhook.inventory import Device, Inventory, Library, Node, VendorInventory
 from gpuhook.probe import probe
 
 
@@ -147,7 +147,9 @@ def test_label_values_are_sanitised(text, value):
 
 
 NV = VendorInventory("nvidia", tuple(Device("nvidia", "gpu", i, f"GPU-{i}", (Node(f"/dev/nvidia{i}", "c", 195, i),),
-                                            model="NVIDIA H100 80GB HBM3") for i in range(2)), driver_version="550.54.14")
+                                            model="NVIDIA H100 80GB HBM3") for i in range(2)),
+                     libraries=(Library("/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.14", "libcuda.so.1", "compute"),),
+                     driver_version="550.54.14")
 INTEL = VendorInventory("intel", (Device("intel", "gpu", 0, "0000:00:02.0", (), model="Intel UHD 770"),))
 
 

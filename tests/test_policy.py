@@ -14,17 +14,21 @@ import pytest
 from conftest import REPO
 from gpuhook import fakehost, policy
 from gpuhook.config import Config
-from gpuhook.inventory import Device, Inventory, Node, VendorInventory
+from gpuhook.inventory import Device, Inventory, Library, Node, VendorInventory
 from gpuhook.plan import Request, plan, request_from_spec
 from gpuhook.probe import probe
 
 CHECKPOINT = "var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
 
 
+# the least an NVIDIA node's containers need (plan.unusable): libcuda of the running driver
+CUDA = Library("/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.14", "libcuda.so.1", "compute")
+
+
 def nv(n=8) -> VendorInventory:
     return VendorInventory("nvidia", tuple(
         Device("nvidia", "gpu", i, f"GPU-{i:04d}", (Node(f"/dev/nvidia{i}", "c", 195, i),), f"0000:{0x18 + i:02x}:00.0")
-        for i in range(n)), (Node("/dev/nvidiactl", "c", 195, 255),), (), (), "550.54.14")
+        for i in range(n)), (Node("/dev/nvidiactl", "c", 195, 255),), (CUDA,), (), "550.54.14")
 
 
 def amd(n=2) -> VendorInventory:

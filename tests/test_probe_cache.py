@@ -25,7 +25,7 @@ def test_hit_returns_the_same_inventory_without_probing(tmp_path, monkeypatch):
     first = cached(fh, tmp_path)
     import gpuhook.probe as probe_pkg
 
-    monkeypatch.setattr(probe_pkg, "probe", lambda root: (_ for _ in ()).throw(AssertionError("probed")))
+    monkeypatch.setattr(probe_pkg, "probe", lambda root, **kw: (_ for _ in ()).throw(AssertionError("probed")))
     assert cached(fh, tmp_path) == first
 
 
@@ -53,7 +53,7 @@ def test_expired_or_disabled_or_corrupt_means_a_fresh_probe(tmp_path, monkeypatc
     import gpuhook.probe as probe_pkg
 
     real = probe_pkg.probe
-    monkeypatch.setattr(probe_pkg, "probe", lambda root: calls.append(root) or real(root))
+    monkeypatch.setattr(probe_pkg, "probe", lambda root, **kw: calls.append(root) or real(root, **kw))
     (path,) = [p for p in (tmp_path / "cache").iterdir()]
     record = json.loads(path.read_text())
     record["time"] -= 11

@@ -17,7 +17,7 @@ LIBDIR = "/usr/lib/x86_64-linux-gnu"
 
 def nvidia_host(fs, **kw) -> fakehost.FakeHost:
     fh = fakehost.FakeHost("/host", mknod=False)
-    fakehost.nvidia(fh, libs=False, **kw)
+    fakehost.nvidia(fh, libs=False, userspace=False, **kw)
     return fh
 
 

@@ -116,7 +116,7 @@ def test_stale_libcuda_beside_the_running_driver_is_not_mounted(tmp_path):
 
 def test_only_a_stale_library_is_skipped_with_a_warning(tmp_path):
     fh = fakehost.FakeHost(str(tmp_path / "h"), mknod=False)
-    fakehost.nvidia(fh, gpus=1, libs=False)
+    fakehost.nvidia(fh, gpus=1, libs=False, userspace=False)
     fh.library(LIB, "libcuda.so.1", "470.82.01", real_elf=False)
     fh.library(LIB, "libnvidia-ml.so.1", V, real_elf=False)
     inv = probe(fh.root)

@@ -20,8 +20,10 @@ VENDORS = {
 }
 
 
-def probe(root: str = "/", vendors: tuple[str, ...] | None = None) -> Inventory:
-    host = Host(root)
+def probe(root: str = "/", vendors: tuple[str, ...] | None = None, *,
+          nvidia_driver_root: str | None = None) -> Inventory:
+    """nvidia_driver_root: the node config's setting (None: "auto", see driverroot.py)."""
+    host = Host(root, {"nvidia_driver_root": nvidia_driver_root} if nvidia_driver_root else None)
     found = []
     for name in vendors or VENDORS:
         if not any(host.lstat(p) is not None for p in VENDORS[name]) and not _nvidia_dev(host, name):

@@ -9,10 +9,17 @@ a node rebooted) on a node whose GPUs did not change, so the Inventory is kept i
 - nothing it was built from has changed: the inode, size and mtime of the directories
   where device nodes appear and disappear (/dev, /dev/dri, /dev/accel, /sys/class/drm,
   the KFD topology, /proc/driver/nvidia/gpus), of the host's ld.so.cache and library
-  directory (a driver upgrade), and the text of /proc/driver/nvidia/version.
+  directory (a driver upgrade), the text of /proc/driver/nvidia/version, and the NVIDIA
+  driver roots (driverroot.watched: the GPU Operator's /run/nvidia/driver and its ld
+  cache and library directories, /run/nvidia/validations/driver-ready, GKE's
+  /home/kubernetes/bin/nvidia/{lib64,bin}, or the configured root), device number included,
+  so that a driver root mounted or filled in later is seen at the next create;
+- it was probed with the same nvidia_driver_root setting.
 
-A node created lazily by the NVIDIA driver, a GPU appearing, or a driver upgrade thus
-invalidates it at once. A cache that cannot be read or written only costs a probe.
+A node created lazily by the NVIDIA driver, a GPU appearing, a driver upgrade, or a driver
+container that finished installing thus invalidates it at once: a "no driver userspace"
+answer is never kept once the driver is there. A cache that cannot be read or written only
+costs a probe.
 """
 
 
@@ -20,6 +27,7 @@ import os
 import time
 
 from ..inventory import Inventory, inventory_from_dict
+from .driverroot import AUTO, watched
 
 WATCHED = ("/dev", "/dev/dri", "/dev/accel", "/dev/nvidia-caps", "/sys/class/drm", "/sys/class/accel",
            "/sys/class/kfd/kfd/topology/nodes", "/proc/driver/nvidia/gpus", "/etc/ld.so.cache",
@@ -27,13 +35,13 @@ WATCHED = ("/dev", "/dev/dri", "/dev/accel", "/dev/nvidia-caps", "/sys/class/drm
 VERSION_FILE = "/proc/driver/nvidia/version"
 
 
-def fingerprint(root: str) -> list:
+def fingerprint(root: str, nvidia_driver_root: str | None = None) -> list:
     base = "" if root == "/" else root.rstrip("/")
-    out: list = [root]
-    for path in WATCHED:
+    out: list = [root, nvidia_driver_root or AUTO]
+    for path in WATCHED + watched(nvidia_driver_root):
         try:
             st = os.stat(base + path)
-            out.append([st.st_ino, st.st_size, st.st_mtime_ns])
+            out.append([st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns])
         except OSError:
             out.append(None)
     try:
@@ -48,14 +56,14 @@ def _file(cache_dir: str, root: str) -> str:
     return os.path.join(cache_dir, "inventory-" + root.replace("%", "%25").replace("/", "%2F") + ".json")
 
 
-def probe_cached(root: str, cache_dir: str, ttl: float) -> Inventory:
+def probe_cached(root: str, cache_dir: str, ttl: float, nvidia_driver_root: str | None = None) -> Inventory:
     from . import probe
 
     if ttl <= 0:
-        return probe(root)
+        return probe(root, nvidia_driver_root=nvidia_driver_root)
     from .. import fastjson
 
-    key = fingerprint(root)
+    key = fingerprint(root, nvidia_driver_root)
     path = _file(cache_dir, root)
     try:
         with open(path, "rb") as f:
@@ -67,7 +75,7 @@ def probe_cached(root: str, cache_dir: str, ttl: float) -> Inventory:
             return inventory_from_dict(record["inventory"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    inv = probe(root)
+    inv = probe(root, nvidia_driver_root=nvidia_driver_root)
     try:
         from ..spec import write_atomic
 

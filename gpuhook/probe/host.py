@@ -16,26 +16,39 @@ _MAX_READ = 1 << 20
 
 
 class Host:
-    __slots__ = ("root", "warnings", "memo")
+    __slots__ = ("root", "warnings", "memo", "options")
 
-    def __init__(self, root: str = "/") -> None:
+    def __init__(self, root: str = "/", options: dict | None = None) -> None:
         self.root = os.path.abspath(root)
         self.warnings: list[str] = []
         self.memo: dict = {}  # results that several vendor probes share (e.g. /proc/devices)
+        self.options: dict = options or {}  # node settings for the vendor probes (nvidia_driver_root)
 
     # -- paths ---------------------------------------------------------------
     def resolve(self, path: str) -> str:
         """Node path -> real path under root, following links as if chrooted."""
         if self.root == "/":
             return os.path.realpath(path)
+        return self._walk(path)[0]
+
+    def escapes(self, path: str) -> bool:
+        """Does a link on the way to `path` climb above the root (`..` past it)? resolve()
+        keeps such a path inside the root, as chroot would; a caller that names a directory
+        of the node (a driver root) refuses it instead. Never true for the root `/`."""
+        return self.root != "/" and self._walk(path)[1]
+
+    def _walk(self, path: str) -> tuple[str, bool]:
         parts = [p for p in path.split("/") if p and p != "."]
         done: list[str] = []
         links = 0
+        escaped = False
         while parts:
             name = parts.pop(0)
             if name == "..":
                 if done:
                     done.pop()
+                elif links:
+                    escaped = True
                 continue
             cur = self.root + "/" + "/".join(done + [name])
             try:
@@ -44,18 +57,18 @@ class Host:
                 done.append(name)
                 done.extend(p for p in parts)
                 # the rest does not exist: keep it literal but normalise '..'
-                return self._join(done)
+                return self._join(done), escaped
             if _stat.S_ISLNK(st.st_mode):
                 links += 1
                 if links > _MAX_LINKS:
-                    return self._join(done + [name] + parts)
+                    return self._join(done + [name] + parts), escaped
                 target = os.readlink(cur)
                 if target.startswith("/"):
                     done = []
                 parts = [p for p in target.split("/") if p and p != "."] + parts
                 continue
             done.append(name)
-        return self._join(done)
+        return self._join(done), escaped
 
     def _join(self, parts: list[str]) -> str:
         out: list[str] = []

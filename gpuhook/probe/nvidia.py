@@ -6,7 +6,14 @@ Sources, in order of trust:
 - /proc/devices: majors ("nvidia" or the old "nvidia-frontend" = 195; nvidia-uvm, nvidia-caps,
   nvidia-nvswitch, nvidia-caps-imex-channels are dynamic);
 - /dev/nvidia<N> when /proc has no GPUs (e.g. a host root without procfs);
-- the host's etc/ld.so.cache for libraries, else the usual library directories.
+- the driver's userspace (libraries, tools, GSP firmware, ICD files) from its driver root
+  (driverroot.py): the host's own (its etc/ld.so.cache, else the usual library
+  directories), the GPU Operator's /run/nvidia/driver (its own ld cache and directories),
+  GKE's /home/kubernetes/bin/nvidia/{lib64,bin}, or the node config's nvidia_driver_root.
+  The first that has libcuda of the running driver is taken, whole: nothing is ever mixed
+  from two roots, and nothing of another driver version is taken. Files of a driver root
+  other than the host go into the container at the path they have inside it (GKE's
+  lib64/bin: /usr/local/nvidia/lib64, /usr/bin), recorded as VendorInventory.mount_map.
 
 /dev/nvidia<N>: N is the Device Minor, which need not be the GPU's index.
 Control nodes are created lazily by the driver: one whose major is known is reported even
@@ -31,6 +38,8 @@ import stat as _stat
 
 from ..inventory import Device, Library, Node, VendorInventory
 from ..nvidia_tools import NVIDIA_TOOLS
+from ..record import Record
+from . import driverroot
 from .common import char_majors, device_node, first_major, is_uint
 from .host import Host
 
@@ -280,6 +289,25 @@ def _control_nodes(host: Host, majors: dict[str, list[int]], major: int) -> tupl
 
 # -- driver files ------------------------------------------------------------------------
 
+class Layout(Record, fields="name lib_dirs xorg_dirs bin_dirs firmware_dir dest"):
+    """How a driver root holds the userspace: where its libraries, tools and firmware are,
+    and where each goes in the container. dest: (directory in the root, container
+    directory) pairs; a path under none of them keeps its path inside the root."""
+
+    __slots__ = ()
+
+
+# the host, and a driver root laid out like one (the GPU Operator's driver container)
+ROOTED = Layout("rooted", LIB_DIRS, XORG_DIRS, BIN_DIRS, FIRMWARE_DIR, ())
+# GKE's installer: lib64/, bin/ (and firmware/nvidia/<version> where it leaves the GSP
+# firmware). Libraries go to /usr/local/nvidia/lib64, where CUDA images look on GKE (their
+# LD_LIBRARY_PATH; the ld-cache hook adds the directory for the others), tools to /usr/bin,
+# on every image's PATH.
+FLAT = Layout("flat", ("/lib64",), (), ("/bin",), "/firmware/nvidia",
+              (("/lib64", "/usr/local/nvidia/lib64"), ("/bin", "/usr/bin"), ("/firmware/nvidia", FIRMWARE_DIR)))
+CUDA_SONAME = LIBRARIES["libcuda"][0]
+
+
 def _ldcache(host: Host) -> dict[str, str]:
     data = host.read_bytes("/etc/ld.so.cache", limit=64 << 20, quiet=True)
     if data is None:
@@ -315,22 +343,22 @@ class _Dirs:
         return name in names
 
 
-def _search_dirs(stem: str, hit: str | None) -> list[str]:
+def _search_dirs(stem: str, hit: str | None, layout: Layout) -> list[str]:
     dirs = [hit.rpartition("/")[0]] if hit else []
     if stem == "libglxserver_nvidia":
-        dirs += XORG_DIRS
+        dirs += layout.xorg_dirs
     else:
         subs = LIB_SUBDIRS.get(stem)
-        dirs += [f"{d}/{s}" for d in LIB_DIRS for s in subs] if subs else LIB_DIRS
+        dirs += [f"{d}/{s}" for d in layout.lib_dirs for s in subs] if subs else layout.lib_dirs
     return list(dict.fromkeys(dirs))
 
 
 def _find_library(host: Host, stem: str, soname: str | None, version: str | None,
-                  cache: dict[str, str], dirs: _Dirs) -> str | None:
+                  cache: dict[str, str], dirs: _Dirs, layout: Layout) -> str | None:
     """The real file of `stem` for the running driver, as a node path; None (with a warning
     where something of another version or a dangling name was found instead)."""
     hit = (cache.get(soname) if soname else None) or (cache.get(f"{stem}.so.{version}") if version else None)
-    where = _search_dirs(stem, hit)
+    where = _search_dirs(stem, hit, layout)
     if version is not None:
         want = f"{stem}.so.{version}"
         for d in where:
@@ -353,45 +381,52 @@ def _find_library(host: Host, stem: str, soname: str | None, version: str | None
     return real
 
 
-def _libraries(host: Host, version: str | None) -> tuple[tuple[Library, ...], str | None]:
+def _libraries(host: Host, version: str | None, layout: Layout) -> tuple[tuple[Library, ...], str | None]:
     cache = _ldcache(host)
     dirs = _Dirs(host)
     if version is None:  # no /proc: the version libcuda.so.1 leads to
-        hit = cache.get("libcuda.so.1") or next((f"{d}/libcuda.so.1" for d in LIB_DIRS if dirs.has(d, "libcuda.so.1")), None)
+        hit = cache.get(CUDA_SONAME) or next((f"{d}/{CUDA_SONAME}" for d in layout.lib_dirs
+                                              if dirs.has(d, CUDA_SONAME)), None)
         if hit:
             version = _version_suffix(host.realpath(hit), "libcuda")
     libs = []
     for stem, (soname, capability) in LIBRARIES.items():
-        path = _find_library(host, stem, soname, version, cache, dirs)
+        path = _find_library(host, stem, soname, version, cache, dirs, layout)
         if path is not None:
             libs.append(Library(path, soname or path.rsplit("/", 1)[-1], capability))
     return tuple(dict.fromkeys(libs)), version
 
 
-def _binaries(host: Host) -> tuple[str, ...]:
+def _binaries(host: Host, layout: Layout) -> tuple[str, ...]:
     out = []
     for name in BINARIES:
-        for d in BIN_DIRS:
+        for d in layout.bin_dirs:
             if host.exists(f"{d}/{name}"):
                 out.append(host.realpath(f"{d}/{name}"))
                 break
     return tuple(dict.fromkeys(out))
 
 
-def _files(host: Host, version: str | None) -> tuple[Library, ...]:
-    """ICD/vendor files, GSP firmware of the running version, IPC sockets, the MPS pipe dir."""
+def _driver_files(host: Host, version: str | None, layout: Layout) -> tuple[Library, ...]:
+    """ICD/vendor files and the GSP firmware of the running version, from a driver root."""
     out = []
-    for path, capability in FILES:
+    for path, capability in FILES if layout is ROOTED else ():
         st = host.stat(path)
         if st is not None and _stat.S_ISREG(st.st_mode):
             out.append(Library(host.realpath(path), None, capability))
     if version is not None:
-        fw = f"{FIRMWARE_DIR}/{version}"
+        fw = f"{layout.firmware_dir}/{version}"
         for name in host.listdir(fw):
             if name.startswith("gsp") and name.endswith(".bin"):
                 st = host.stat(f"{fw}/{name}")
                 if st is not None and _stat.S_ISREG(st.st_mode):
                     out.append(Library(host.realpath(f"{fw}/{name}"), None, "firmware"))
+    return tuple(dict.fromkeys(out))
+
+
+def _ipc_files(host: Host) -> tuple[Library, ...]:
+    """The node's IPC sockets and MPS pipe directory (the host's, whatever the driver root)."""
+    out = []
     for path in SOCKETS:
         st = host.stat(path)
         if st is None:
@@ -401,7 +436,102 @@ def _files(host: Host, version: str | None) -> tuple[Library, ...]:
             out.append(Library(host.realpath(path), None, "ipc"))
     if host.is_dir(MPS_PIPE_DIR) and host.lstat(MPS_PIPE_DIR + "/control") is not None:
         out.append(Library(host.realpath(MPS_PIPE_DIR), None, "mps"))
-    return tuple(dict.fromkeys(out))
+    return tuple(out)
+
+
+# -- driver roots ------------------------------------------------------------------------
+
+class Userspace(Record, fields="root libraries binaries version mount_map"):
+    """What one driver root gave, with node paths: root is the node path of the driver root
+    (None: nothing found anywhere); mount_map as VendorInventory.mount_map."""
+
+    __slots__ = ()
+
+
+def _open_root(host: Host, root: str) -> tuple[Host, Layout] | str:
+    """A Host for the driver root `root` (links inside it resolved inside it) and its
+    layout; or, as a string, why it cannot be one."""
+    if root == driverroot.HOST:
+        return Host(host.root), ROOTED
+    if not root.startswith("/"):
+        return "not an absolute path"
+    if host.escapes(root):
+        return "a link that leads out of the host root"
+    st = host.stat(root)
+    if st is None:
+        return "a dangling link" if host.lstat(root) is not None else "missing"
+    if not _stat.S_ISDIR(st.st_mode):
+        return "not a directory"
+    sub = Host(host.resolve(root))
+    flat = sub.is_dir("/lib64") and not sub.is_dir("/usr")
+    return sub, FLAT if flat else ROOTED
+
+
+def _scan(host: Host, sub: Host, layout: Layout, version: str | None) -> Userspace:
+    """Libraries, tools and driver files of the driver root `sub`, as node paths of `host`."""
+    libs, found = _libraries(sub, version, layout)
+    files = _driver_files(sub, found, layout)
+    bins = _binaries(sub, layout)
+    prefix = host.node_path(sub.root)
+    if prefix == "/":
+        return Userspace("/", libs + files, bins, found, ())
+
+    def node(p: str) -> str:
+        return prefix + p
+
+    mount_map = tuple((prefix + src, dst) for src, dst in layout.dest) + ((prefix, "/"),)
+    return Userspace(prefix, tuple(lib._replace(path=node(lib.path)) for lib in libs + files),
+                     tuple(node(b) for b in bins), found, mount_map)
+
+
+def _why_not(sub: Host, layout: Layout, version: str | None) -> str:
+    """Why `sub` gave no libcuda of the running driver, in a few words."""
+    cache = _ldcache(sub)
+    dirs = _Dirs(sub)
+    hit = cache.get(CUDA_SONAME) or next((f"{d}/{CUDA_SONAME}" for d in layout.lib_dirs
+                                          if dirs.has(d, CUDA_SONAME)), None)
+    if hit is None:
+        have = sorted({f[len("libcuda.so."):] for d in layout.lib_dirs for f in sub.listdir(d)
+                       if f.startswith("libcuda.so.") and _is_version(f[len("libcuda.so."):])})
+        why = f"libcuda of driver {', '.join(have)} only" if have else f"no {CUDA_SONAME}"
+    else:
+        other = _version_suffix(sub.realpath(hit), "libcuda")
+        why = f"{CUDA_SONAME} is of driver {other}" if other and other != version else \
+            f"{CUDA_SONAME} leads to no library file"
+    return why
+
+
+def _userspace(host: Host, version: str | None) -> Userspace:
+    """The driver userspace of the running driver: from the first driver root (the node
+    config's nvidia_driver_root, or every one of driverroot.AUTO_ROOTS) that has libcuda of
+    that version. None has: one warning that says what each lacked; then the host's own
+    libraries (without libcuda) when the host is among the roots, so NVML still works."""
+    setting = host.options.get("nvidia_driver_root") or driverroot.AUTO
+    tried: list[str] = []
+    fallback: tuple[Host, Userspace] | None = None
+    for root in driverroot.candidates(setting):
+        opened = _open_root(host, root)
+        if isinstance(opened, str):
+            tried.append(f"{root}: {opened}")
+            continue
+        sub, layout = opened
+        found = _scan(host, sub, layout, version)
+        if any(lib.soname == CUDA_SONAME for lib in found.libraries):
+            host.warnings.extend(sub.warnings)
+            return found
+        why = _why_not(sub, layout, version)
+        if root == driverroot.OPERATOR_ROOT and not host.exists(driverroot.READY_FILE):
+            why += f" (no {driverroot.READY_FILE} yet: the driver container is not ready)"
+        tried.append(f"{root}: {why}")
+        if root == driverroot.HOST:
+            fallback = sub, found
+    host.warn(f"nvidia: no driver userspace of driver {version or '(unknown version)'}: "
+              f"{'; '.join(tried)}. Containers that ask for compute get no NVIDIA GPU")
+    if fallback is None:
+        return Userspace(None, (), (), version, ())
+    sub, found = fallback
+    host.warnings.extend(sub.warnings)
+    return found if found.libraries or found.binaries else found._replace(root=None)
 
 
 def probe(host: Host) -> VendorInventory | None:
@@ -416,6 +546,7 @@ def probe(host: Host) -> VendorInventory | None:
         return None
     text = host.read_text("/proc/driver/nvidia/version", quiet=True)
     version = parse_version(text) if text else None
-    libraries, version = _libraries(host, version)
+    found = _userspace(host, version)
     return VendorInventory("nvidia", tuple(devices), _control_nodes(host, majors, major),
-                           libraries + _files(host, version), _binaries(host), version)
+                           found.libraries + _ipc_files(host), found.binaries, found.version,
+                           found.root, found.mount_map)
