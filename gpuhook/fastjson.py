@@ -4,10 +4,16 @@ The stdlib `json` package compiles regular expressions at import, which pulls in
 `enum`: on a slow node that is ~15 ms before any work, on every container start. `_json`
 (the C half of the same package) parses and serialises without them. Same results as
 json.loads / json.dumps(separators=(",", ":")) for the JSON that OCI specs hold.
+
+`_json` is private: its signatures may change in another CPython. At import both halves are
+built and checked on a sample; if anything is not as expected, loads and dumps are the
+stdlib `json`'s with the same rules (slower, never wrong): `ACCELERATED` says which.
 """
 
-
-import _json
+try:
+    import _json
+except ImportError:  # an interpreter without the accelerator
+    _json = None
 
 
 def _no_constant(name: str):
@@ -35,11 +41,10 @@ class _Context:
     memo: dict = {}
 
 
-_scan = _json.make_scanner(_Context())
 _WS = " \t\n\r"
 
 
-def loads(s: str | bytes):
+def _fast_loads(s: str | bytes):
     """Parse one JSON document; ValueError on anything else (trailing data, NaN, bad UTF-8,
     duplicate keys)."""
     if isinstance(s, (bytes, bytearray)):
@@ -84,10 +89,45 @@ def _default(o):
     raise TypeError(f"not JSON serializable: {type(o).__name__}")
 
 
-_encode = _json.make_encoder(None, _default, _json.encode_basestring_ascii, None, ":", ",",
-                             False, False, False)
-
-
-def dumps(obj) -> str:
+def _fast_dumps(obj) -> str:
     """Compact JSON (no NaN/Infinity: they are not JSON)."""
     return "".join(_encode(obj, 0))
+
+
+def _std_loads(s: str | bytes):
+    import json
+
+    if isinstance(s, (bytes, bytearray)):
+        s = bytes(s).decode("utf-8")
+    try:
+        return json.loads(s, object_pairs_hook=_object, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+
+
+def _std_dumps(obj) -> str:
+    import json
+
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False, default=_default)
+
+
+# what the accelerator must give for gpuhook to use it
+_SAMPLE = '{"a":[1,2.5,"\\u00e9x",true,false,null],"b":{}}'
+_SAMPLE_VALUE = {"a": [1, 2.5, "\u00e9x", True, False, None], "b": {}}
+
+
+def _accelerated() -> bool:
+    global _scan, _encode
+    try:
+        _scan = _json.make_scanner(_Context())
+        _encode = _json.make_encoder(None, _default, _json.encode_basestring_ascii, None, ":", ",",
+                                     False, False, False)
+        return (_fast_loads(_SAMPLE) == _SAMPLE_VALUE and _fast_dumps(_SAMPLE_VALUE) == _SAMPLE
+                and _fast_loads(" [1] ") == [1])
+    except Exception:  # noqa: BLE001 (any failure of a private API means: do not use it)
+        return False
+
+
+ACCELERATED = _json is not None and _accelerated()
+loads = _fast_loads if ACCELERATED else _std_loads
+dumps = _fast_dumps if ACCELERATED else _std_dumps
