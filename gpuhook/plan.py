@@ -54,6 +54,11 @@ NVIDIA_DRIVER_ONLY_CAPS = ("firmware", "ipc")  # mounted with any NVIDIA driver 
 # What a container of NVIDIA cannot work without: the library of the first of these
 # capabilities it asks for (NVIDIA_DRIVER_CAPABILITIES).
 NVIDIA_NEEDS = (("compute", "libcuda.so.1"), ("utility", "libnvidia-ml.so.1"))
+# Driver libraries that build tools and JIT compilers link by their development name
+# (`-lcuda`: Triton, nvcc's link step): the same file is mounted at that name too, beside
+# the library, so nothing is written through the image.
+NVIDIA_DEV_NAMES = {"libcuda.so.1": "libcuda.so", "libnvidia-ml.so.1": "libnvidia-ml.so",
+                    "libnvcuvid.so.1": "libnvcuvid.so", "libnvidia-encode.so.1": "libnvidia-encode.so"}
 DXG_NEEDS = "libdxcore.so"
 
 
@@ -369,6 +374,9 @@ def _nvidia(inv: Inventory, req: Request, c: _Choice, config, nodes: list, mount
             mounts.append(Mount(_on_host(inv.root, lib.path), dest))
             if lib.soname:
                 lib_paths.append(dest)
+            dev = NVIDIA_DEV_NAMES.get(lib.soname or "")
+            if dev:
+                mounts.append(Mount(_on_host(inv.root, lib.path), os.path.join(os.path.dirname(dest), dev)))
     mounts.extend(Mount(_on_host(inv.root, b), v.container_path(b)) for b in v.binaries
                   if NVIDIA_TOOLS.get(b.rpartition("/")[2], "utility") in caps)
     if "compute" in caps:

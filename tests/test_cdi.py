@@ -119,8 +119,11 @@ def test_one_kind_per_vendor_and_a_vendor_agnostic_one():
     top = nv["containerEdits"]
     assert top["env"] == ["GPUHOOK_ACCELERATOR=nvidia"]
     assert [n["path"] for n in top["deviceNodes"]] == ["/dev/nvidiactl"]
-    assert [m["containerPath"] for m in top["mounts"]] == ["/usr/lib/x86_64-linux-gnu/libcuda.so.550.1", "/usr/bin/nvidia-smi"]
-    assert all(m["hostPath"] == m["containerPath"] and "ro" in m["options"] for m in top["mounts"])
+    assert [m["containerPath"] for m in top["mounts"]] == ["/usr/lib/x86_64-linux-gnu/libcuda.so.550.1",
+                                                           "/usr/lib/x86_64-linux-gnu/libcuda.so", "/usr/bin/nvidia-smi"]
+    # at their host paths, read-only; the development name is the versioned file again
+    assert [m["hostPath"] for m in top["mounts"]] == ["/usr/lib/x86_64-linux-gnu/libcuda.so.550.1"] * 2 + ["/usr/bin/nvidia-smi"]
+    assert all("ro" in m["options"] for m in top["mounts"])
     assert len(top["hooks"]) == 1 and top["hooks"][0]["hookName"] == "createContainer"
     # Intel has no node-wide nodes and no libraries: only the accelerator variable
     intel = specs["gpuhook.dev/intel"]

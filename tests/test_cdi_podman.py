@@ -93,8 +93,10 @@ def test_podman_runs_devices_from_the_generated_specs(make_host, tmp_path, cdi_s
     assert "open /dev/nvidia6: cat: can't open '/dev/nvidia6': No such device or address" in r.stdout
     assert "accel=nvidia" in r.stdout
     mounts = [line.split()[1:] for line in r.stdout.splitlines() if line.startswith("mount ")]
+    # each library at its own name and at its development name (-lcuda, -lnvidia-ml)
     assert {m[0] for m in mounts} == {"/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.14",
-                                      "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.14"}
+                                      "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.14",
+                                      "/usr/lib/x86_64-linux-gnu/libcuda.so", "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so"}
     assert all(m[1].split(",")[0] == "ro" for m in mounts), mounts
     # the CDI form of the ld-cache hook found the rootfs through the OCI state
     with open(os.path.join(rootfs, "etc", "ld.so.cache"), "rb") as f:

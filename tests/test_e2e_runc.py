@@ -16,7 +16,10 @@ SHOW = ("for n in /dev/nvidia* /dev/kfd /dev/dri/*; do [ -e $n ] && stat -c 'nod
         "echo accel=$GPUHOOK_ACCELERATOR; echo devices=$GPUHOOK_DEVICES; "
         "for n in /dev/nvidia0 /dev/kfd /dev/dri/renderD128; do [ -e $n ] && { cat $n >/dev/null 2>/tmp/err; echo open $n: $(cat /tmp/err); }; done; "
         "grep -E 'libcuda|libnvidia-ml' /proc/self/mountinfo | while read a b c d e f g; do echo mount $e $f; done; "
-        "grep -c libcuda.so.1 /etc/ld.so.cache; true")
+        "grep -c libcuda.so.1 /etc/ld.so.cache; "
+        # -lcuda as GNU ld looks for it on Debian's x86_64: the first libcuda.so on its path
+        "for d in /usr/local/lib/x86_64-linux-gnu /lib/x86_64-linux-gnu /usr/lib/x86_64-linux-gnu /usr/local/lib /lib /usr/lib; "
+        "do [ -e $d/libcuda.so ] && { stat -L -c 'lcuda %n %d:%i' $d/libcuda.so $d/libcuda.so.1; break; }; done; true")
 
 
 def test_nvidia_8_gpus(make_host, runtime):
@@ -38,8 +41,13 @@ def test_nvidia_8_gpus(make_host, runtime):
     assert r.stdout.count("devices=nvidia:GPU-") == 1 and r.stdout.count(",nvidia:GPU-") == 7
     mounts = [line.split()[1:] for line in r.stdout.splitlines() if line.startswith("mount ")]
     assert {m[0] for m in mounts} == {"/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.14",
-                                      "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.14"}
+                                      "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.54.14",
+                                      "/usr/lib/x86_64-linux-gnu/libcuda.so", "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so"}
     assert all(m[1].split(",")[0] == "ro" for m in mounts), mounts
+    # a -lcuda link finds libcuda.so, and it is the very file libcuda.so.1 names
+    lcuda = [line.split()[1:] for line in r.stdout.splitlines() if line.startswith("lcuda ")]
+    assert [p for p, _ in lcuda] == ["/usr/lib/x86_64-linux-gnu/libcuda.so", "/usr/lib/x86_64-linux-gnu/libcuda.so.1"]
+    assert lcuda[0][1] == lcuda[1][1], lcuda
     # the createContainer hook refreshed the container's ld cache
     with open(os.path.join(b, "rootfs", "etc", "ld.so.cache"), "rb") as f:
         names = ldcache.lookup(ldcache.parse(f.read()))

@@ -32,7 +32,10 @@ def test_all_vendors_and_the_env_contract():
     assert [n.path for n in e.device_nodes] == ["/dev/nvidia7", "/dev/nvidia6", "/dev/nvidiactl",
                                                 "/dev/dri/card0", "/dev/dri/renderD128"]
     assert all(n.permissions == "rwm" for n in e.device_nodes)
-    assert [m.container_path for m in e.mounts] == ["/usr/lib/x86_64-linux-gnu/libcuda.so.550.1", "/usr/bin/nvidia-smi"]
+    # libcuda at its own name and at its development name (-lcuda), the same file
+    assert [m.container_path for m in e.mounts] == ["/usr/lib/x86_64-linux-gnu/libcuda.so.550.1",
+                                                    "/usr/lib/x86_64-linux-gnu/libcuda.so", "/usr/bin/nvidia-smi"]
+    assert e.mounts[0].host_path == e.mounts[1].host_path
     assert all("ro" in m.options for m in e.mounts)
 
 
