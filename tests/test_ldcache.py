@@ -517,3 +517,27 @@ def test_mutated_valid_caches(data, draw):
     cut = draw.draw(st.integers(0, len(buf)))
     _check(bytes(buf[:cut]))
     _check(bytes(buf))
+
+
+def test_prefixes_keep_only_the_names_asked_for_and_the_same_entries():
+    """The NVIDIA probe reads only the names it looks for: the same entries as a full parse,
+    filtered, from a real cache in each layout."""
+    import tempfile
+
+    for layout in ("new", "compat", "old"):
+        with tempfile.TemporaryDirectory() as d:
+            os.makedirs(f"{d}/etc")
+            os.makedirs(f"{d}/lib")
+            for lib in ("libz.so.1",):
+                for src_dir in ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64"):
+                    if os.path.exists(f"{src_dir}/{lib}"):
+                        shutil.copy(os.path.realpath(f"{src_dir}/{lib}"), f"{d}/lib/{lib}")
+                        break
+            with open(f"{d}/etc/ld.so.conf", "w") as f:
+                f.write("/lib\n")
+            subprocess.run(["ldconfig", "-r", d, "-c", layout, "-X"], check=True, capture_output=True)
+            with open(f"{d}/etc/ld.so.cache", "rb") as f:
+                data = f.read()
+        full = ldcache.parse(data)
+        assert [e for e in full if e.name.startswith("libz")] == ldcache.parse(data, (b"libz.so",)) != []
+        assert ldcache.parse(data, (b"libcuda.so",)) == []

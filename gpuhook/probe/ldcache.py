@@ -60,12 +60,14 @@ class Entry(Record, fields="name path flags hwcap"):
     __slots__ = ()
 
 
-def parse(data: bytes) -> "list[Entry]":
-    """Entries of an ld.so.cache image, in file order (bytes-like input)."""
+def parse(data: bytes, prefixes: "tuple[bytes, ...] | None" = None) -> "list[Entry]":
+    """Entries of an ld.so.cache image, in file order (bytes-like input). prefixes: only the
+    entries whose name starts with one of them (the others are not decoded, nor checked: a
+    node's cache has thousands, the NVIDIA probe wants a few dozen)."""
     if not isinstance(data, bytes):
         data = memoryview(data).tobytes()
     if data.startswith(_NEW_MAGIC):
-        return _parse_new(data, 0)
+        return _parse_new(data, 0, prefixes)
     if not data.startswith(_OLD_MAGIC):
         raise LdCacheError("not an ld.so.cache: bad magic")
     if len(data) < _OLD_HEADER:
@@ -78,13 +80,13 @@ def parse(data: bytes) -> "list[Entry]":
     # alignof(struct cache_file_new): 8 on 64-bit ABIs, 4 (no padding) on others.
     for start in ((end + 7) & ~7, end):
         if data.startswith(_NEW_MAGIC, start):
-            return _parse_new(data, start)
+            return _parse_new(data, start, prefixes)
     rows = struct.iter_unpack("=iII", data[_OLD_HEADER:end])
     return [Entry(_string(data, end, key), _string(data, end, value), flags, 0)
-            for flags, key, value in rows]
+            for flags, key, value in rows if prefixes is None or data.startswith(prefixes, end + key)]
 
 
-def _parse_new(data, start):
+def _parse_new(data, start, prefixes=None):
     if len(data) - start < _NEW_HEADER:
         raise LdCacheError("truncated new-format header")
     endian = data[start + 28] & 3
@@ -97,7 +99,8 @@ def _parse_new(data, start):
         raise LdCacheError("new-format nlibs %d does not fit in %d bytes" % (nlibs, len(data)))
     rows = struct.iter_unpack(order + "iIIIQ", data[start + _NEW_HEADER:end])
     return [Entry(_string(data, start, key), _string(data, start, value), flags, hwcap)
-            for flags, key, value, _osversion, hwcap in rows]
+            for flags, key, value, _osversion, hwcap in rows
+            if prefixes is None or data.startswith(prefixes, start + key)]
 
 
 def _string(data, base, offset):

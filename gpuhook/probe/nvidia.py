@@ -306,6 +306,8 @@ ROOTED = Layout("rooted", LIB_DIRS, XORG_DIRS, BIN_DIRS, FIRMWARE_DIR, ())
 FLAT = Layout("flat", ("/lib64",), (), ("/bin",), "/firmware/nvidia",
               (("/lib64", "/usr/local/nvidia/lib64"), ("/bin", "/usr/bin"), ("/firmware/nvidia", FIRMWARE_DIR)))
 CUDA_SONAME = LIBRARIES["libcuda"][0]
+# what the probe looks up in an ld cache: sonames and versioned names, all "<stem>.so..."
+_CACHE_PREFIXES = tuple(f"{stem}.so".encode() for stem in LIBRARIES)
 
 
 def _ldcache(host: Host) -> dict[str, str]:
@@ -315,7 +317,7 @@ def _ldcache(host: Host) -> dict[str, str]:
     from . import ldcache
 
     try:
-        return ldcache.lookup(ldcache.parse(data))
+        return ldcache.lookup(ldcache.parse(data, _CACHE_PREFIXES))
     except ldcache.LdCacheError as e:
         host.warn(f"/etc/ld.so.cache: {e}; searching the usual directories")
         return {}
