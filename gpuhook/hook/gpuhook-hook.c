@@ -123,38 +123,34 @@ static int proc_mounts(const char *root, int detach, int *is_mount) {
     return n;
 }
 
+/* No PT_INTERP among the program headers of an ELF of one class (Ehdr/Phdr its types). */
+#define NO_INTERP(Ehdr, Phdr)                                                                        \
+    do {                                                                                             \
+        Ehdr eh;                                                                                     \
+        if (pread(fd, &eh, sizeof eh, 0) != (ssize_t)sizeof eh || eh.e_phentsize != sizeof(Phdr) ||  \
+            eh.e_phnum == 0)                                                                         \
+            return 0;                                                                                \
+        for (unsigned i = 0; i < eh.e_phnum; i++) {                                                  \
+            Phdr ph;                                                                                 \
+            if (pread(fd, &ph, sizeof ph, (off_t)(eh.e_phoff + (off_t)i * (off_t)sizeof ph)) !=      \
+                (ssize_t)sizeof ph)                                                                  \
+                return 0;                                                                            \
+            if (ph.p_type == PT_INTERP)                                                              \
+                return 0;                                                                            \
+        }                                                                                            \
+        return 1;                                                                                    \
+    } while (0)
+
 /* A static ELF executable: no PT_INTERP (a dynamic one would load the image's loader and libc
  * after the pivot), and no script (its interpreter would be the image's). */
 static int static_elf(int fd) {
     unsigned char ident[EI_NIDENT];
     if (pread(fd, ident, sizeof ident, 0) != (ssize_t)sizeof ident || memcmp(ident, ELFMAG, SELFMAG) != 0)
         return 0;
-    if (ident[EI_CLASS] == ELFCLASS64) {
-        Elf64_Ehdr eh;
-        if (pread(fd, &eh, sizeof eh, 0) != (ssize_t)sizeof eh || eh.e_phentsize != sizeof(Elf64_Phdr) || eh.e_phnum == 0)
-            return 0;
-        for (unsigned i = 0; i < eh.e_phnum; i++) {
-            Elf64_Phdr ph;
-            if (pread(fd, &ph, sizeof ph, (off_t)(eh.e_phoff + (Elf64_Off)i * sizeof ph)) != (ssize_t)sizeof ph)
-                return 0;
-            if (ph.p_type == PT_INTERP)
-                return 0;
-        }
-        return 1;
-    }
-    if (ident[EI_CLASS] == ELFCLASS32) {
-        Elf32_Ehdr eh;
-        if (pread(fd, &eh, sizeof eh, 0) != (ssize_t)sizeof eh || eh.e_phentsize != sizeof(Elf32_Phdr) || eh.e_phnum == 0)
-            return 0;
-        for (unsigned i = 0; i < eh.e_phnum; i++) {
-            Elf32_Phdr ph;
-            if (pread(fd, &ph, sizeof ph, (off_t)(eh.e_phoff + (Elf32_Off)i * sizeof ph)) != (ssize_t)sizeof ph)
-                return 0;
-            if (ph.p_type == PT_INTERP)
-                return 0;
-        }
-        return 1;
-    }
+    if (ident[EI_CLASS] == ELFCLASS64)
+        NO_INTERP(Elf64_Ehdr, Elf64_Phdr);
+    if (ident[EI_CLASS] == ELFCLASS32)
+        NO_INTERP(Elf32_Ehdr, Elf32_Phdr);
     return 0;
 }
 
