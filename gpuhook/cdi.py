@@ -22,11 +22,11 @@ MinimumRequiredVersion does): 0.4.0 for mount types, 0.5.0 for a deviceNode host
 0.7.0 for additionalGids (group-only render/video nodes of AMD and Intel). Consumers
 reject the whole spec for a version they do not know (podman 4.3 reads up to 0.5.0), so a
 spec never claims more than it needs, and `max_version` leaves newer fields out for such
-runtimes (VERSION_FIELDS; the caller is told which).
+runtimes (cap_version; the caller is told which).
 
 Hooks: plan()'s createContainer hooks take the container's rootfs, unknown to a CDI spec.
 They are wrapped in a small sh script that reads it from the OCI state on the hook's stdin
-(bundle, then config.json's root.path) and runs the original script with it.
+(bundle, then config.json's root.path) and execs the hook (gpuhook-hook) with it.
 
 Paths: the spec is read by the node's container runtime, so its paths are the node's own
 view (`spec_root`, default "/"). Under a fake host (`spec_root` = that host), mounts and
@@ -79,10 +79,6 @@ CDI_ROOTFS_SCRIPT = (
     'echo "gpuhook: $0: the container root is not in the OCI state; skipped" >&2; exit 0; fi; '
     f'for a; do shift; if [ "$a" = {ROOTFS_PLACEHOLDER} ]; then set -- "$@" "$r"; else set -- "$@" "$a"; fi; done; '
     'p=$1; shift 2; exec "$p" "$@"')
-
-# cdiVersion: the fields each version added (SPEC.md), newest first
-VERSION_FIELDS = (("0.7.0", "additionalGids, intelRdt"), ("0.6.0", "annotations, dots in the kind's name"),
-                  ("0.5.0", "deviceNodes hostPath"), ("0.4.0", "mounts type"))
 
 
 class CDIError(ValueError):

@@ -62,20 +62,6 @@ class Edits(Record, fields="env device_nodes mounts hooks additional_gids",
     def __bool__(self) -> bool:
         return any(self)
 
-    def merge(self, other: "Edits") -> "Edits":
-        def union(a: tuple, b: tuple) -> tuple:
-            return a + tuple(x for x in b if x not in a)
-
-        env = {e.partition("=")[0]: e for e in self.env}
-        env.update({e.partition("=")[0]: e for e in other.env})
-        return Edits(
-            env=tuple(env.values()),
-            device_nodes=union(self.device_nodes, other.device_nodes),
-            mounts=union(self.mounts, other.mounts),
-            hooks=union(self.hooks, other.hooks),
-            additional_gids=union(self.additional_gids, other.additional_gids),
-        )
-
     def to_cdi(self) -> dict:
         """CDI containerEdits (only the keys that have something)."""
         d: dict = {}

@@ -41,7 +41,6 @@ SANDBOX_ANNOTATIONS = (
     ("io.kubernetes.cri.container-type", "sandbox"),  # containerd CRI
     ("io.kubernetes.cri-o.ContainerType", "sandbox"),  # CRI-O
 )
-INJECT_ANNOTATION = policy.INJECT
 LDCONFIG_CANDIDATES = ("/sbin/ldconfig.real", "/sbin/ldconfig", "/usr/sbin/ldconfig")
 # The createContainer hooks (the ld cache, Intel's /dev/dri/by-path links) run as root on the
 # host before pivot_root: each runs in gpuhook-hook, isolated from the host (gpuhook/hook/).
