@@ -11,6 +11,7 @@ changes, and a cache that cannot be written or read only costs the parse. `gpuho
 the same keys with a pydantic model (config_model.py) for humans.
 """
 
+from __future__ import annotations
 
 import os
 from .probe.driverroot import AUTO as NVIDIA_DRIVER_ROOT_AUTO
@@ -24,10 +25,7 @@ SHARE_MODES = ("all", "unallocated")
 MPS_PIPE_DIR = "/tmp/nvidia-mps"
 
 
-class Config(Record, fields="runtime host_root log_file fail_mode ldconfig probe_cache_ttl share mps_pipe_dir "
-                            "nvidia_driver_root",
-             defaults=(None, "/", "/var/log/gpuhook.log", "open", None, 10.0, "all", MPS_PIPE_DIR,
-                       NVIDIA_DRIVER_ROOT_AUTO)):
+class Config(Record):
     """runtime: the real OCI runtime, a name on PATH or a path (None: first of runc, crun).
     host_root: where the node's / is (tests and dry runs point it at a fake host).
     log_file: one JSON line per create ("" disables). fail_mode: open | closed.
@@ -37,6 +35,16 @@ class Config(Record, fields="runtime host_root log_file fail_mode ldconfig probe
     mps_pipe_dir: the node's NVIDIA MPS control daemon pipe directory (mounted when present).
     nvidia_driver_root: where the NVIDIA driver's userspace is: "auto" (the host, the GPU
     Operator's /run/nvidia/driver, GKE's /home/kubernetes/bin/nvidia) or one node path."""
+
+    runtime: str | None = None
+    host_root: str = "/"
+    log_file: str = "/var/log/gpuhook.log"
+    fail_mode: str = "open"
+    ldconfig: str | None = None
+    probe_cache_ttl: float = 10.0
+    share: str = "all"
+    mps_pipe_dir: str = MPS_PIPE_DIR
+    nvidia_driver_root: str = NVIDIA_DRIVER_ROOT_AUTO
 
     __slots__ = ()
 

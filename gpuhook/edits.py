@@ -5,15 +5,24 @@ generator writes them into a CDI document. Immutable records (see record.py
 for why not dataclasses).
 """
 
+from __future__ import annotations
 
 from .record import Record
 
 BIND_RO = ("ro", "nosuid", "nodev", "rbind", "rprivate")
 
 
-class DeviceNode(Record, fields="path type major minor permissions file_mode uid gid",
-                            defaults=("rwm", None, None, None)):
+class DeviceNode(Record):
     """A node to create in the container and allow in its device cgroup."""
+
+    path: str
+    type: str
+    major: int
+    minor: int
+    permissions: str = "rwm"
+    file_mode: int | None = None
+    uid: int | None = None
+    gid: int | None = None
 
     __slots__ = ()
 
@@ -29,8 +38,12 @@ class DeviceNode(Record, fields="path type major minor permissions file_mode uid
         return d
 
 
-class Mount(Record, fields="host_path container_path type options",
-                       defaults=("bind", BIND_RO)):
+class Mount(Record):
+    host_path: str
+    container_path: str
+    type: str = "bind"
+    options: tuple[str, ...] = BIND_RO
+
     __slots__ = ()
 
     def to_cdi(self) -> dict:
@@ -38,10 +51,17 @@ class Mount(Record, fields="host_path container_path type options",
                 "type": self.type, "options": list(self.options)}
 
 
-class Hook(Record, fields="hook_name path args env timeout kind", defaults=((), (), None, None)):
+class Hook(Record):
     """An OCI hook. env is always explicit: a hook must never inherit the container's.
     kind: what it does (gpuhook.hook.LDCACHE, BYPATH), None for a hook gpuhook did not make;
     it is not written into specs (argv says it to the helper)."""
+
+    hook_name: str
+    path: str
+    args: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()
+    timeout: int | None = None
+    kind: str | None = None
 
     __slots__ = ()
 
@@ -53,9 +73,14 @@ class Hook(Record, fields="hook_name path args env timeout kind", defaults=((), 
         return d
 
 
-class Edits(Record, fields="env device_nodes mounts hooks additional_gids",
-                       defaults=((), (), (), (), ())):
+class Edits(Record):
     """env: "KEY=value" strings. Everything is a tuple, in the order it is applied."""
+
+    env: tuple[str, ...] = ()
+    device_nodes: tuple[DeviceNode, ...] = ()
+    mounts: tuple[Mount, ...] = ()
+    hooks: tuple[Hook, ...] = ()
+    additional_gids: tuple[int, ...] = ()
 
     __slots__ = ()
 

@@ -3,12 +3,12 @@
 Records (record.py), not dataclasses or namedtuples: these sit on the per-container path.
 """
 
+from __future__ import annotations
 
 from .record import Record
 
 
-class Node(Record, fields="path type major minor file_mode uid gid present",
-                      defaults=(None, None, None, True)):
+class Node(Record):
     """A device node as the node sees it; the container gets the same path.
 
     type is "c" or "b"; file_mode/uid/gid come from the host node when it exists;
@@ -16,11 +16,19 @@ class Node(Record, fields="path type major minor file_mode uid gid present",
     (NVIDIA creates its control nodes lazily): runc makes it from type/major/minor.
     """
 
+    path: str
+    type: str
+    major: int
+    minor: int
+    file_mode: int | None = None
+    uid: int | None = None
+    gid: int | None = None
+    present: bool = True
+
     __slots__ = ()
 
 
-class Device(Record, fields="vendor kind index id nodes pci model driver parent",
-                        defaults=(None, None, None, None)):
+class Device(Record):
     """One GPU, GPU partition or accelerator that a container may be given.
 
     vendor: nvidia, amd, intel, accel, dxg. kind: gpu, partition, accel, dxg.
@@ -28,27 +36,48 @@ class Device(Record, fields="vendor kind index id nodes pci model driver parent"
     address, or node name). parent: a partition's physical GPU (PCI address).
     """
 
+    vendor: str
+    kind: str
+    index: int
+    id: str
+    nodes: tuple[Node, ...]
+    pci: str | None = None
+    model: str | None = None
+    driver: str | None = None
+    parent: str | None = None
+
     __slots__ = ()
 
 
-class Library(Record, fields="path soname capability"):
+class Library(Record):
     """A driver library: the real (versioned) file on the node, mounted at the same path.
 
     capability: the NVIDIA driver capability it serves (compute, utility, video, graphics...).
     """
 
+    path: str
+    soname: str | None
+    capability: str
+
     __slots__ = ()
 
 
-class VendorInventory(Record, fields="vendor devices control_nodes libraries binaries driver_version "
-                                        "driver_root mount_map",
-                                 defaults=((), (), (), None, None, ())):
+class VendorInventory(Record):
     """One vendor's share of the node. control_nodes go with any of its devices.
 
     driver_root: the node directory the driver's userspace was taken from ("/": the host;
     "/run/nvidia/driver": the GPU Operator's...), None when none was found. mount_map:
     (node directory, container directory) pairs for files from a driver root that are not
     mounted at their own path (see container_path)."""
+
+    vendor: str
+    devices: tuple[Device, ...]
+    control_nodes: tuple[Node, ...] = ()
+    libraries: tuple[Library, ...] = ()
+    binaries: tuple[str, ...] = ()
+    driver_version: str | None = None
+    driver_root: str | None = None
+    mount_map: tuple[tuple[str, str], ...] = ()
 
     __slots__ = ()
 
@@ -61,8 +90,12 @@ class VendorInventory(Record, fields="vendor devices control_nodes libraries bin
         return path
 
 
-class Inventory(Record, fields="root vendors warnings", defaults=((),)):
+class Inventory(Record):
     """Everything the probe found under one host root."""
+
+    root: str
+    vendors: tuple[VendorInventory, ...]
+    warnings: tuple[str, ...] = ()
 
     __slots__ = ()
 

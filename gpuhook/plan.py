@@ -28,6 +28,7 @@ are appended to `warnings`: the runtime logs them, and the container starts as t
 policy says.
 """
 
+from __future__ import annotations
 
 import os
 
@@ -61,12 +62,19 @@ NVIDIA_DEV_NAMES = {"libcuda.so.1": "libcuda.so", "libnvidia-ml.so.1": "libnvidi
 DXG_NEEDS = "libdxcore.so"
 
 
-class Request(Record, fields="env annotations rootfs device_paths spec_devices mounts userns",
-              defaults=(None, (), False)):
+class Request(Record):
     """What the container brings: its env (dict), annotations (dict), absolute rootfs path
     (None when unknown), the paths of device nodes its spec already has, those devices'
     numbers (path -> (type, major, minor), or None where the spec gives none), the
     destinations of its mounts, and whether it has a user namespace of its own."""
+
+    env: dict[str, str]
+    annotations: dict[str, str]
+    rootfs: str | None
+    device_paths: frozenset[str]
+    spec_devices: dict[str, tuple[str, int, int] | None] | None = None
+    mounts: tuple[str, ...] = ()
+    userns: bool = False
 
     __slots__ = ()
 
@@ -125,10 +133,15 @@ def _drop(_msg: str) -> None:
     pass
 
 
-class _Choice(Record, fields="vendor devices driver_only caps", defaults=(None,)):
+class _Choice(Record):
     """One vendor's share of the container: its inventory, the devices given (fixed ones
     from the spec first), whether it gives driver files without any device, and (NVIDIA)
     the driver capabilities the container asks for."""
+
+    vendor: VendorInventory
+    devices: list[Device]
+    driver_only: bool
+    caps: frozenset[str] | None = None
 
     __slots__ = ()
 

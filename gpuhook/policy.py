@@ -12,6 +12,7 @@ not valid (unknown key, unknown vendor, not a small whole number, too long) is i
 whole, with a warning, and the container gets what the node policy gives.
 """
 
+from __future__ import annotations
 
 import os
 
@@ -54,9 +55,13 @@ def show(value: str, limit: int = 60) -> str:
 
 # -- pod annotations ------------------------------------------------------------------
 
-class PodPolicy(Record, fields="inject vendors max_gpus", defaults=(True, None, None)):
+class PodPolicy(Record):
     """inject: False opts out. vendors: frozenset of vendor names, None = every vendor.
     max_gpus: at most that many devices (GPUs or partitions), None = no limit."""
+
+    inject: bool = True
+    vendors: frozenset[str] | None = None
+    max_gpus: int | None = None
 
     __slots__ = ()
 
@@ -103,8 +108,11 @@ def pod_uid(annotations: dict) -> str | None:
 
 # -- NVIDIA env contract ----------------------------------------------------------------
 
-class Visible(Record, fields="mode tokens", defaults=((),)):
+class Visible(Record):
     """mode: all (every GPU), none (driver files, no GPU), void (nothing), list (tokens)."""
+
+    mode: str
+    tokens: tuple[str, ...] = ()
 
     __slots__ = ()
 

@@ -10,6 +10,7 @@ reported with present=False (runc creates it in the container).
 Connectors (card0-DP-1) and anything else in /sys/class/drm are ignored.
 """
 
+from __future__ import annotations
 
 from ..record import Record
 
@@ -21,9 +22,17 @@ DRM_MAJOR = 226
 CLASS_DIR = "/sys/class/drm"
 
 
-class DrmDevice(Record, fields="pci vendor_id device_id driver sysfs card render"):
+class DrmDevice(Record):
     """One DRM device: pci address or None, ids or None, driver or None, the node path of its
     device directory, and its card / render Node (None when it has none)."""
+
+    pci: str | None
+    vendor_id: str | None
+    device_id: str | None
+    driver: str | None
+    sysfs: str
+    card: Node | None
+    render: Node | None
 
     __slots__ = ()
 

@@ -17,6 +17,8 @@ glibc-hwcaps names) is ignored. parse() raises LdCacheError, and nothing else,
 on any malformed input.
 """
 
+from __future__ import annotations
+
 import os  # loaded at interpreter start anyway
 import struct
 from ..record import Record
@@ -54,8 +56,13 @@ class LdCacheError(ValueError):
     """The bytes are not a well-formed ld.so.cache."""
 
 
-class Entry(Record, fields="name path flags hwcap"):
+class Entry(Record):
     """One cache entry: soname (or linker name), full path, ldconfig flags, hwcap."""
+
+    name: str
+    path: str
+    flags: int
+    hwcap: int
 
     __slots__ = ()
 

@@ -34,6 +34,8 @@ decides what a container gets:
   sockets ("ipc") and the MPS pipe directory ("mps").
 """
 
+from __future__ import annotations
+
 import stat as _stat
 
 from ..inventory import Device, Library, Node, VendorInventory
@@ -289,10 +291,17 @@ def _control_nodes(host: Host, majors: dict[str, list[int]], major: int) -> tupl
 
 # -- driver files ------------------------------------------------------------------------
 
-class Layout(Record, fields="name lib_dirs xorg_dirs bin_dirs firmware_dir dest"):
+class Layout(Record):
     """How a driver root holds the userspace: where its libraries, tools and firmware are,
     and where each goes in the container. dest: (directory in the root, container
     directory) pairs; a path under none of them keeps its path inside the root."""
+
+    name: str
+    lib_dirs: tuple[str, ...]
+    xorg_dirs: tuple[str, ...]
+    bin_dirs: tuple[str, ...]
+    firmware_dir: str
+    dest: tuple[tuple[str, str], ...]
 
     __slots__ = ()
 
@@ -443,9 +452,15 @@ def _ipc_files(host: Host) -> tuple[Library, ...]:
 
 # -- driver roots ------------------------------------------------------------------------
 
-class Userspace(Record, fields="root libraries binaries version mount_map"):
+class Userspace(Record):
     """What one driver root gave, with node paths: root is the node path of the driver root
     (None: nothing found anywhere); mount_map as VendorInventory.mount_map."""
+
+    root: str | None
+    libraries: tuple[Library, ...]
+    binaries: tuple[str, ...]
+    version: str | None
+    mount_map: tuple[tuple[str, str], ...]
 
     __slots__ = ()
 
