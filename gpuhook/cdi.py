@@ -115,7 +115,8 @@ def _plan(inv: Inventory, ldconfig: str | None | bool, helper: str | None | bool
     no hooks at all."""
     from .plan import plan
 
-    edits = plan(inv, _request(), ldconfig or None, helper=helper or None)
+    edits = plan(inv, _request(), ldconfig if isinstance(ldconfig, str) else None,
+                 helper=helper if isinstance(helper, str) else None)
     if edits.hooks and (ldconfig is False or helper is False):
         edits = edits._replace(hooks=tuple(h for h in edits.hooks
                                            if helper is not False and h.kind != hook.LDCACHE))
@@ -164,7 +165,9 @@ def vendor_spec(inv: Inventory, v: VendorInventory, spec_root: str = "/", ldconf
     container given two named devices could not be told both."""
     sub = inv._replace(root=spec_root, vendors=(v,))
     full = _plan(sub, ldconfig, helper)
-    devices, names, dev_nodes = [], {ALL}, set()
+    devices: list[dict] = []
+    names = {ALL}
+    dev_nodes: set = set()
     per_device = []
     for d in v.devices:
         # the device's own nodes (the libraries stay: plan() gives no device of a vendor
@@ -187,7 +190,7 @@ def vendor_spec(inv: Inventory, v: VendorInventory, spec_root: str = "/", ldconf
     all_nodes = tuple(n for n in full.device_nodes if n in dev_nodes)
     devices.append({"name": ALL, "containerEdits": _cdi_edits(_only(all_nodes, env_all), spec_root)})
     top = _cdi_edits(_without(full, dev_nodes, {"GPUHOOK_DEVICES"}), spec_root)
-    spec = {"cdiVersion": "", "kind": kind_of(v.vendor), "devices": devices}
+    spec: dict = {"cdiVersion": "", "kind": kind_of(v.vendor), "devices": devices}
     if top:
         spec["containerEdits"] = top
     spec["cdiVersion"] = required_version(spec)

@@ -66,8 +66,8 @@ class Hook(Record):
     __slots__ = ()
 
     def to_cdi(self) -> dict:
-        d = {"hookName": self.hook_name, "path": self.path, "args": list(self.args),
-             "env": list(self.env)}
+        d: dict = {"hookName": self.hook_name, "path": self.path, "args": list(self.args),
+                   "env": list(self.env)}
         if self.timeout is not None:
             d["timeout"] = self.timeout
         return d

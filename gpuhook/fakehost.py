@@ -487,7 +487,7 @@ SCENARIOS = {
     "nvidia": lambda fh: nvidia(fh),
     "amd": lambda fh: amd(fh),
     "intel": lambda fh: intel(fh),
-    "nvidia+intel": lambda fh: (nvidia(fh, gpus=2), intel(fh, dgpu=False)),
+    "nvidia+intel": lambda fh: [nvidia(fh, gpus=2), intel(fh, dgpu=False)],  # type: ignore[func-returns-value]
     "nvidia-full": lambda fh: nvidia(fh, gpus=4, graphics=True, video=True, mig=True, nvswitch=2,
                                      imex_channels=2, firmware=True, persistenced=True,
                                      fabricmanager=True, mps=True),

@@ -13,7 +13,7 @@ stdlib `json`'s with the same rules (slower, never wrong): `ACCELERATED` says wh
 try:
     import _json
 except ImportError:  # an interpreter without the accelerator
-    _json = None
+    _json = None  # type: ignore[assignment]
 
 
 def _no_constant(name: str):
@@ -25,8 +25,8 @@ def _object(pairs: list) -> dict:
     what Python would drop, so a spec with them cannot be read the way runc reads it."""
     obj = dict(pairs)
     if len(obj) != len(pairs):
-        seen = set()
-        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
+        seen: set = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
         raise ValueError(f"duplicate key {dup[:64]!r}")
     return obj
 
@@ -42,6 +42,7 @@ class _Context:
 
 
 _WS = " \t\n\r"
+_scan = _encode = None  # made by _accelerated()
 
 
 def _fast_loads(s: str | bytes):
@@ -54,7 +55,7 @@ def _fast_loads(s: str | bytes):
     while i < n and s[i] in _WS:
         i += 1
     try:
-        obj, end = _scan(s, i)
+        obj, end = _scan(s, i)  # type: ignore[misc]
     except StopIteration as e:
         raise ValueError(f"invalid JSON at offset {e.value}") from None
     except RecursionError:
@@ -77,7 +78,7 @@ def _why(s: str, i: int) -> str:
     import json.decoder  # noqa: F401  (on malformed input only)
 
     try:
-        _scan(s, i)
+        _scan(s, i)  # type: ignore[misc]
     except (ValueError, RecursionError) as e:
         return str(e)
     except StopIteration as e:
@@ -91,7 +92,7 @@ def _default(o):
 
 def _fast_dumps(obj) -> str:
     """Compact JSON (no NaN/Infinity: they are not JSON)."""
-    return "".join(_encode(obj, 0))
+    return "".join(_encode(obj, 0))  # type: ignore[misc]
 
 
 def _std_loads(s: str | bytes):
@@ -119,7 +120,7 @@ _SAMPLE_VALUE = {"a": [1, 2.5, "\u00e9x", True, False, None], "b": {}}
 def _accelerated() -> bool:
     global _scan, _encode
     try:
-        _scan = _json.make_scanner(_Context())
+        _scan = _json.make_scanner(_Context())  # type: ignore[arg-type]
         _encode = _json.make_encoder(None, _default, _json.encode_basestring_ascii, None, ":", ",",
                                      False, False, False)
         return (_fast_loads(_SAMPLE) == _SAMPLE_VALUE and _fast_dumps(_SAMPLE_VALUE) == _SAMPLE

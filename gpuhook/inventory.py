@@ -38,7 +38,7 @@ class Device(Record):
 
     vendor: str
     kind: str
-    index: int
+    index: int  # type: ignore[assignment]  # a field, over tuple.index
     id: str
     nodes: tuple[Node, ...]
     pci: str | None = None

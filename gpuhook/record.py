@@ -17,6 +17,10 @@ strings, never evaluated, so they cost nothing at import.
 """
 
 
+def _getter(i: int):
+    return lambda self: tuple.__getitem__(self, i)
+
+
 class Record(tuple):
     __slots__ = ()
     _fields: tuple[str, ...] = ()
@@ -32,7 +36,7 @@ class Record(tuple):
         cls._fields = names
         cls._defaults = defaults
         for i, name in enumerate(names):
-            setattr(cls, name, property(lambda self, _i=i: tuple.__getitem__(self, _i), doc=f"field {i}: {name}"))
+            setattr(cls, name, property(_getter(i), doc=f"field {i}: {name}"))
 
     def __new__(cls, *args, **kwargs):
         fields = cls._fields

@@ -37,7 +37,7 @@ def _list(parent: dict, key: str, where: str = "") -> list:
 # The fields gpuhook reads or edits, the JSON type the real runtime wants for each, and for
 # their items. A spec where one has another type is not edited at all: gpuhook would read it
 # otherwise than runc does, and runc refuses it anyway, in its own words.
-_SHAPE = (
+_SHAPE: tuple[tuple[tuple[str, ...], type, type | None], ...] = (
     (("process",), dict, None), (("process", "env"), list, str), (("process", "user"), dict, None),
     (("process", "user", "additionalGids"), list, int), (("root",), dict, None),
     (("annotations",), dict, str), (("linux",), dict, None), (("linux", "devices"), list, dict),
@@ -50,7 +50,7 @@ def check(spec: dict) -> None:
     """SpecError when a field that gpuhook reads or edits, or one of its items, has a type
     the real runtime would refuse (null counts as absent)."""
     for path, kind, item in _SHAPE:
-        node = spec
+        node: object = spec
         for key in path:
             node = node.get(key) if isinstance(node, dict) else None
         if node is None:
@@ -58,10 +58,13 @@ def check(spec: dict) -> None:
         where = ".".join(path)
         if not isinstance(node, kind):
             raise SpecError(f"{where} is a {type(node).__name__}, not a{'n object' if kind is dict else ' list'}")
-        for value in (node.values() if kind is dict else node) if item is not None else ():
+        if item is None:
+            continue
+        items: list = list(node.values()) if isinstance(node, dict) else node  # type: ignore[assignment]
+        for value in items:
             if not isinstance(value, item) or isinstance(value, bool):
                 raise SpecError(f"{where} has an item of type {type(value).__name__}")
-            if path == ("hooks",) and any(not isinstance(h, dict) for h in value):
+            if path == ("hooks",) and any(not isinstance(h, dict) for h in value):  # type: ignore[attr-defined]
                 raise SpecError("hooks has an entry that is not an object")
 
 

@@ -28,7 +28,7 @@ def _numbers(host: Host, path: str) -> list[int]:
 def probe(host: Host) -> VendorInventory | None:
     major = first_major(char_majors(host), "accel") or ACCEL_MAJOR
     in_sysfs = set(_numbers(host, CLASS_DIR))
-    devices = []
+    devices: list[Device] = []
     for n in sorted(in_sysfs | set(_numbers(host, "/dev/accel"))):
         sys_dir = f"{CLASS_DIR}/accel{n}"
         text = host.read_text(sys_dir + "/dev", quiet=True)

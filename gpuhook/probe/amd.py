@@ -20,7 +20,7 @@
 
 from ..inventory import Device, Node, VendorInventory
 from .common import char_majors, device_node, first_major, parse_dev
-from .drm import DRM_MAJOR, drm_devices
+from .drm import DRM_MAJOR, DrmDevice, drm_devices
 from .host import Host
 
 VENDOR_ID = 0x1002
@@ -113,7 +113,9 @@ def probe(host: Host) -> VendorInventory | None:
     kfd = kfd_gpus(host)
     addrs = [pci_address(p.get("domain", 0), p.get("location_id", 0)) for p in kfd]
     physical = [a[:-1] + "0" for a in addrs]  # the function bits masked
-    devices, used, ids = [], set(), set()
+    devices: list[Device] = []
+    used: set[DrmDevice] = set()
+    ids: set[str] = set()
     for props, addr, parent in zip(kfd, addrs, physical):
         minor = props["drm_render_minor"]
         partition = physical.count(parent) > 1
@@ -131,7 +133,7 @@ def probe(host: Host) -> VendorInventory | None:
                               "amdgpu", parent if partition else None))
     for d in xcp:
         if d not in used:
-            host.warn(f"{d.sysfs}: compute partition render node {d.render.path} that no KFD node "
+            host.warn(f"{d.sysfs}: compute partition render node {d.render.path if d.render else '?'} that no KFD node "
                       "names, skipped (no compute without KFD)")
     for d in drm:
         if d not in used:

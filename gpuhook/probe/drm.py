@@ -27,8 +27,8 @@ class DrmDevice(Record):
     device directory, and its card / render Node (None when it has none)."""
 
     pci: str | None
-    vendor_id: str | None
-    device_id: str | None
+    vendor_id: int | None
+    device_id: int | None
     driver: str | None
     sysfs: str
     card: Node | None

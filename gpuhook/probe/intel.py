@@ -46,7 +46,7 @@ def probe(host: Host) -> VendorInventory | None:
             if not any(vf in by_sysfs for vf in vfs):
                 host.warn(f"intel: {d.pci or d.sysfs} has {len(vfs)} virtual function(s) enabled but none "
                           "with a DRM node (bound to vfio-pci?): this GPU is not given to containers")
-    devices = []
+    devices: list[Device] = []
     for d in gpus:
         if d.sysfs in pfs:
             continue  # the PF of an SR-IOV GPU: its VFs are given instead

@@ -57,9 +57,10 @@ CAPS_DEV_DIR = "/dev/nvidia-caps"
 IMEX_DIR = "/dev/nvidia-caps-imex-channels"
 FIRMWARE_DIR = "/lib/firmware/nvidia"
 
+CUDA_SONAME = "libcuda.so.1"
 # file stem -> (soname, or None where the soname is the versioned name itself; capability)
-LIBRARIES = {
-    "libcuda": ("libcuda.so.1", "compute"),
+LIBRARIES: dict[str, tuple[str | None, str]] = {
+    "libcuda": (CUDA_SONAME, "compute"),
     "libcudadebugger": ("libcudadebugger.so.1", "compute"),
     "libnvidia-ptxjitcompiler": ("libnvidia-ptxjitcompiler.so.1", "compute"),
     "libnvidia-nvvm": ("libnvidia-nvvm.so.4", "compute"),
@@ -142,7 +143,7 @@ def parse_version(text: str) -> str | None:
 
 def parse_mig_minors(text: str) -> dict[str, int]:
     """/proc/driver/nvidia-caps/mig-minors: "gpu0/gi1/access 12", "config 1", "monitor 2" lines."""
-    out = {}
+    out: dict[str, int] = {}
     for line in text.splitlines():
         name, _, minor = line.strip().partition(" ")
         minor = minor.strip()
@@ -211,7 +212,7 @@ def _access_minor(host: Host, path: str, table: dict[str, int], name: str) -> in
 def _mig_nodes(host: Host, gpu_minor: int, table: dict[str, int], caps_major: int | None) -> list[Node]:
     """The access capabilities of the GPU's MIG instances (GIs and their CIs): what a process
     needs, besides /dev/nvidia<minor>, to use them. Never config/monitor (MIG management)."""
-    names = []
+    names: list[tuple[str, str | None]] = []
     base = f"{CAPS_DIR}/gpu{gpu_minor}/mig"
     gis = [g for g in host.listdir(base) if g.startswith("gi") and is_uint(g[2:])]
     if gis:
@@ -269,7 +270,8 @@ def _with_extras(host: Host, devices: list[Device], majors: dict[str, list[int]]
 
 def _control_nodes(host: Host, majors: dict[str, list[int]], major: int) -> tuple[Node, ...]:
     uvm = first_major(majors, "nvidia-uvm")
-    wanted = [("/dev/nvidiactl", major, CTL_MINOR, True), ("/dev/nvidia-modeset", major, MODESET_MINOR, True)]
+    wanted: list[tuple[str, int | None, int | None, bool]] = [
+        ("/dev/nvidiactl", major, CTL_MINOR, True), ("/dev/nvidia-modeset", major, MODESET_MINOR, True)]
     if uvm is None:  # no /proc/devices: take the nodes' own numbers when they exist
         wanted += [("/dev/nvidia-uvm", None, None, True), ("/dev/nvidia-uvm-tools", None, None, True)]
     else:
@@ -314,7 +316,6 @@ ROOTED = Layout("rooted", LIB_DIRS, XORG_DIRS, BIN_DIRS, FIRMWARE_DIR, ())
 # on every image's PATH.
 FLAT = Layout("flat", ("/lib64",), (), ("/bin",), "/firmware/nvidia",
               (("/lib64", "/usr/local/nvidia/lib64"), ("/bin", "/usr/bin"), ("/firmware/nvidia", FIRMWARE_DIR)))
-CUDA_SONAME = LIBRARIES["libcuda"][0]
 # what the probe looks up in an ld cache: sonames and versioned names, all "<stem>.so..."
 _CACHE_PREFIXES = tuple(f"{stem}.so".encode() for stem in LIBRARIES)
 
