@@ -3,7 +3,9 @@
 containerd's io.containerd.runc.v2 shim (options.BinaryName) and CRI-O (runtime_path) call
 it exactly as they call runc. The POSIX sh front (bin/gpuhook-runtime) execs the real runtime
 itself for every subcommand but create/run, and for create/run on a node with no GPU node
-at all, so Python starts only when there may be something to inject. Here:
+at all, so Python starts only when there may be something to inject, or for an exec into a
+container gpuhook injected (execenv.py: the recorded GPUHOOK_* env goes into the exec's
+process). Here:
 
     parse argv -> load node config -> read <bundle>/config.json -> probe -> plan -> apply
     -> write config.json atomically -> one JSON log line -> exec the real runtime

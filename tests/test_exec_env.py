@@ -16,7 +16,7 @@ import pytest
 
 from conftest import needs_runc, wrapper_path
 from gpuhook import execenv
-from gpuhook.runtime import parse_args
+from gpuhook.runtime import EXEC_VALUE_FLAGS, parse_args
 
 SH_FRONT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gpuhook", "sh", "gpuhook-runtime")
 ENV = ["GPUHOOK_ACCELERATOR=nvidia", "GPUHOOK_DEVICES=nvidia:GPU-1,nvidia:GPU-2"]
@@ -168,6 +168,32 @@ def test_exec_of_an_injected_container_gets_the_recorded_env(front, form, tmp_pa
     assert front.seen_env() == ["PATH=/bin", "GPUHOOK_ACCELERATOR=nvidia", ENV[1]]
     assert stat.S_IMODE(os.stat(p).st_mode) == 0o600
     assert front.python_started() == 1 and front.log_lines() == []
+
+
+@pytest.mark.parametrize("flag", sorted(EXEC_VALUE_FLAGS))
+def test_sh_front_and_python_agree_on_the_container_id(front, flag):
+    """Every exec flag that takes a value, with a value that looks like a container id: the
+    sh front finds the record of the real id (it starts Python), as parse_args does."""
+    front.record("/r", "c1")
+    dash = "-" if len(flag) == 1 else "--"
+    for argv in (["--root", "/r", "exec", f"{dash}{flag}", "decoy", "c1", "true"],
+                 ["--root", "/r", "exec", f"-{flag}", "decoy", "c1", "true"],
+                 ["--root", "/r", "exec", f"--{flag}=decoy", "c1", "true"]):
+        assert parse_args(argv).container_id == "c1"
+        started = front.python_started()
+        assert front.run(*argv).returncode == 0
+        assert front.python_started() == started + 1, argv
+
+
+def test_exec_when_only_python_can_read_the_node_config(tmp_path):
+    front = Front(tmp_path, '"y" = 2\n')  # a quoted key: the sh front hands everything to Python
+    front.record("/r", "c1")
+    p = front.process_file()
+    assert front.run("--root", "/r", "exec", "-p", p, "c1").returncode == 0
+    assert front.seen_env() == ["PATH=/bin", "GPUHOOK_ACCELERATOR=nvidia", ENV[1]]
+    p = front.process_file()
+    assert front.run("--root", "/r", "exec", "-p", p, "c2").returncode == 0
+    assert front.seen_env() == PROCESS["env"]
 
 
 def test_exec_without_process_file_gets_env_flags(front):
