@@ -149,3 +149,20 @@ def test_the_agent_makes_them_on_each_probe(tmp_path):
                                               ["/dev/char/510:0 -> ../nvidia-uvm"]]
     finally:
         log.configure(stream=io.StringIO(), fmt="json")
+
+
+def test_a_block_node_gets_its_dev_block_link(tmp_path):
+    from gpuhook.inventory import Inventory, Node, VendorInventory
+
+    root = tmp_path / "host"
+    (root / "dev" / "sub").mkdir(parents=True)
+    os.mknod(root / "dev" / "sub" / "blk0", 0o060600, os.makedev(7, 99))
+    os.mknod(root / "dev" / "chr0", 0o020600, os.makedev(240, 3))
+    (root / "dev" / "plain").write_text("")
+    nodes = (Node("/dev/sub/blk0", "b", 7, 99), Node("/dev/chr0", "c", 240, 3), Node("/dev/plain", "c", 1, 1),
+             Node("/dev/missing", "c", 240, 4, present=False))
+    inv = Inventory(str(root), (VendorInventory("accel", (), nodes),))
+    links = {x.path: (x.target, x.status) for x in devlinks.ensure(str(root), inv)}
+    assert links == {"/dev/block/7:99": ("../sub/blk0", "made"), "/dev/char/240:3": ("../chr0", "made")}
+    assert os.readlink(root / "dev" / "block" / "7:99") == "../sub/blk0"
+    assert os.stat(root / "dev" / "block" / "7:99").st_rdev == os.makedev(7, 99)
