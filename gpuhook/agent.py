@@ -284,6 +284,7 @@ class Agent:
                           driver_changes=change["driver_version"], warnings=list(inv.warnings)[:20])
         else:
             self.log.debug("inventory.same", reason=reason)
+        self._dev_links(inv)
         ok = self._write_cdi(inv)
         node_labels = labels_mod.node_labels(inv, self.runtime_ready)
         ok = self._write_nfd(node_labels) and ok
@@ -302,6 +303,23 @@ class Agent:
                 self._post("GPUUnusable", "; ".join(f"{v}: {why}: gpu-optional containers get none of its devices"
                                                     for v, why in summary["unusable"].items()), "Warning")
         return ok
+
+    def _dev_links(self, inv) -> None:
+        """/dev/char links of the nodes gpuhook injects (devlinks.py); a failure is logged,
+        never "not ready": the links matter only to the systemd cgroup driver."""
+        from . import devlinks
+
+        try:
+            links = devlinks.ensure(self.opts.root, inv)
+        except OSError as e:
+            self.log.error("devlinks.error", error=str(e))
+            return
+        made = [f"{x.path} -> {x.target}" for x in links if x.status == "made"]
+        failed = [f"{x.path}: {x.status}" for x in links if x.status.startswith("error")]
+        if made:
+            self.log.info("devlinks.made", links=made)
+        if failed:
+            self.log.warning("devlinks.error", links=failed)
 
     def _write_cdi(self, inv) -> bool:
         if not self.cdi_dir:

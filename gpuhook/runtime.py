@@ -3,7 +3,9 @@
 containerd's io.containerd.runc.v2 shim (options.BinaryName) and CRI-O (runtime_path) call
 it exactly as they call runc. The POSIX sh front (bin/gpuhook-runtime) execs the real runtime
 itself for every subcommand but create/run, and for create/run on a node with no GPU node
-at all, so Python starts only when there may be something to inject. Here:
+at all, so Python starts only when there may be something to inject, or for an exec into a
+container gpuhook injected (execenv.py: the recorded GPUHOOK_* env goes into the exec's
+process). Here:
 
     parse argv -> load node config -> read <bundle>/config.json -> probe -> plan -> apply
     -> write config.json atomically -> one JSON log line -> exec the real runtime
@@ -23,19 +25,33 @@ import time
 GLOBAL_VALUE_FLAGS = frozenset({"root", "log", "log-format", "criu", "rootless", "cgroup-manager"})
 # create/run flags that take a value
 CREATE_VALUE_FLAGS = frozenset({"bundle", "b", "console-socket", "pid-file", "preserve-fds", "pidfd-socket"})
+# exec flags that take a value (runc's and crun's); the rest (--detach, --tty...) take none
+EXEC_VALUE_FLAGS = frozenset({"console-socket", "pidfd-socket", "cwd", "env", "e", "user", "u", "additional-gids",
+                              "g", "process", "p", "apparmor", "process-label", "pid-file", "cap", "c",
+                              "preserve-fds", "cgroup"})
 EDITING_COMMANDS = frozenset({"create", "run"})
+# the subcommands whose container id gpuhook reads (the exec env record: execenv.py)
+VALUE_FLAGS = {"create": CREATE_VALUE_FLAGS, "run": CREATE_VALUE_FLAGS, "exec": EXEC_VALUE_FLAGS,
+               "delete": frozenset()}
 MAX_SPEC_BYTES = 16 << 20
 
 
 class Invocation:
-    __slots__ = ("command", "bundle", "container_id", "log", "log_format")
+    """command: the subcommand. bundle: create/run's. container_id: create/run/exec/delete's.
+    root, log, log_format: the global flags (None when absent). process: exec's --process
+    file; exec_at: the index in argv of the exec subcommand itself."""
 
-    def __init__(self, command, bundle, container_id, log, log_format):
+    __slots__ = ("command", "bundle", "container_id", "log", "log_format", "root", "process", "exec_at")
+
+    def __init__(self, command, bundle, container_id, log, log_format, root=None, process=None, exec_at=None):
         self.command = command
         self.bundle = bundle
         self.container_id = container_id
         self.log = log
         self.log_format = log_format
+        self.root = root
+        self.process = process
+        self.exec_at = exec_at
 
 
 def _flag(arg: str) -> tuple[str, str | None]:
@@ -44,13 +60,14 @@ def _flag(arg: str) -> tuple[str, str | None]:
 
 
 def parse_args(argv: list[str]) -> Invocation:
-    """Find the subcommand, and for create/run the bundle and container id.
+    """Find the subcommand and the global --root; for create/run the bundle and container
+    id, for exec the container id and --process file, for delete the container id.
 
     Flag values are never taken for the subcommand (`--root create create ...` is a create
     whose state root is "create"). No --bundle means the current directory, as in runc.
     """
     i, n = 0, len(argv)
-    log = log_format = None
+    log = log_format = root = process = None
     command = None
     while i < n:
         arg = argv[i]
@@ -66,14 +83,19 @@ def parse_args(argv: list[str]) -> Invocation:
                 log = value
             elif name == "log-format":
                 log_format = value
+            elif name == "root":
+                root = value
             i += 1
             continue
         break
+    exec_at = None
     if i < n:
         command = argv[i]
+        exec_at = i
         i += 1
     bundle = container_id = None
-    if command in EDITING_COMMANDS:
+    value_flags = VALUE_FLAGS.get(command)
+    if value_flags is not None:
         rest_positional = []
         while i < n:
             arg = argv[i]
@@ -82,20 +104,26 @@ def parse_args(argv: list[str]) -> Invocation:
                 break
             if arg.startswith("-") and arg != "-":
                 name, value = _flag(arg)
-                if name in CREATE_VALUE_FLAGS and value is None:
+                if name in value_flags and value is None:
                     value = argv[i + 1] if i + 1 < n else None
                     i += 1
-                if name in ("bundle", "b"):
+                if name in ("bundle", "b") and command in EDITING_COMMANDS:
                     bundle = value
+                elif name in ("process", "p") and command == "exec":
+                    process = value
             else:
                 rest_positional.append(arg)
+                if command == "exec":  # the process's own argv follows: never read as flags
+                    break
             i += 1
         container_id = rest_positional[0] if rest_positional else None
+    if command in EDITING_COMMANDS:
         if bundle is None or bundle == "":
             bundle = os.getcwd()
         elif not bundle.startswith("/"):
             bundle = os.path.join(os.getcwd(), bundle)
-    return Invocation(command, bundle, container_id, log, log_format)
+    return Invocation(command, bundle, container_id, log, log_format, root, process,
+                      exec_at if command == "exec" else None)
 
 
 # -- the create path -------------------------------------------------------------
@@ -103,9 +131,10 @@ def parse_args(argv: list[str]) -> Invocation:
 class Outcome:
     """What one create did, for the log line."""
 
-    __slots__ = ("decision", "vendors", "nodes", "mounts", "hooks", "error", "warnings")
+    __slots__ = ("decision", "vendors", "nodes", "mounts", "hooks", "error", "warnings", "env")
 
     def __init__(self):
+        self.env: list[str] = []
         self.decision = "unchanged"
         self.vendors: list[str] = []
         self.nodes: list[str] = []
@@ -153,6 +182,7 @@ def edit_bundle(bundle: str, config, out: Outcome) -> None:
     spec = apply(spec, edits)
     write_atomic(path, fastjson.dumps(spec).encode(), st.st_mode & 0o7777, sync_dir=False)
     out.decision = "injected"
+    out.env = list(edits.env)
     out.vendors = next((e[20:].split(",") for e in edits.env if e.startswith("GPUHOOK_ACCELERATOR=")), [])
     out.nodes = [n.path for n in edits.device_nodes]
     out.mounts = [m.container_path for m in edits.mounts]
@@ -183,6 +213,68 @@ def log_line(config, inv: Invocation, out: Outcome, started: float) -> None:
     if out.warnings:
         record["warnings"] = [str(w)[:500] for w in out.warnings[:20]]
     append_line(config.log_file, fastjson.dumps(record))
+
+
+def record_exec_env(inv: Invocation, out: Outcome, real: str) -> None:
+    """After a create: what exec will add (execenv.py); a warning, never a failure."""
+    from . import execenv
+    from .config import cache_dir
+
+    try:
+        path = execenv.record_path(cache_dir(), inv.root, inv.container_id, real)
+        if path is None:
+            if out.env:
+                out.warnings.append("exec will not see the GPUHOOK_* env: the runtime root or container id "
+                                    "is not one the exec record can be keyed by")
+            return
+        if execenv.state_exists(inv.root, inv.container_id, real):
+            return  # that id is taken: the runtime refuses this create, the record is the running container's
+        if out.decision == "injected" and out.env:
+            execenv.write_record(path, out.env, inv.bundle)
+        else:
+            execenv.remove_record(path)
+    except (OSError, ValueError) as e:
+        out.warnings.append(f"exec env record: {e}")
+
+
+def exec_env(inv: Invocation, args: list[str], real: str, config) -> list[str]:
+    """Before an exec: the recorded env into its process; anything odd leaves it unchanged."""
+    from . import execenv
+    from .config import cache_dir
+
+    try:
+        args, why = execenv.on_exec(inv, args, real, cache_dir())
+    except Exception as e:  # the exec goes on, whatever happened here
+        why = f"{type(e).__name__}: {e}"
+    if why and config.log_file:
+        from . import fastjson
+        from .log import utc_now
+
+        append_line(config.log_file, fastjson.dumps({"time": utc_now(), "event": "exec",
+                                                     "container_id": inv.container_id,
+                                                     "decision": "unchanged", "error": why[:1000]}))
+    return args
+
+
+def delete_and_forget(inv: Invocation, args: list[str], real: str) -> None:
+    """`delete` of a container with an exec record: the runtime first, then the record once
+    the runtime has no state for the container any more. Exits with the runtime's status."""
+    from . import execenv
+    from .config import cache_dir
+
+    path = execenv.record_path(cache_dir(), inv.root, inv.container_id, real)
+    if path is None or not os.path.exists(path):
+        return
+    try:
+        pid = os.posix_spawn(real, [real] + args, os.environ)
+        _, status = os.waitpid(pid, 0)
+        rc = os.waitstatus_to_exitcode(status)
+    except OSError as e:
+        _runtime_error(inv, f"cannot run the real OCI runtime {real}: {e.strerror or e}")
+        sys.exit(127)
+    if not execenv.state_exists(inv.root, inv.container_id, real):
+        execenv.remove_record(path)
+    sys.exit(rc if rc >= 0 else 128 - rc)
 
 
 def append_line(path: str, line: str) -> None:
@@ -233,12 +325,17 @@ def main(argv: list[str] | None = None) -> None:
         except Exception as e:  # fail open unless the node says otherwise
             out.decision = "error"
             out.error = f"{type(e).__name__}: {e}" if not isinstance(e, (ValueError, OSError)) else str(e)
+        record_exec_env(inv, out, real)
         if config_errors:
             out.warnings = config_errors + out.warnings
         log_line(config, inv, out, started)
         if out.error and config.fail_mode == "closed":
             _runtime_error(inv, f"GPU injection failed ({out.error}); fail_mode is closed")
             sys.exit(1)
+    elif inv.command == "exec":
+        args = exec_env(inv, args, real, config)
+    elif inv.command == "delete":
+        delete_and_forget(inv, args, real)
     try:
         os.execv(real, [real] + args)
     except OSError as e:  # e.g. a script whose interpreter is missing, a noexec mount

@@ -143,10 +143,13 @@ def _copy(value):
     return value
 
 
-def write_atomic(path: str, data: bytes, mode: int | None = None, sync_dir: bool = True) -> None:
+def write_atomic(path: str, data: bytes, mode: int | None = None, sync_dir: bool = True,
+                 sync: bool = True) -> None:
     """Write a whole file or nothing: temp file beside it, fsync, rename, and fsync the
     directory too when the rename itself must survive a crash (node config, not a bundle:
-    a bundle does not outlive a node crash)."""
+    a bundle does not outlive a node crash). sync=False: no fsync at all, for a file that
+    never outlives the process reading it (an exec's process file); readers still see the
+    old file or the new one."""
     d = os.path.dirname(os.path.abspath(path))
     if mode is None:
         try:
@@ -169,7 +172,8 @@ def write_atomic(path: str, data: bytes, mode: int | None = None, sync_dir: bool
             while view:
                 view = view[os.write(fd, view):]
             os.fchmod(fd, mode)
-            os.fsync(fd)
+            if sync:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.rename(tmp, path)

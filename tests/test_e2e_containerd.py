@@ -89,3 +89,31 @@ def test_ctr_plain_runc_on_gpu_host_gets_nothing(make_host, runtime, containerd)
     assert r.returncode == 0, r.stderr + c.log_tail()
     assert nodes_of(r.stdout) == {} and "accel=none" in r.stdout
     assert rt.log_records() == []
+
+
+def test_ctr_task_exec_sees_the_env_gpuhook_added(make_host, runtime, containerd):
+    """`ctr task exec`: containerd hands the shim its own copy of the process (no GPUHOOK_*);
+    the wrapper adds what it recorded at create. The record goes with the task."""
+    import time
+
+    rt = runtime(make_host("nvidia", mknod=True, gpus=2, libs=False))
+    c = containerd(rt, namespace=NS)
+    c.cgroup_parents.append("/" + NS)
+    opts = ["--runc-root", c.runc_root, "--fifo-dir", os.path.join(c.base, "fifo"), "--runc-binary", wrapper_path()]
+    c.ctr("run", "-d", *opts, IMAGE_NAME, "exec-me", "sleep", "600", namespace=NS)
+    r = c.ctr("task", "exec", "--exec-id", "e1", "--fifo-dir", os.path.join(c.base, "fifo"), "exec-me",
+              "sh", "-c", "echo accel=${GPUHOOK_ACCELERATOR:-none}; echo devices=${GPUHOOK_DEVICES:-none}; "
+              "stat -c '%t:%T' /dev/nvidia1", namespace=NS, check=False)
+    assert r.returncode == 0, r.stderr + c.log_tail()
+    out = r.stdout.split()
+    assert out[0] == "accel=nvidia" and out[1].count("nvidia:GPU-") == 2 and out[2] == "c3:1", out
+    key = os.path.join(c.runc_root, NS).replace("/", "%2F")
+    records = os.path.join(rt.env["GPUHOOK_CACHE_DIR"], "exec", key)
+    assert os.listdir(records) == ["exec-me"]
+    c.ctr("task", "kill", "-s", "SIGKILL", "exec-me", namespace=NS)
+    deadline = time.monotonic() + 20
+    while "STOPPED" not in c.ctr("task", "ls", namespace=NS).stdout and time.monotonic() < deadline:
+        time.sleep(0.05)
+    c.ctr("task", "delete", "exec-me", namespace=NS)
+    c.ctr("containers", "delete", "exec-me", namespace=NS)
+    assert os.listdir(records) == []

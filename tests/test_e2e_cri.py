@@ -111,16 +111,26 @@ def test_gpu_optional_pod_gets_the_hosts_gpus(kubelet):
     assert not any(e.startswith("GPUHOOK_") for e in sandbox["process"]["env"])
     assert not any("nvidia" in d.get("path", "") for d in sandbox["linux"].get("devices") or [])
     assert "hooks" not in sandbox or not sandbox["hooks"].get("createContainer")
-    # exec goes through the wrapper too (runc exec), into a container that has the GPUs
+    # exec (ExecSync: what `kubectl exec` uses) goes through the wrapper too, as `runc exec
+    # --process FILE` with containerd's own copy of the process: the exec'd shell sees the
+    # GPUHOOK_* env the container's first process got
     sleeper = kubelet.cri.create_container(pod_id, config, "sleeper", IMAGE_NAME,
                                            command=["sleep", "600"], log_path="sleeper/0.log")
     kubelet.cri.start_container(sleeper)
-    # (an exec'd process gets containerd's own copy of process.env, not the edited config.json:
-    # the container's init has GPUHOOK_ACCELERATOR, the exec'd shell does not)
-    r = kubelet.cri.exec_sync(sleeper, ["sh", "-c", "stat -c '%t:%T' /dev/nvidia7; "
-                                        "tr '\\0' '\\n' </proc/1/environ | grep ^GPUHOOK_ACCELERATOR="])
-    assert r.exit_code == 0 and r.stdout.decode().split() == ["c3:7", "GPUHOOK_ACCELERATOR=nvidia"], r
+    r = kubelet.cri.exec_sync(sleeper, ["sh", "-c", "stat -c '%t:%T' /dev/nvidia7; env | grep ^GPUHOOK_ | sort; "
+                                        "tr '\\0' '\\n' </proc/1/environ | grep ^GPUHOOK_ | sort"])
+    assert r.exit_code == 0, r
+    out = r.stdout.decode().split()
+    assert out[0] == "c3:7" and "GPUHOOK_ACCELERATOR=nvidia" in out[1:3], out
+    assert out[1:3] == out[3:5] and out[2].startswith("GPUHOOK_DEVICES=nvidia:GPU-"), out
     assert [r["decision"] for r in records(kubelet.rt, sleeper)] == ["injected"]
+    assert not [r for r in kubelet.rt.log_records() if r["event"] == "exec"]  # nothing odd to say
+    # the record is keyed by containerd's runc root for k8s.io, and goes with the container
+    exec_records = os.path.join(kubelet.rt.env["GPUHOOK_CACHE_DIR"], "exec")
+    key = os.path.join(kubelet.ctd.runc_root, "k8s.io").replace("/", "%2F")
+    assert sleeper in os.listdir(os.path.join(exec_records, key))
+    kubelet.cri.remove_all()
+    assert os.listdir(os.path.join(exec_records, key)) == []
 
 
 def test_inject_false_annotation_gets_nothing(kubelet):
@@ -145,6 +155,8 @@ def test_inject_false_annotation_gets_nothing(kubelet):
         assert not any(e.startswith("GPUHOOK_") for e in spec["process"]["env"])
         assert not any("nvidia" in d.get("path", "") for d in spec["linux"].get("devices") or [])
     assert [r["decision"] for r in records(kubelet.rt, sleeper)] == ["declined"]
+    r = kubelet.cri.exec_sync(sleeper, ["sh", "-c", "echo accel=${GPUHOOK_ACCELERATOR:-none}"])
+    assert r.exit_code == 0 and r.stdout.decode().split() == ["accel=none"], r
 
 
 def test_default_handler_does_not_go_through_gpuhook(kubelet):
@@ -210,6 +222,12 @@ def test_installed_handler_through_cri_then_uninstalled(make_host, runtime, cont
     # the bundled gpuhook-runtime (its own Python) did it, and left the pause container alone
     assert [r["decision"] for r in records(rt, status.id)] == ["injected"]
     assert [r["decision"] for r in records(rt, pod_id)] == ["sandbox"]
+    # and an exec into a container of the installed handler sees the env (the bundled runtime too)
+    sleeper = client.create_container(pod_id, pod_config, "sleeper", IMAGE_NAME, command=["sleep", "600"],
+                                      log_path="sleeper/0.log")
+    client.start_container(sleeper)
+    r = client.exec_sync(sleeper, ["sh", "-c", "echo $GPUHOOK_ACCELERATOR"])
+    assert r.exit_code == 0 and r.stdout.decode().split() == ["nvidia"], r
 
     client.remove_all()
     gpuhook("uninstall", "--runtime", "containerd", "--restart", "none")

@@ -40,13 +40,13 @@ def put(path, data: bytes) -> None:
 
 
 def cache_files_parse(cache_dir: str) -> list[str]:
-    """Every cache file (not the hidden temp files of writers) is whole JSON."""
+    """Every cache file and exec record (not the hidden temp files of writers) is whole JSON."""
     names = []
-    if os.path.isdir(cache_dir):
-        for name in sorted(os.listdir(cache_dir)):
+    for d, _, files in sorted(os.walk(cache_dir)):
+        for name in sorted(files):
             if not name.startswith("."):
-                json.loads(read(os.path.join(cache_dir, name)))
-                names.append(name)
+                json.loads(read(os.path.join(d, name)))
+                names.append(os.path.relpath(os.path.join(d, name), cache_dir))
     return names
 
 

@@ -33,11 +33,7 @@ class Reader(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.is_set():
-            try:
-                names = [n for n in os.listdir(self.cache_dir) if not n.startswith(".")]
-            except FileNotFoundError:
-                names = []
-            for name in names:
+            for name in cache_files(self.cache_dir):
                 try:
                     with open(os.path.join(self.cache_dir, name), "rb") as f:
                         data = f.read()
@@ -49,6 +45,15 @@ class Reader(threading.Thread):
                 except ValueError as e:
                     self.bad.append(f"{name}: {e}: {data[:120]!r}")
             self.stop.wait(0.001)
+
+
+def cache_files(cache_dir: str, hidden: bool = False) -> list[str]:
+    """The cache files and exec records under cache_dir (relative paths); the hidden temp
+    files of writers only when asked."""
+    out = []
+    for d, _, files in os.walk(cache_dir):
+        out += [os.path.relpath(os.path.join(d, n), cache_dir) for n in files if hidden or not n.startswith(".")]
+    return sorted(out)
 
 
 def test_64_containers_at_once_on_an_8_gpu_node(make_host, runtime):
@@ -91,8 +96,9 @@ def test_64_containers_at_once_on_an_8_gpu_node(make_host, runtime):
         [r for r in records if r["decision"] != "injected"][:3]
     # the caches as the last writer left them, and no temp file of a finished writer
     cache_dir = rt.env["GPUHOOK_CACHE_DIR"]
-    left = sorted(os.listdir(cache_dir))
-    assert not [n for n in left if n.startswith(".")], left
+    left = cache_files(cache_dir, hidden=True)
+    assert not [n for n in left if os.path.basename(n).startswith(".")], left
+    assert len([n for n in left if n.startswith("exec/")]) == N  # an exec record per container
     for name in left:
         with open(os.path.join(cache_dir, name), "rb") as f:
             json.loads(f.read())

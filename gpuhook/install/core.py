@@ -26,6 +26,7 @@ import tempfile
 import time
 from typing import Callable
 
+from .. import devlinks
 from . import InstallError, containerd, crio, docker, files, restart
 from .files import host, sha256
 
@@ -166,6 +167,7 @@ def install(opts: Options, say: Say) -> None:
             files.write(path, NODE_CONFIG_TEXT.encode(), 0o644, NODE_CONFIG)
             state["node_config"] = {"path": NODE_CONFIG, "written": sha256(NODE_CONFIG_TEXT.encode())}
         say(f"node config: {NODE_CONFIG} {would}written (all defaults)")
+    devlinks.install_step(root, opts.dry_run, say)  # /dev/char links of the GPU nodes: left on uninstall
 
     if runtime == "containerd":
         changed = _install_containerd(root, state, opts.dry_run, say, read)

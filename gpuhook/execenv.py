@@ -1,0 +1,202 @@
+"""The env gpuhook added at create, for the processes started later by `exec`.
+
+containerd (CRI ExecSync, `ctr task exec`) and dockerd build an exec'd process from their own
+copy of the spec, made before gpuhook edited config.json: the process would see the GPU
+nodes but not GPUHOOK_ACCELERATOR / GPUHOOK_DEVICES. So:
+
+- at create/run, when gpuhook injected, the env it added is recorded in
+  <cache dir>/exec/<runc root>/<container id> (cache dir: /run/gpuhook, GPUHOOK_CACHE_DIR;
+  the root with "/" written "%2F"), written atomically; a create that injects nothing removes
+  a record left by an earlier container of the same id;
+- at `exec`, the record's variables are set in the --process file (replacing the same keys,
+  as at create), which is rewritten atomically; an exec without --process gets them as
+  --env flags;
+- at `delete`, once the runtime has no state for the container any more, the record goes.
+
+The sh front (sh/gpuhook-runtime) computes the same path and starts Python for exec and delete
+only when the record exists: a container gpuhook did not inject pays one file check. The key
+holds the runtime's --root (a containerd namespace has its own), so the same id under another
+root is another container; without --root it is the runtime's default, /run/<runtime name>.
+A root that is not a normal absolute path (".", "..", "//", a trailing "/", a "%") or an id
+outside runc's characters gets no record: the exec then goes on without the env.
+
+A process file that is a link, not a regular file, someone else's, over MAX_PROCESS_BYTES, not
+JSON, or of a shape runc would refuse is left alone: the exec goes on unchanged, and one log
+line says why. Stdlib only (the per-container path).
+"""
+
+
+import os
+
+from .config import is_clean_abspath
+
+RECORD_DIR = "exec"
+MAX_PROCESS_BYTES = 4 << 20
+MAX_RECORD_BYTES = 64 << 10
+ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_+.-")  # runc's
+
+
+def runtime_root(root: str | None, runtime: str) -> str:
+    """The state root the real runtime uses: --root, relative to the current directory as
+    the sh front reads it ($PWD/ROOT), or /run/<runtime name>."""
+    if not root:
+        return "/run/" + os.path.basename(runtime)
+    if not root.startswith("/"):
+        return _pwd() + "/" + root
+    return root
+
+
+def _pwd() -> str:
+    """The current directory as sh's $PWD names it: $PWD when it is this directory."""
+    pwd = os.environ.get("PWD")
+    try:
+        if pwd and pwd.startswith("/") and os.path.samestat(os.stat(pwd), os.stat(".")):
+            return pwd
+    except OSError:
+        pass
+    return os.getcwd()
+
+
+def record_path(cache_dir: str, root: str | None, container_id: str | None, runtime: str) -> str | None:
+    """Where the exec record of this container is; None when the key is not a clean one."""
+    r = runtime_root(root, runtime)
+    if not is_clean_abspath(r) or "%" in r:
+        return None
+    if not container_id or container_id in (".", "..") or not ID_CHARS.issuperset(container_id):
+        return None
+    return os.path.join(cache_dir, RECORD_DIR, r.replace("/", "%2F"), container_id)
+
+
+def state_exists(root: str | None, container_id: str, runtime: str) -> bool:
+    """The runtime has state for this container (runc and crun: <root>/<id>)."""
+    return os.path.lexists(os.path.join(runtime_root(root, runtime), container_id))
+
+
+def write_record(path: str, env: list[str], bundle: str | None) -> None:
+    from . import fastjson
+    from .spec import write_atomic
+
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    write_atomic(path, fastjson.dumps({"env": list(env), "bundle": bundle}).encode(), 0o600,
+                 sync_dir=False, sync=False)
+
+
+def remove_record(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def read_record(path: str) -> list[str] | None:
+    """The recorded env; None when there is none, or when it is not gpuhook's own (another
+    owner, writable by others, a link: never trusted, as the caches)."""
+    from . import fastjson
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if st.st_mode & 0o170000 != 0o100000 or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            return None
+        data = fastjson.loads(os.read(fd, MAX_RECORD_BYTES))
+        env = data["env"]
+        if not isinstance(env, list) or not all(isinstance(e, str) and "=" in e for e in env):
+            return None
+        return env
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def set_env(env: list, added: list[str]) -> bool:
+    """Set each KEY=VALUE of `added` in `env`, in place: the same key replaced where it is,
+    else appended (spec.apply's rule at create). True when `env` changed."""
+    index = {e.partition("=")[0]: i for i, e in enumerate(env)}
+    changed = False
+    for item in added:
+        key = item.partition("=")[0]
+        if key in index:
+            if env[index[key]] != item:
+                env[index[key]] = item
+                changed = True
+        else:
+            index[key] = len(env)
+            env.append(item)
+            changed = True
+    return changed
+
+
+def edit_process_file(path: str, added: list[str]) -> str | None:
+    """Add the env to runc's --process file, atomically. None when done (or nothing to do);
+    else why the file was left alone."""
+    from . import fastjson
+    from .spec import write_atomic
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as e:
+        return f"process file {path}: {e.strerror or e}" + (" (a symbolic link?)" if e.errno == 40 else "")
+    try:
+        st = os.fstat(fd)
+        if st.st_mode & 0o170000 != 0o100000:
+            return f"process file {path} is not a regular file"
+        if st.st_nlink != 1:
+            return f"process file {path} has {st.st_nlink} hard links"
+        if st.st_uid != os.geteuid():
+            return f"process file {path} belongs to uid {st.st_uid}, not to this runtime"
+        if st.st_size > MAX_PROCESS_BYTES:
+            return f"process file {path} is {st.st_size} bytes, over the {MAX_PROCESS_BYTES} limit"
+        chunks, total = [], 0
+        while total <= MAX_PROCESS_BYTES:
+            chunk = os.read(fd, MAX_PROCESS_BYTES + 1 - total)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > MAX_PROCESS_BYTES:
+            return f"process file {path} grew over the {MAX_PROCESS_BYTES} limit"
+    except OSError as e:
+        return f"process file {path}: {e.strerror or e}"
+    finally:
+        os.close(fd)
+    try:
+        process = fastjson.loads(b"".join(chunks))
+    except (ValueError, RecursionError) as e:
+        return f"process file {path} is not valid JSON ({str(e)[:200]})"
+    if not isinstance(process, dict):
+        return f"process file {path} is not a JSON object"
+    env = process.get("env")
+    if env is None:
+        env = process["env"] = []
+    if not isinstance(env, list) or not all(isinstance(e, str) for e in env):
+        return f"process file {path}: env is not a list of strings"
+    if not set_env(env, added):
+        return None
+    try:
+        write_atomic(path, fastjson.dumps(process).encode(), st.st_mode & 0o7777, sync_dir=False, sync=False)
+    except OSError as e:
+        return f"process file {path}: cannot rewrite it: {e.strerror or e}"
+    return None
+
+
+def env_flags(argv: list[str], exec_at: int, added: list[str]) -> list[str]:
+    """An exec without --process: the env as --env flags right after `exec`."""
+    flags = []
+    for item in added:
+        flags += ["--env", item]
+    return argv[:exec_at + 1] + flags + argv[exec_at + 1:]
+
+
+def on_exec(inv, argv: list[str], runtime: str, cache_dir: str) -> tuple[list[str], str | None]:
+    """(the argv to exec the runtime with, why nothing was added or None)."""
+    path = record_path(cache_dir, inv.root, inv.container_id, runtime)
+    added = read_record(path) if path else None
+    if not added:
+        return argv, None
+    if inv.process is None:
+        return env_flags(argv, inv.exec_at, added), None
+    return argv, edit_process_file(inv.process, added)

@@ -1,0 +1,394 @@
+"""exec sees the env gpuhook added at create (gpuhook/execenv.py, the sh front's exec path).
+
+Against a fake runtime that shows what it was given (argv, the --process file as it read it),
+then real runc: a process exec'd the way containerd's shim does it sees GPUHOOK_*.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from conftest import needs_runc, wrapper_path
+from gpuhook import execenv
+from gpuhook.runtime import EXEC_VALUE_FLAGS, parse_args
+
+SH_FRONT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gpuhook", "sh", "gpuhook-runtime")
+ENV = ["GPUHOOK_ACCELERATOR=nvidia", "GPUHOOK_DEVICES=nvidia:GPU-1,nvidia:GPU-2"]
+PROCESS = {"terminal": False, "user": {"uid": 0, "gid": 0}, "args": ["sh", "-c", "env"],
+           "env": ["PATH=/bin", "GPUHOOK_ACCELERATOR=cpu"], "cwd": "/"}
+
+FAKE_RUNTIME = r"""#!/bin/sh
+out=@OUT@
+printf '%s\n' "$@" > "$out/argv"
+root= p= prev= last=
+for a; do
+    case $prev in --root | -root) root=$a ;; --process | -p) p=$a ;; esac
+    case $a in --root=*) root=${a#*=} ;; --process=* | -p=*) p=${a#*=} ;; esac
+    prev=$a last=$a
+done
+[ -f "$p" ] && cat "$p" > "$out/process" 2>/dev/null
+case " $* " in
+    *" delete "*) [ -e "$out/fail" ] && exit 3; rm -rf "${root:-/run/runc}/$last" ;;
+esac
+exit 0
+"""
+
+
+@pytest.mark.parametrize("argv, cid, process, root", [
+    # containerd's runc shim (go-runc): globals, then exec's flags, then the id
+    (["--root", "/run/containerd/runc/k8s.io", "--log", "/b/log.json", "--log-format", "json",
+      "exec", "--process", "/tmp/runc-process1", "--detach", "--pid-file", "/b/x.pid", "abc"],
+     "abc", "/tmp/runc-process1", "/run/containerd/runc/k8s.io"),
+    (["--root=/r", "--systemd-cgroup", "exec", "--console-socket", "/s", "-p", "/p", "-d", "abc"], "abc", "/p", "/r"),
+    (["exec", "--process=/p", "--tty", "abc"], "abc", "/p", None),
+    (["--root", "/r", "exec", "-e", "A=B", "--cwd", "/x", "-u", "1:1", "--cap", "CAP_X", "abc", "sh", "-p", "/no"],
+     "abc", None, "/r"),
+    (["--root", "/r", "delete", "--force", "abc"], "abc", None, "/r"),
+])
+def test_parse_exec_and_delete(argv, cid, process, root):
+    inv = parse_args(argv)
+    assert (inv.container_id, inv.process, inv.root) == (cid, process, root)
+    if inv.command == "exec":
+        assert argv[inv.exec_at] == "exec"
+
+
+def test_record_keys_by_runtime_root():
+    a = execenv.record_path("/c", "/run/containerd/runc/k8s.io", "x", "/usr/sbin/runc")
+    b = execenv.record_path("/c", "/run/containerd/runc/moby", "x", "/usr/sbin/runc")
+    assert a == "/c/exec/%2Frun%2Fcontainerd%2Frunc%2Fk8s.io/x" and a != b
+    assert execenv.record_path("/c", None, "x", "/usr/sbin/runc") == "/c/exec/%2Frun%2Frunc/x"
+    assert execenv.record_path("/c", None, "x", "/usr/bin/crun") == "/c/exec/%2Frun%2Fcrun/x"
+    for root in ("/r/../s", "/r/./s", "/r//s", "/r/", "/", "/r%2Fs"):
+        assert execenv.record_path("/c", root, "x", "runc") is None, root
+    for cid in ("", ".", "..", "a/b", "a b", "a\nb"):
+        assert execenv.record_path("/c", "/r", cid, "runc") is None, cid
+
+
+def test_set_env_replaces_and_appends():
+    env = ["PATH=/bin", "GPUHOOK_ACCELERATOR=cpu"]
+    assert execenv.set_env(env, ENV)
+    assert env == ["PATH=/bin", "GPUHOOK_ACCELERATOR=nvidia", ENV[1]]
+    assert not execenv.set_env(env, ENV)
+
+
+# -- the sh front and Python, with a fake runtime ------------------------------------------
+
+class Front:
+    """gpuhook-runtime's sh front (this checkout's), a fake runtime, a cache dir, a log."""
+
+    def __init__(self, tmp_path, config_extra: str = ""):
+        self.tmp = tmp_path
+        self.out = tmp_path / "out"
+        self.out.mkdir()
+        bindir = tmp_path / "bin"
+        bindir.mkdir()
+        self.runtime = str(bindir / "runc")
+        with open(self.runtime, "w") as f:
+            f.write(FAKE_RUNTIME.replace("@OUT@", str(self.out)))
+        os.chmod(self.runtime, 0o755)
+        self.cache = str(tmp_path / "cache")
+        self.log = tmp_path / "gpuhook.log"
+        self.config = tmp_path / "config.toml"
+        host = tmp_path / "cpu-host"
+        host.mkdir()
+        self.config.write_text(config_extra + f'runtime = "{self.runtime}"\nhost_root = "{host}"\n'
+                               f'log_file = "{self.log}"\n')
+        # the Python the sh front starts leaves a mark: a container gpuhook did not inject never starts it
+        self.python = str(bindir / "python-marked")
+        with open(self.python, "w") as f:
+            f.write(f'#!/bin/sh\necho started >> {tmp_path / "python-started"}\nexec {sys.executable} "$@"\n')
+        os.chmod(self.python, 0o755)
+
+    def python_started(self) -> int:
+        p = self.tmp / "python-started"
+        return len(p.read_text().splitlines()) if p.exists() else 0
+
+    def record(self, root, cid, env=ENV) -> str:
+        path = execenv.record_path(self.cache, root, cid, self.runtime)
+        execenv.write_record(path, env, "/bundle")
+        return path
+
+    def process_file(self, name="runc-process1", process=PROCESS) -> str:
+        p = self.tmp / name
+        p.write_text(json.dumps(process))
+        p.chmod(0o600)
+        return str(p)
+
+    def run(self, *argv, cwd=None) -> subprocess.CompletedProcess:
+        for f in ("argv", "process"):
+            if (self.out / f).exists():
+                (self.out / f).unlink()
+        return subprocess.run(["/bin/sh", SH_FRONT, *argv], capture_output=True, text=True, cwd=cwd, timeout=30,
+                              env={"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(self.config),
+                                   "GPUHOOK_CACHE_DIR": self.cache, "GPUHOOK_PYTHON": self.python})
+
+    def seen_argv(self) -> list[str]:
+        return (self.out / "argv").read_text().splitlines()
+
+    def seen_env(self) -> list[str]:
+        return json.loads((self.out / "process").read_text())["env"]
+
+    def log_lines(self) -> list[dict]:
+        return [json.loads(line) for line in self.log.read_text().splitlines()] if self.log.exists() else []
+
+
+@pytest.fixture
+def front(tmp_path):
+    return Front(tmp_path)
+
+
+@pytest.mark.parametrize("form", ["shim", "equals", "relative-root", "no-root"])
+def test_exec_of_an_injected_container_gets_the_recorded_env(front, form, tmp_path):
+    p = front.process_file()
+    cwd = None
+    if form == "shim":
+        front.record("/run/containerd/runc/k8s.io", "c1")
+        argv = ["--root", "/run/containerd/runc/k8s.io", "--log", str(tmp_path / "l.json"), "--log-format", "json",
+                "exec", "--process", p, "--detach", "--pid-file", str(tmp_path / "x.pid"), "c1"]
+    elif form == "equals":
+        front.record("/r/ns", "c1")
+        argv = ["--systemd-cgroup", "--root=/r/ns", "exec", "--console-socket", "/s", f"--process={p}", "c1"]
+    elif form == "relative-root":
+        (tmp_path / "state").mkdir()
+        cwd = str(tmp_path)
+        front.record(str(tmp_path / "state"), "c1")
+        argv = ["--root", "state", "exec", "-p", p, "c1"]
+    else:
+        front.record(None, "c1")  # the runtime's default root, /run/runc
+        argv = ["exec", "-p", p, "-d", "c1"]
+    r = front.run(*argv, cwd=cwd)
+    assert r.returncode == 0, r.stderr
+    assert front.seen_argv() == argv
+    assert front.seen_env() == ["PATH=/bin", "GPUHOOK_ACCELERATOR=nvidia", ENV[1]]
+    assert stat.S_IMODE(os.stat(p).st_mode) == 0o600
+    assert front.python_started() == 1 and front.log_lines() == []
+
+
+@pytest.mark.parametrize("flag", sorted(EXEC_VALUE_FLAGS))
+def test_sh_front_and_python_agree_on_the_container_id(front, flag):
+    """Every exec flag that takes a value, with a value that looks like a container id: the
+    sh front finds the record of the real id (it starts Python), as parse_args does."""
+    front.record("/r", "c1")
+    dash = "-" if len(flag) == 1 else "--"
+    for argv in (["--root", "/r", "exec", f"{dash}{flag}", "decoy", "c1", "true"],
+                 ["--root", "/r", "exec", f"-{flag}", "decoy", "c1", "true"],
+                 ["--root", "/r", "exec", f"--{flag}=decoy", "c1", "true"]):
+        assert parse_args(argv).container_id == "c1"
+        started = front.python_started()
+        assert front.run(*argv).returncode == 0
+        assert front.python_started() == started + 1, argv
+
+
+def test_exec_when_only_python_can_read_the_node_config(tmp_path):
+    front = Front(tmp_path, '"y" = 2\n')  # a quoted key: the sh front hands everything to Python
+    front.record("/r", "c1")
+    p = front.process_file()
+    assert front.run("--root", "/r", "exec", "-p", p, "c1").returncode == 0
+    assert front.seen_env() == ["PATH=/bin", "GPUHOOK_ACCELERATOR=nvidia", ENV[1]]
+    p = front.process_file()
+    assert front.run("--root", "/r", "exec", "-p", p, "c2").returncode == 0
+    assert front.seen_env() == PROCESS["env"]
+
+
+def test_exec_without_process_file_gets_env_flags(front):
+    front.record("/r", "c1")
+    r = front.run("--root", "/r", "exec", "-t", "c1", "sh", "-c", "env")
+    assert r.returncode == 0, r.stderr
+    assert front.seen_argv() == ["--root", "/r", "exec", "--env", ENV[0], "--env", ENV[1], "-t", "c1", "sh", "-c", "env"]
+
+
+@pytest.mark.parametrize("root, cid", [("/r/other-namespace", "c1"), ("/r/ns", "c2"), (None, "c1")])
+def test_exec_of_a_container_gpuhook_did_not_inject_is_a_file_check(front, root, cid):
+    """The same id under another runtime root (another containerd namespace) is another
+    container: no env, and no Python started at all."""
+    front.record("/r/ns", "c1")
+    p = front.process_file()
+    argv = (["--root", root] if root else []) + ["exec", "--process", p, cid]
+    r = front.run(*argv)
+    assert r.returncode == 0, r.stderr
+    assert front.seen_argv() == argv and front.seen_env() == PROCESS["env"]
+    assert front.python_started() == 0
+
+
+def _bad(kind: str, tmp_path) -> tuple[str, bytes | None]:
+    """A --process path that must be left alone, and the bytes it must keep."""
+    p = tmp_path / "runc-process-bad"
+    good = json.dumps(PROCESS).encode()
+    if kind == "symlink":
+        (tmp_path / "target.json").write_bytes(good)
+        p.symlink_to(tmp_path / "target.json")
+        return str(p), good
+    if kind == "hardlink":
+        p.write_bytes(good)
+        os.link(p, tmp_path / "other-name")
+        return str(p), good
+    if kind == "fifo":
+        os.mkfifo(p)
+        return str(p), None
+    if kind == "directory":
+        p.mkdir()
+        return str(p), None
+    if kind == "missing":
+        return str(p), None
+    data = {"huge": b'{"env": ["A=' + b"x" * (5 << 20) + b'"]}',
+            "not-json": b'{"env": [',
+            "not-an-object": b'["env"]',
+            "duplicate-keys": b'{"env": [], "env": ["A=b"]}',
+            "env-not-a-list": b'{"env": "A=b"}',
+            "env-not-strings": b'{"env": ["A=b", 7]}',
+            "deep": b"[" * 100000 + b"]" * 100000}[kind]
+    p.write_bytes(data)
+    p.chmod(0o600)
+    return str(p), data
+
+
+@pytest.mark.parametrize("kind", ["symlink", "hardlink", "fifo", "directory", "missing", "huge", "not-json",
+                                  "not-an-object", "duplicate-keys", "env-not-a-list", "env-not-strings", "deep"])
+def test_an_odd_process_file_is_left_alone_and_the_exec_goes_on(front, kind, tmp_path):
+    front.record("/r", "c1")
+    path, before = _bad(kind, tmp_path)
+    argv = ["--root", "/r", "exec", "--process", path, "-d", "c1"]
+    r = front.run(*argv)
+    assert r.returncode == 0, r.stderr
+    assert front.seen_argv() == argv and "Traceback" not in r.stderr
+    if before is not None:
+        assert open(path, "rb").read() == before
+    if kind == "symlink":
+        assert os.path.islink(path)
+    (line,) = front.log_lines()
+    assert line["event"] == "exec" and line["container_id"] == "c1" and line["decision"] == "unchanged"
+    assert path in line["error"], line
+
+
+def test_a_record_not_written_by_gpuhook_is_not_trusted(front):
+    path = front.record("/r", "c1")
+    os.chmod(path, 0o666)
+    p = front.process_file()
+    assert front.run("--root", "/r", "exec", "-p", p, "c1").returncode == 0
+    assert front.seen_env() == PROCESS["env"]
+
+
+@pytest.mark.parametrize("slow", [False, True], ids=["sh", "python"])
+def test_delete_removes_the_record_once_the_state_is_gone(tmp_path, slow):
+    # a quoted key: the sh front cannot read the config for sure and hands everything to Python
+    front = Front(tmp_path, 'x = 1\n"y" = 2\n' if slow else "")
+    state = tmp_path / "state"
+    (state / "c1").mkdir(parents=True)
+    rec = front.record(str(state), "c1")
+    (front.out / "fail").write_text("")
+    r = front.run("--root", str(state), "delete", "c1")
+    assert r.returncode == 3 and os.path.exists(rec)  # the runtime refused: the container and its record stay
+    (front.out / "fail").unlink()
+    r = front.run("--root", str(state), "delete", "--force", "c1")
+    assert r.returncode == 0, r.stderr
+    assert not (state / "c1").exists() and not os.path.exists(rec)
+    assert front.seen_argv() == ["--root", str(state), "delete", "--force", "c1"]
+
+
+def test_create_without_injection_removes_a_stale_record_of_the_same_id(front, tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    rec = front.record(str(state), "c1")
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "config.json").write_text('{"ociVersion": "1.0.2"}')
+    # a running container of that id keeps its record (the runtime refuses the create)
+    (state / "c1").mkdir()
+    assert front.run("--root", str(state), "create", "--bundle", str(bundle), "c1").returncode == 0
+    assert os.path.exists(rec)
+    (state / "c1").rmdir()
+    assert front.run("--root", str(state), "create", "--bundle", str(bundle), "c1").returncode == 0
+    assert not os.path.exists(rec) and front.python_started() == 0
+
+
+def test_create_that_injects_writes_the_record(tmp_path, make_host):
+    host = make_host("nvidia", mknod=False, gpus=2, libs=False)
+    front = Front(tmp_path)
+    front.config.write_text(f'runtime = "{front.runtime}"\nhost_root = "{host}"\nlog_file = "{front.log}"\n')
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "config.json").write_text('{"ociVersion": "1.0.2", "root": {"path": "rootfs"}, '
+                                        '"process": {"env": ["PATH=/bin"]}}')
+    state = tmp_path / "state"
+    r = front.run("--root", str(state), "create", "--bundle", str(bundle), "c1")
+    assert r.returncode == 0, r.stderr
+    spec = json.loads((bundle / "config.json").read_text())
+    added = [e for e in spec["process"]["env"] if e.startswith("GPUHOOK_")]
+    assert added and added[0] == "GPUHOOK_ACCELERATOR=nvidia"
+    rec = execenv.record_path(front.cache, str(state), "c1", front.runtime)
+    assert execenv.read_record(rec) == added
+    assert stat.S_IMODE(os.stat(rec).st_mode) == 0o600
+    # an opt-out container of the same id later: the record goes
+    (bundle / "config.json").write_text('{"ociVersion": "1.0.2", "root": {"path": "rootfs"}, '
+                                        '"annotations": {"gpuhook.dev/inject": "false"}}')
+    assert front.run("--root", str(state), "create", "--bundle", str(bundle), "c1").returncode == 0
+    assert not os.path.exists(rec)
+    assert [line["decision"] for line in front.log_lines()] == ["injected", "declined"]
+
+
+# -- real runc: exec as containerd's shim does it --------------------------------------------
+
+def start(wrapper: str, rt, bundle_dir: str, cid: str, tmp_path) -> None:
+    """create + start through the wrapper; the container's stdio is not a pipe of ours (runc
+    create would keep it open until the container exits)."""
+    with open(tmp_path / f"{cid}.err", "w+") as err:
+        for step in (["create", "--bundle", bundle_dir, cid], ["start", cid]):
+            r = subprocess.run([wrapper, "--root", rt.state, *step], env=rt.env, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=err, timeout=30)
+            err.seek(0)
+            assert r.returncode == 0, err.read()
+
+
+def _exec(binary: str, state: str, env: dict, cid: str, tmp_path, script: str) -> subprocess.CompletedProcess:
+    process = dict(PROCESS, args=["sh", "-c", script], env=["PATH=/bin"])
+    p = tmp_path / f"runc-process-{cid}"
+    p.write_text(json.dumps(process))
+    return subprocess.run([binary, "--root", state, "--log", str(tmp_path / f"{cid}.exec.log"), "--log-format", "json",
+                           "exec", "--process", str(p), cid],
+                          env=env, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+
+
+@needs_runc
+def test_runc_exec_into_an_injected_container_sees_gpuhook_env(make_host, runtime, tmp_path):
+    rt = runtime(make_host("nvidia", mknod=True))
+    wrapper = wrapper_path()
+    b = rt.bundle("b", ["sleep", "600"])
+    cache = rt.env["GPUHOOK_CACHE_DIR"]
+    rt.ids.append("gpu-exec")
+    start(wrapper, rt, b, "gpu-exec", tmp_path)
+    rec = execenv.record_path(cache, rt.state, "gpu-exec", "/usr/sbin/runc")
+    assert rec and os.path.exists(rec)
+    r = _exec(wrapper, rt.state, rt.env, "gpu-exec", tmp_path,
+              "echo accel=$GPUHOOK_ACCELERATOR; echo devices=$GPUHOOK_DEVICES; stat -c '%t:%T' /dev/nvidia3")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.split()
+    assert lines[0] == "accel=nvidia" and lines[1].count("nvidia:GPU-") == 8 and lines[2] == "c3:3", r.stdout
+    # the same as the container's first process
+    with open(os.path.join(b, "config.json")) as f:
+        init_env = [e for e in json.load(f)["process"]["env"] if e.startswith("GPUHOOK_")]
+    assert lines[:2] == ["accel=nvidia", init_env[1].replace("GPUHOOK_DEVICES=", "devices=")]
+    # plain runc, for the control: the same exec without the wrapper sees none of it
+    r = _exec("runc", rt.state, rt.env, "gpu-exec", tmp_path, "echo accel=${GPUHOOK_ACCELERATOR:-none}")
+    assert r.stdout.split() == ["accel=none"], r.stderr
+    r = subprocess.run([wrapper, "--root", rt.state, "delete", "--force", "gpu-exec"], env=rt.env,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert not os.path.exists(rec)
+
+
+@needs_runc
+def test_runc_exec_into_a_cpu_only_container_is_untouched(make_host, runtime, tmp_path):
+    rt = runtime(make_host("cpu"))
+    wrapper = wrapper_path()
+    b = rt.bundle("b", ["sleep", "600"])
+    rt.ids.append("cpu-exec")
+    start(wrapper, rt, b, "cpu-exec", tmp_path)
+    r = _exec(wrapper, rt.state, rt.env, "cpu-exec", tmp_path, "echo accel=${GPUHOOK_ACCELERATOR:-none}")
+    assert r.returncode == 0 and r.stdout.split() == ["accel=none"], r.stderr
+    assert not os.path.exists(os.path.join(rt.env["GPUHOOK_CACHE_DIR"], "exec"))
