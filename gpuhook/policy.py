@@ -240,13 +240,13 @@ def least_used(keys: list[str], n: int, state_dir: str | None, warn) -> list[str
 
 # -- kubelet device allocations ---------------------------------------------------------
 
-def allocated_devices(root: str, own_pod: str | None) -> tuple[list[tuple[str, str]] | None, str | None]:
-    """(resource, device id) pairs the kubelet's device manager allocated to pods other than
+def allocated_devices(root: str, own_pod: str | None) -> tuple[list[tuple[str, str, str]] | None, str | None]:
+    """(resource, device id, pod uid) the kubelet's device manager allocated to pods other than
     `own_pod`, from its checkpoint (<root>/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint:
     {"Data": {"PodDeviceEntries": [{"PodUID", "ContainerName", "ResourceName",
     "DeviceIDs": {"<NUMA node>": [ids]} (a plain list before Kubernetes 1.20), "AllocResp"}],
     "RegisteredDevices": {...}}, "Checksum": N}). No file: no allocations.
-    Returns (pairs, None), or (None, why) when the file exists but cannot be understood."""
+    Returns (triples, None), or (None, why) when the file exists but cannot be understood."""
     from .probe.host import Host
 
     host = Host(root)
@@ -267,7 +267,8 @@ def allocated_devices(root: str, own_pod: str | None) -> tuple[list[tuple[str, s
             ids = e.get("DeviceIDs") or []
             if isinstance(ids, dict):
                 ids = [i for per_numa in ids.values() for i in (per_numa or [])]
-            out.extend((resource, str(i)) for i in ids if isinstance(i, (str, int)))
+            pod = str(e.get("PodUID") or "")
+            out.extend((resource, str(i), pod) for i in ids if isinstance(i, (str, int)))
         return out, None
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         return None, f"{CHECKPOINT}: not a device manager checkpoint ({type(e).__name__})"
