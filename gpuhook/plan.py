@@ -236,7 +236,8 @@ def plan(inv: Inventory, req: Request, ldconfig: str | None = None, config=None,
     the round robin of max-gpus remembers what it gave (None: no memory, the first devices).
     warnings: a list the reasons for what was refused are appended to.
 
-    explain: a dict that gets "held_back" (the devices held back because the kubelet
+    explain: a dict that gets "devices" (the vendor:id of each device given), "held_back"
+    (the devices held back because the kubelet
     allocated them to other pods: [{"device", "why"}]) and, when a node with GPUs gives the
     container none, "reason" (one line: why it runs without)."""
     warn = warnings.append if warnings is not None else _drop
@@ -291,6 +292,8 @@ def plan(inv: Inventory, req: Request, ldconfig: str | None = None, config=None,
     if held:
         explain["held_back"] = held
     edits = _edits(inv, req, [c for c in choices if c.devices or c.driver_only], ldconfig, config, warn, helper)
+    if edits:
+        explain["devices"] = [f"{c.vendor.vendor}:{d.id}" for c in choices for d in c.devices]
     if not edits and "reason" not in explain:
         explain["reason"] = _why_none(inv, pod, held, choices)
     return edits

@@ -183,6 +183,8 @@ def log_line(config, inv: Invocation, out: Outcome, started: float) -> None:
         "hooks": out.hooks,
         "duration_ms": round((time.monotonic() - started) * 1000, 2),
     }
+    if out.explain.get("devices"):
+        record["devices"] = out.explain["devices"][:256]
     if out.explain.get("held_back"):
         record["held_back"] = [h["device"] for h in out.explain["held_back"][:64]]
     if out.explain.get("reason"):
