@@ -44,6 +44,19 @@ class Options:
     api_resync: float = 300.0        # re-check the Node's labels at least this often
     udev: bool = True
     nvidia_driver_root: str | None = None  # the node config's nvidia_driver_root (None: auto)
+    runtime_log: str | None = None   # the runtime's log to follow (None: the node config's log_file in root; "" = off)
+    pod_events: bool = True          # Events and the gpuhook.dev/accelerator label on gpu-optional pods
+    metrics_address: str | None = None  # host:port for Prometheus metrics (None: off)
+
+    def resolved_runtime_log(self) -> str:
+        if self.runtime_log is not None:
+            return self.runtime_log
+        from .config import load, node_config_path
+
+        config, _ = load(node_config_path(self.root))
+        if not config.log_file:
+            return ""
+        return self._under_root(None, config.log_file) if self.root != "/" else config.log_file
 
     def resolved_cdi_dir(self) -> str:
         return self._under_root(self.cdi_dir, cdi.DEFAULT_DIR)
@@ -189,11 +202,16 @@ class Agent:
         self.ready = False
         self.syncs = 0
         self.summary: dict | None = None
+        self.probe_errors = 0      # metrics.py
+        self.last_probe = 0.0      # Unix time of the last successful probe
         self._api_labels: dict | None = None
         self._api_synced = 0.0
         self._node_uid: str | None = None
         self._install_event_posted = False
         self.watch: UdevWatch | None = None
+        self.pod_reporter = None
+        self.metrics = None
+        self.follower = None
         self.cdi_dir = opts.resolved_cdi_dir()
         self.nfd_dir = opts.resolved_nfd_dir()
         ldconfig = opts.ldconfig
@@ -266,7 +284,9 @@ class Agent:
             inv = self.probe(self.opts.root)
         except Exception as e:  # the probe never raises by design; if it does, change nothing
             self.log.error("probe.error", reason=reason, error=f"{type(e).__name__}: {e}")
+            self.probe_errors += 1
             return False
+        self.last_probe = time.time()
         summary = summarize(inv)
         first = self.summary is None
         change = None if first else diff(self.summary, summary)
@@ -419,6 +439,34 @@ class Agent:
         self.log.info("udev.watching", source=watch.source, subsystems=list(UDEV_SUBSYSTEMS),
                       modules=sorted(UDEV_MODULES))
 
+    def _start_creates(self) -> None:
+        """Follow the runtime's log for pod Events and metrics (podevents.py, metrics.py)."""
+        consumers = []
+        if self.opts.metrics_address:
+            from .metrics import Metrics
+
+            try:
+                self.metrics = Metrics(self)
+                self.metrics.serve(self.opts.metrics_address)
+            except (OSError, ValueError) as e:
+                self.log.error("metrics.error", address=self.opts.metrics_address, error=str(e))
+                self.metrics = None
+            else:
+                consumers.append(self.metrics)
+                self.log.info("metrics.serving", address=self.metrics.address)
+        if self.kube is not None and self.opts.pod_events:
+            from .podevents import PodReporter
+
+            self.pod_reporter = PodReporter(self.kube, self.log, root=self.opts.root)
+            consumers.append(self.pod_reporter)
+        path = self.opts.resolved_runtime_log() if consumers else ""
+        if not path:
+            return
+        from .podevents import CreateFollower
+
+        self.follower = CreateFollower(path, consumers, self.log)
+        self.follower.start(self.stop_event)
+
     # -- the loop ----------------------------------------------------------------------
     def run(self) -> int:
         o = self.opts
@@ -434,6 +482,7 @@ class Agent:
                 self._mark_ready()
             return 0 if ok and self.runtime_ready else 1
         self._start_watch()
+        self._start_creates()
         if self._guarded_sync("start"):
             self._mark_ready()
         next_at = self.clock() + o.interval
@@ -458,6 +507,8 @@ class Agent:
             return False
 
     def _shutdown(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
         if self.opts.ready_file:
             try:
                 os.unlink(self.opts.ready_file)

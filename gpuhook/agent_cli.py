@@ -61,6 +61,13 @@ def add_commands(sub) -> None:
     sp.add_argument("--log-format", choices=("auto", "json", "console"), default="auto",
                     help="auto: console on a terminal, JSON lines otherwise")
     sp.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    sp.add_argument("--metrics-address", metavar="HOST:PORT",
+                    help="serve Prometheus metrics here (default: off; 127.0.0.1:9402 for this node only, "
+                         ":9402 for every interface of the node: the DaemonSet runs in the host network)")
+    sp.add_argument("--runtime-log", metavar="FILE", help="the runtime's log the agent follows for pod Events "
+                    "and metrics (default: the node config's log_file under --root; '' = none)")
+    sp.add_argument("--no-pod-events", action="store_true",
+                    help="no Events and no gpuhook.dev/accelerator label on gpu-optional pods")
     add_driver_root_arg(sp)
     sp.set_defaults(func=cmd_agent)
 
@@ -189,7 +196,16 @@ def cmd_agent(args) -> int:
                    cdi_dir=args.cdi_dir, nfd_dir=args.nfd_dir, cdi_format=args.cdi_format,
                    cdi_max_version=args.max_cdi_version,
                    install=not args.no_install, once=args.once, ready_file=args.ready_file,
-                   ldconfig=args.ldconfig, install_restart=args.install_restart, udev=not args.no_udev)
+                   ldconfig=args.ldconfig, install_restart=args.install_restart, udev=not args.no_udev,
+                   runtime_log=args.runtime_log, pod_events=not args.no_pod_events,
+                   metrics_address=args.metrics_address or None)
+    if opts.metrics_address:
+        from .metrics import parse_address
+
+        try:
+            parse_address(opts.metrics_address)
+        except ValueError as e:
+            raise _usage_error(str(e)) from None
     if opts.interval <= 0:
         raise _usage_error("--interval must be more than 0")
     from .cdi import KNOWN_VERSIONS

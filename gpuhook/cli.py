@@ -205,13 +205,22 @@ def _plan(args, root: str) -> int:
     inv = probe(root, nvidia_driver_root=driver_root(args, root) if args.nvidia_driver_root else config.nvidia_driver_root)
     warnings = list(errors) + list(inv.warnings)
     # a dry run: no state_dir, so the max-gpus round robin neither reads nor moves
+    explain: dict = {}
     edits = plan(inv, request_from_spec(spec, os.path.dirname(os.path.abspath(args.spec)) if args.spec else None),
-                 config.ldconfig, config, None, warnings)
+                 config.ldconfig, config, None, warnings, explain=explain)
     if args.json:
         print(json.dumps({"root": root, "vendors": [v.vendor for v in inv.vendors],
-                          "edits": edits.to_cdi(), "warnings": warnings}, indent=2))
+                          "edits": edits.to_cdi(), "held_back": explain.get("held_back", []),
+                          "reason": explain.get("reason"), "warnings": warnings}, indent=2))
     else:
         print(format_edits(edits, root))
+        if explain.get("reason"):
+            print(f"No GPU for this container: {explain['reason']}.")
+        held = explain.get("held_back", [])
+        if held:
+            print(f"held back ({len(held)}; share = \"{config.share}\", set share = \"all\" in the node config "
+                  "to give them anyway):")
+            print("\n".join(f"  {h['device']}: {h['why']}" for h in held))
         for w in warnings:
             print(f"warning: {w}")
     return 0

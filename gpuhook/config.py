@@ -22,6 +22,10 @@ FAIL_MODES = ("open", "closed")
 
 
 SHARE_MODES = ("all", "unallocated")
+# GPUs the kubelet's device manager allocated to other pods (its checkpoint) are held back
+# unless the node says share = "all"; a node without device plugins has no checkpoint and
+# gives every GPU either way.
+DEFAULT_SHARE = "unallocated"
 MPS_PIPE_DIR = "/tmp/nvidia-mps"
 
 
@@ -31,7 +35,8 @@ class Config(Record):
     log_file: one JSON line per create ("" disables). fail_mode: open | closed.
     ldconfig: the node's ldconfig for the ld-cache hook (None: found on the node).
     probe_cache_ttl: seconds a probe result may be reused (probe/cache.py); 0 disables.
-    share: all | unallocated (GPUs the kubelet allocated to other pods are never given).
+    share: unallocated (the default: GPUs the kubelet allocated to other pods are never given)
+    | all (every GPU, allocated or not).
     mps_pipe_dir: the node's NVIDIA MPS control daemon pipe directory (mounted when present).
     nvidia_driver_root: where the NVIDIA driver's userspace is: "auto" (the host, the GPU
     Operator's /run/nvidia/driver, GKE's /home/kubernetes/bin/nvidia) or one node path."""
@@ -42,7 +47,7 @@ class Config(Record):
     fail_mode: str = "open"
     ldconfig: str | None = None
     probe_cache_ttl: float = 10.0
-    share: str = "all"
+    share: str = DEFAULT_SHARE
     mps_pipe_dir: str = MPS_PIPE_DIR
     nvidia_driver_root: str = NVIDIA_DRIVER_ROOT_AUTO
 
@@ -89,8 +94,8 @@ def from_dict(data: dict) -> tuple[Config, list[str]]:
         errors.append(f"probe_cache_ttl: {values.pop('probe_cache_ttl')} is negative; default used")
     if "host_root" in values and not values["host_root"].startswith("/"):
         errors.append(f"host_root: {values.pop('host_root')!r} is not an absolute path; '/' used")
-    if values.get("share", "all") not in SHARE_MODES:
-        errors.append(f"share: {values.pop('share')!r} is not one of all, unallocated; 'all' used")
+    if values.get("share", DEFAULT_SHARE) not in SHARE_MODES:
+        errors.append(f"share: {values.pop('share')!r} is not one of {', '.join(SHARE_MODES)}; {DEFAULT_SHARE!r} used")
     if "mps_pipe_dir" in values and not is_clean_abspath(values["mps_pipe_dir"]):
         errors.append(f"mps_pipe_dir: {values.pop('mps_pipe_dir')!r} is not a normal absolute path; "
                       f"{MPS_PIPE_DIR!r} used")

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError, field_validator
 
-from .config import MPS_PIPE_DIR, NVIDIA_DRIVER_ROOT_AUTO, is_clean_abspath, valid_driver_root
+from .config import DEFAULT_SHARE, MPS_PIPE_DIR, NVIDIA_DRIVER_ROOT_AUTO, is_clean_abspath, valid_driver_root
 
 
 class ConfigModel(BaseModel):
@@ -26,7 +26,8 @@ class ConfigModel(BaseModel):
     ldconfig: StrictStr | None = Field(None, description="the node's ldconfig for the ld-cache hook")
     probe_cache_ttl: StrictInt | StrictFloat = Field(10.0, ge=0, description="seconds a probe result is reused; 0 disables")
     share: Literal["all", "unallocated"] = Field(
-        "all", description="unallocated: GPUs the kubelet allocated to other pods are never given")
+        DEFAULT_SHARE, description="unallocated: GPUs the kubelet allocated to other pods are never given; "
+        "all: every GPU, allocated or not")
     mps_pipe_dir: StrictStr = Field(MPS_PIPE_DIR, description="the NVIDIA MPS control daemon's pipe directory")
     nvidia_driver_root: StrictStr = Field(
         NVIDIA_DRIVER_ROOT_AUTO, description='where the NVIDIA driver\'s userspace is: "auto" (the host, '

@@ -254,6 +254,39 @@ class KubeAPI:
         return self.request("POST", f"/api/v1/namespaces/{self.namespace}/events", body)
 
 
+    # -- pods of this node (podevents.py checks names before they get here) --
+    def get_pod(self, namespace: str, name: str) -> dict:
+        return self.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+
+    def patch_pod_labels(self, namespace: str, name: str, labels: dict[str, str | None]) -> dict:
+        return self.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", {"metadata": {"labels": labels}},
+                            "application/merge-patch+json")
+
+    def post_pod_event(self, namespace: str, name: str, uid: str, container: str | None, reason: str,
+                       message: str, type_: str = "Normal", now: str | None = None) -> dict:
+        """A core/v1 Event on a pod (what `kubectl describe pod` shows), about one container."""
+        from .log import utc_now
+
+        now = now or utc_now(ms=False)
+        involved = {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name, "uid": uid}
+        if container:
+            involved["fieldPath"] = f"spec.containers{{{container}}}"
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{name[:200]}.gpuhook-", "namespace": namespace},
+            "involvedObject": involved,
+            "reason": reason, "message": message[:1024], "type": type_, "action": "CreateContainer",
+            "source": {"component": "gpuhook-agent", "host": self.node},
+            "reportingComponent": "gpuhook.dev/agent", "reportingInstance": self.node,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        return self.request("POST", f"/api/v1/namespaces/{namespace}/events", body)
+
+    def patch_event(self, namespace: str, name: str, patch: dict) -> dict:
+        return self.request("PATCH", f"/api/v1/namespaces/{namespace}/events/{name}", patch,
+                            "application/merge-patch+json")
+
+
 def sync_node_labels(api: KubeAPI, labels: dict[str, str]) -> tuple[dict, list[str], str | None]:
     """Make the Node's gpuhook.dev/ labels exactly `labels`: one GET, and one merge patch
     only when something differs (labels the node no longer has are set to null).

@@ -4,6 +4,8 @@ Every record is one JSON object per line with `time` (ISO-8601 UTC, milliseconds
 `event` (the event's name) first, then the event's own keys. The keys are shared:
 
     container_id, bundle, decision, vendors, nodes, mounts, hooks   (runtime: event "create")
+    pod_namespace, pod_name, pod_uid, container_name               (create, when the CRI says)
+    held_back, reason                                              (create: GPUs held back, why none)
     devices, driver_version, added, removed, labels, files, kind,
     reason, source, error, warnings, duration_ms                   (agent and CLI)
 
@@ -129,18 +131,28 @@ def _short(value, width: int) -> str:
     return s if len(s) <= width else s[: width - 1] + "…"
 
 
+def pod_column(r: dict) -> str:
+    """namespace/name:container of a create record; "-" for a container outside Kubernetes."""
+    ns, name, ctr = (r.get(k) for k in ("pod_namespace", "pod_name", "container_name"))
+    if not name:
+        return "-"
+    return f"{ns or '?'}/{name}" + (f":{ctr}" if ctr else "")
+
+
 def format_records(records: list[dict], wide: bool = False) -> str:
     """A readable table of the runtime's create records."""
     if not records:
         return "No container creates in the log."
-    rows = [("TIME", "CONTAINER", "DECISION", "VENDORS", "NODES", "MOUNTS", "MS", "ERROR")]
+    rows = [("TIME", "CONTAINER", "POD", "DECISION", "VENDORS", "NODES", "MOUNTS", "MS", "ERROR")]
     for r in records:
         vendors = r.get("vendors")
         nodes, mounts = r.get("nodes"), r.get("mounts")
         cid = str(r.get("container_id") or "-")
+        pod = pod_column(r)
         rows.append((
             str(r.get("time") or "-"),
             cid if wide else _short(cid, 16),
+            pod if wide else _short(pod, 48),
             str(r.get("decision") or "-"),
             ",".join(map(str, vendors)) if isinstance(vendors, list) and vendors else "-",
             str(len(nodes)) if isinstance(nodes, list) else "-",

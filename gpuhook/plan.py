@@ -36,6 +36,7 @@ from . import hook, policy
 from .edits import DeviceNode, Edits, Hook, Mount
 from .inventory import Device, Inventory, Node, VendorInventory
 from .nvidia_tools import NVIDIA_TOOLS
+from .config import DEFAULT_SHARE
 from .record import Record
 
 SANDBOX_ANNOTATIONS = (
@@ -209,24 +210,40 @@ def _visible_nvidia(v: VendorInventory, vis: policy.Visible, warn) -> list[Devic
     return sorted(picked, key=lambda d: d.index)
 
 
-def _allocated(d: Device, pairs: list[tuple[str, str]]) -> bool:
-    """Is the device among the kubelet's allocations to other pods? Device plugins name
-    NVIDIA GPUs by UUID (or index), AMD and others by PCI address (a partition is taken
-    when its GPU is), Intel's by card name (card1, card1-0)."""
+def _allocated(d: Device, allocations: list[tuple[str, str, str]]) -> tuple[str, str, str] | None:
+    """The kubelet's allocation of the device to another pod, (resource, id, pod uid), or
+    None. Device plugins name NVIDIA GPUs by UUID (or index), AMD and others by PCI address
+    (a partition is taken when its GPU is), Intel's by card name (card1, card1-0)."""
     keys = {x.lower() for x in (d.id, d.pci, d.parent) if x}
     cards = {n.path[9:] for n in d.nodes if n.path.startswith("/dev/dri/card")}
-    for resource, ident in pairs:
+    for a in allocations:
+        resource, ident = a[0], a[1]
         low = ident.lower()
         if low in keys or low.split("-")[0] in cards:
-            return True
+            return a
         if d.vendor == "nvidia" and resource.startswith("nvidia.com/") and low.isascii() and low.isdigit() \
                 and int(low) == d.index:
-            return True
-    return False
+            return a
+    return None
+
+
+def _hold_back(v: VendorInventory, candidates: list[Device], allocated, held: list) -> list[Device]:
+    """The candidates the kubelet did not allocate to other pods; each one held back is
+    appended to `held` as {"device", "why"}."""
+    keep = []
+    for d in candidates:
+        a = _allocated(d, allocated)
+        if a is None:
+            keep.append(d)
+        else:
+            held.append({"device": f"{v.vendor}:{d.id}",
+                         "why": f"allocated by the kubelet to pod {policy.show(a[2], 40)} ({a[0]} {policy.show(a[1], 80)})"})
+    return keep
 
 
 def plan(inv: Inventory, req: Request, ldconfig: str | None = None, config=None,
-         state_dir: str | None = None, warnings: list | None = None, helper: str | None = None) -> Edits:
+         state_dir: str | None = None, warnings: list | None = None, helper: str | None = None,
+         explain: dict | None = None) -> Edits:
     """The edits for one container. Empty Edits mean: leave the spec exactly as it is.
 
     ldconfig: the node's (None: find_ldconfig()). helper: gpuhook-hook as the node sees it
@@ -234,19 +251,28 @@ def plan(inv: Inventory, req: Request, ldconfig: str | None = None, config=None,
 
     config: the node config (gpuhook.config.Config; None: the defaults). state_dir: where
     the round robin of max-gpus remembers what it gave (None: no memory, the first devices).
-    warnings: a list the reasons for what was refused are appended to."""
+    warnings: a list the reasons for what was refused are appended to.
+
+    explain: a dict that gets "devices" (the vendor:id of each device given), "held_back"
+    (the devices held back because the kubelet
+    allocated them to other pods: [{"device", "why"}]) and, when a node with GPUs gives the
+    container none, "reason" (one line: why it runs without)."""
     warn = warnings.append if warnings is not None else _drop
+    explain = {} if explain is None else explain
     if req.is_sandbox or not inv.vendors:
         return Edits()
     pod = policy.pod_policy(req.annotations, warn)
     if not pod.inject:
+        explain["reason"] = f"the pod says {policy.INJECT}: \"false\""
         return Edits()
-    share = getattr(config, "share", "all")
+    share = getattr(config, "share", None) or DEFAULT_SHARE
     allocated: list | None = []
+    held: list[dict] = []
     if share == "unallocated":
         allocated, why = policy.allocated_devices(inv.root, policy.pod_uid(req.annotations))
         if allocated is None:
             warn(f"share = unallocated: {why}; no GPU is given (which are free is unknown)")
+            explain["reason"] = f"{why}: which GPUs are free is unknown (share = unallocated)"
     choices: list[_Choice] = []
     fixed_count = 0
     for v in inv.vendors:
@@ -271,14 +297,35 @@ def plan(inv: Inventory, req: Request, ldconfig: str | None = None, config=None,
         else:
             candidates = [] if fixed else list(v.devices)
         if candidates and allocated is None:
+            held.extend({"device": f"{v.vendor}:{d.id}", "why": "the kubelet's checkpoint is unreadable"}
+                        for d in candidates)
             candidates = []
         elif candidates and allocated:
-            candidates = [d for d in candidates if not _allocated(d, allocated)]
+            candidates = _hold_back(v, candidates, allocated, held)
         fixed_count += len(fixed)
         choices.append(_Choice(v, fixed + candidates, driver_only, caps))
     if pod.max_gpus is not None:
         choices = _limit(choices, req, max(0, pod.max_gpus - fixed_count), state_dir, warn)
-    return _edits(inv, req, [c for c in choices if c.devices or c.driver_only], ldconfig, config, warn, helper)
+    if held:
+        explain["held_back"] = held
+    edits = _edits(inv, req, [c for c in choices if c.devices or c.driver_only], ldconfig, config, warn, helper)
+    if edits:
+        explain["devices"] = [f"{c.vendor.vendor}:{d.id}" for c in choices for d in c.devices]
+    if not edits and "reason" not in explain:
+        explain["reason"] = _why_none(inv, pod, held, choices)
+    return edits
+
+
+def _why_none(inv: Inventory, pod, held: list, choices: list) -> str:
+    """One line: why a node with GPUs gave this container none."""
+    if held and not any(c.devices for c in choices):
+        return (f"all {len(held)} GPU(s) held back: allocated by the kubelet to other pods "
+                '(share = "unallocated")')
+    if pod.max_gpus == 0:
+        return f"the pod says {policy.MAX_GPUS}: \"0\""
+    if pod.vendors is not None and not any(v.vendor in pod.vendors for v in inv.vendors if v.devices):
+        return f"the pod's {policy.VENDORS} names no vendor of this node"
+    return "no usable GPU for this container (its NVIDIA_VISIBLE_DEVICES, or a vendor's userspace missing: see warnings)"
 
 
 def _limit(choices: list[_Choice], req: Request, budget: int, state_dir, warn) -> list[_Choice]:

@@ -45,7 +45,17 @@ LOCK_FILE = "gpu-usage.lock"
 LOCK_WAIT_S = 2.0
 
 CHECKPOINT = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
-POD_UID_ANNOTATIONS = ("io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid")
+# The pod of a container, from the annotations the CRI runtime puts in its spec
+# (containerd's, then CRI-O's): the runtime's log line carries them (`gpuhook log`'s POD
+# column, the agent's pod Events). Docker, podman and plain runc set none.
+POD_ANNOTATIONS = {
+    "pod_namespace": ("io.kubernetes.cri.sandbox-namespace", "io.kubernetes.pod.namespace"),
+    "pod_name": ("io.kubernetes.cri.sandbox-name", "io.kubernetes.pod.name"),
+    "pod_uid": ("io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid"),
+    "container_name": ("io.kubernetes.cri.container-name", "io.kubernetes.container.name"),
+}
+POD_UID_ANNOTATIONS = POD_ANNOTATIONS["pod_uid"]
+MAX_NAME_LEN = 253  # a DNS subdomain, the longest name Kubernetes gives an object
 
 
 def show(value: str, limit: int = 60) -> str:
@@ -100,6 +110,18 @@ def pod_policy(annotations: dict, warn) -> PodPolicy:
                 warn(f"annotation {key}: {show(value)} is not a whole number from 0 to {MAX_GPUS_LIMIT}; "
                      "ignored, no limit")
     return PodPolicy(inject, vendors, max_gpus)
+
+
+def pod_of(annotations: dict) -> dict:
+    """{"pod_namespace", "pod_name", "pod_uid", "container_name"}: those the annotations
+    give, each a non-empty string of at most MAX_NAME_LEN printable characters; {} for a
+    container outside Kubernetes. A value that is not such a string is left out."""
+    out = {}
+    for key, names in POD_ANNOTATIONS.items():
+        v = next((annotations[k] for k in names if k in annotations), None)
+        if isinstance(v, str) and 0 < len(v) <= MAX_NAME_LEN and v.isprintable():
+            out[key] = v
+    return out
 
 
 def pod_uid(annotations: dict) -> str | None:
@@ -248,13 +270,13 @@ def least_used(keys: list[str], n: int, state_dir: str | None, warn) -> list[str
 
 # -- kubelet device allocations ---------------------------------------------------------
 
-def allocated_devices(root: str, own_pod: str | None) -> tuple[list[tuple[str, str]] | None, str | None]:
-    """(resource, device id) pairs the kubelet's device manager allocated to pods other than
+def allocated_devices(root: str, own_pod: str | None) -> tuple[list[tuple[str, str, str]] | None, str | None]:
+    """(resource, device id, pod uid) the kubelet's device manager allocated to pods other than
     `own_pod`, from its checkpoint (<root>/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint:
     {"Data": {"PodDeviceEntries": [{"PodUID", "ContainerName", "ResourceName",
     "DeviceIDs": {"<NUMA node>": [ids]} (a plain list before Kubernetes 1.20), "AllocResp"}],
     "RegisteredDevices": {...}}, "Checksum": N}). No file: no allocations.
-    Returns (pairs, None), or (None, why) when the file exists but cannot be understood."""
+    Returns (triples, None), or (None, why) when the file exists but cannot be understood."""
     from .probe.host import Host
 
     host = Host(root)
@@ -275,7 +297,8 @@ def allocated_devices(root: str, own_pod: str | None) -> tuple[list[tuple[str, s
             ids = e.get("DeviceIDs") or []
             if isinstance(ids, dict):
                 ids = [i for per_numa in ids.values() for i in (per_numa or [])]
-            out.extend((resource, str(i)) for i in ids if isinstance(i, (str, int)))
+            pod = str(e.get("PodUID") or "")
+            out.extend((resource, str(i), pod) for i in ids if isinstance(i, (str, int)))
         return out, None
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         return None, f"{CHECKPOINT}: not a device manager checkpoint ({type(e).__name__})"

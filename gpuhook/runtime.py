@@ -131,7 +131,7 @@ def parse_args(argv: list[str]) -> Invocation:
 class Outcome:
     """What one create did, for the log line."""
 
-    __slots__ = ("decision", "vendors", "nodes", "mounts", "hooks", "error", "warnings", "env")
+    __slots__ = ("decision", "vendors", "nodes", "mounts", "hooks", "error", "warnings", "env", "pod", "explain")
 
     def __init__(self):
         self.env: list[str] = []
@@ -142,6 +142,8 @@ class Outcome:
         self.hooks = 0
         self.error: str | None = None
         self.warnings: list[str] = []
+        self.pod: dict = {}  # policy.pod_of: the pod's namespace, name, uid, container name
+        self.explain: dict = {}  # plan(explain=): GPUs held back, why none was given
 
 
 def edit_bundle(bundle: str, config, out: Outcome) -> None:
@@ -149,6 +151,7 @@ def edit_bundle(bundle: str, config, out: Outcome) -> None:
     nothing to add. Raises on any problem; the caller applies the fail mode."""
     from . import fastjson
     from .plan import find_ldconfig, plan, request_from_spec
+    from .policy import pod_of
     from .config import cache_dir
     from .probe.cache import probe_cached
     from .spec import apply, check, write_atomic
@@ -170,12 +173,14 @@ def edit_bundle(bundle: str, config, out: Outcome) -> None:
         raise ValueError("config.json is not a JSON object")
     check(spec)  # a field of a type runc refuses is left to runc: never read otherwise than runc reads it
     request = request_from_spec(spec, bundle)
+    out.pod = pod_of(request.annotations)
     if request.is_sandbox:
         out.decision = "sandbox"
         return
     inventory = probe_cached(config.host_root, cache_dir(), config.probe_cache_ttl, config.nvidia_driver_root)
     out.warnings = list(inventory.warnings)
-    edits = plan(inventory, request, config.ldconfig or find_ldconfig(), config, cache_dir(), out.warnings)
+    edits = plan(inventory, request, config.ldconfig or find_ldconfig(), config, cache_dir(), out.warnings,
+                 explain=out.explain)
     if not edits:
         out.decision = "no-gpu" if not inventory.vendors else "declined"
         return
@@ -200,6 +205,7 @@ def log_line(config, inv: Invocation, out: Outcome, started: float) -> None:
         "event": "create",
         "container_id": inv.container_id,
         "bundle": inv.bundle,
+        **out.pod,
         "decision": out.decision,
         "vendors": out.vendors,
         "nodes": out.nodes,
@@ -207,6 +213,12 @@ def log_line(config, inv: Invocation, out: Outcome, started: float) -> None:
         "hooks": out.hooks,
         "duration_ms": round((time.monotonic() - started) * 1000, 2),
     }
+    if out.explain.get("devices"):
+        record["devices"] = out.explain["devices"][:256]
+    if out.explain.get("held_back"):
+        record["held_back"] = [h["device"] for h in out.explain["held_back"][:64]]
+    if out.explain.get("reason"):
+        record["reason"] = out.explain["reason"]
     # bounded: a warning may quote a pod's annotation, which can be a megabyte
     if out.error:
         record["error"] = out.error[:1000]

@@ -107,3 +107,33 @@ def test_plan_describes_each_hook_kind(make_host, tmp_path, scenario, words):
     assert r.returncode == 0, r.stderr
     lines = [x for x in r.stdout.decode().splitlines() if "createContainer hook:" in x]
     assert len(lines) == 1 and words in lines[0], r.stdout.decode()
+
+
+def test_plan_shows_the_gpus_held_back_and_why(make_host, tmp_path):
+    """The default share = "unallocated": GPUs the kubelet's checkpoint gives other pods are
+    held back, and `gpuhook plan` names each one; share = "all" gives them."""
+    from gpuhook import fakehost
+
+    root = make_host("nvidia", mknod=False, gpus=2)
+    uuids = [d["id"] for d in json.loads(gpuhook("probe", "--root", root, "--json").stdout)["vendors"][0]["devices"]]
+    fakehost.FakeHost(root).file("/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint", json.dumps({
+        "Data": {"PodDeviceEntries": [{"PodUID": "trainer-uid", "ContainerName": "c", "ResourceName": "nvidia.com/gpu",
+                                       "DeviceIDs": {"0": [uuids[1]]}, "AllocResp": "CgA="}]}, "Checksum": 1}))
+    r = gpuhook("plan", "--root", root)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.decode()
+    assert f"GPUHOOK_DEVICES=nvidia:{uuids[0]}\n" in out
+    assert ('held back (1; share = "unallocated", set share = "all" in the node config to give them anyway):\n'
+            f"  nvidia:{uuids[1]}: allocated by the kubelet to pod 'trainer-uid' (nvidia.com/gpu '{uuids[1]}')") in out
+    r = gpuhook("plan", "--root", root, "--json")
+    assert json.loads(r.stdout)["held_back"] == [{"device": f"nvidia:{uuids[1]}", "why": (
+        f"allocated by the kubelet to pod 'trainer-uid' (nvidia.com/gpu '{uuids[1]}')")}]
+    (tmp_path / "all.toml").write_text('share = "all"\n')
+    r = gpuhook("plan", "--root", root, env={"GPUHOOK_CONFIG": str(tmp_path / "all.toml")})
+    assert "held back" not in r.stdout.decode() and uuids[1] in r.stdout.decode()
+    # every GPU allocated to someone else: the container runs without, and plan says why
+    fakehost.FakeHost(root).file("/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint", json.dumps({
+        "Data": {"PodDeviceEntries": [{"PodUID": "t", "ContainerName": "c", "ResourceName": "nvidia.com/gpu",
+                                       "DeviceIDs": uuids}]}, "Checksum": 1}))
+    out = gpuhook("plan", "--root", root).stdout.decode()
+    assert 'No GPU for this container: all 2 GPU(s) held back: allocated by the kubelet to other pods' in out

@@ -84,6 +84,9 @@ def kubelet(make_host, runtime, containerd, cri_stubs, tmp_path):
     return k
 
 
+POD_KEYS = ("pod_namespace", "pod_name", "pod_uid", "container_name")
+
+
 def records(rt, cid: str) -> list[dict]:
     return [rec for rec in rt.log_records() if rec["container_id"] == cid]
 
@@ -104,6 +107,9 @@ def test_gpu_optional_pod_gets_the_hosts_gpus(kubelet):
     assert "ldcache-none" not in out and int(out.strip().splitlines()[-1]) >= 1  # hook wrote the cache
     rec = records(kubelet.rt, status.id)
     assert [r["decision"] for r in rec] == ["injected"]
+    # the line names the pod, from the annotations containerd put in the spec
+    assert {k: rec[0].get(k) for k in POD_KEYS} == {"pod_namespace": "default", "pod_name": "gpu-pod",
+                                                    "pod_uid": "uid-gpu-pod", "container_name": "app"}
     # the pause container went through the handler too, and was left exactly alone
     assert [r["decision"] for r in records(kubelet.rt, pod_id)] == ["sandbox"]
     sandbox = kubelet.bundle_spec(pod_id)
@@ -135,14 +141,20 @@ def test_gpu_optional_pod_gets_the_hosts_gpus(kubelet):
 
 def test_inject_false_annotation_gets_nothing(kubelet):
     pod_id, config = kubelet.run_pod("no-gpu-pod", annotations={"gpuhook.dev/inject": "false",
-                                                                 "other.example/ignored": "x"})
+                                                                 "other.example/ignored": "x",
+                                                                 # a tenant naming another namespace's pod
+                                                                 "io.kubernetes.cri.sandbox-namespace": "kube-system",
+                                                                 "io.kubernetes.pod.namespace": "kube-system"})
     status, out = kubelet.run_to_completion(pod_id, config, "app", SHOW)
     assert status.exit_code == 0, out
     assert nodes_of(out) == {}
     assert "accel=none" in out and "GPUHOOK_" not in out and "mount " not in out
     assert "open: cat: can't open '/dev/nvidia0': No such file or directory" in out
     assert "ldcache-none" in out
-    assert [r["decision"] for r in records(kubelet.rt, status.id)] == ["declined"]
+    (rec,) = records(kubelet.rt, status.id)
+    assert rec["decision"] == "declined" and rec["reason"] == 'the pod says gpuhook.dev/inject: "false"'
+    assert {k: rec.get(k) for k in POD_KEYS} == {"pod_namespace": "default", "pod_name": "no-gpu-pod",
+                                                 "pod_uid": "uid-no-gpu-pod", "container_name": "app"}
     # pod_annotations = ["gpuhook.dev/*"] passed the opt-out, and only it, to the containers'
     # config.json; gpuhook left it as containerd wrote it (read from a running container's bundle)
     sleeper = kubelet.cri.create_container(pod_id, config, "sleeper", IMAGE_NAME,

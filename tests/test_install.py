@@ -817,12 +817,20 @@ def test_kustomization_builds_and_every_manifest_is_valid():
                      ("ClusterRoleBinding", "gpuhook-node"), ("Role", "gpuhook-node-events"),
                      ("RoleBinding", "gpuhook-node-events"), ("ValidatingAdmissionPolicy", "gpuhook-own-node-labels"),
                      ("ValidatingAdmissionPolicyBinding", "gpuhook-own-node-labels"),
-                     ("DaemonSet", "gpuhook"), ("RuntimeClass", "gpu-optional")}
-    by_kind = {d["kind"]: d for d in docs}
+                     ("DaemonSet", "gpuhook"), ("RuntimeClass", "gpu-optional"),
+                     ("ClusterRole", "gpuhook-pods"), ("ClusterRoleBinding", "gpuhook-pods")} | {
+                     (k, n) for n in ("gpuhook-gpu-optional", "gpuhook-pod-accelerator-label", "gpuhook-agent-pods")
+                     for k in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")}  # test_admission.py
+    by_kind = {d["kind"]: d for d in docs if d["metadata"]["name"] in ("gpuhook", "gpuhook-node", "gpuhook-node-events",
+                                                                      "gpuhook-own-node-labels", "gpu-optional",
+                                                                      "gpuhook-system")}
     rc = by_kind["RuntimeClass"]
     assert rc["handler"] == ctd.HANDLER
     assert rc["scheduling"]["nodeSelector"] == {"gpuhook.dev/runtime-ready": "true"}
     assert by_kind["ClusterRole"]["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    (pods_role,) = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "gpuhook-pods"]
+    assert pods_role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]},
+                                  {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}]
     assert by_kind["Role"]["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
     assert by_kind["Role"]["metadata"]["namespace"] == "default"  # where Node events live
     assert by_kind["DaemonSet"]["metadata"]["namespace"] == by_kind["ServiceAccount"]["metadata"]["namespace"] == "gpuhook-system"

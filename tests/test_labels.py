@@ -28,6 +28,8 @@ class FakeAPI:
         self.node = {"apiVersion": "v1", "kind": "Node",
                      "metadata": {"name": node, "uid": "uid-1234", "labels": dict(labels or {"kubernetes.io/hostname": node})}}
         self.events: list[dict] = []
+        self.pods: dict[tuple[str, str], dict] = {}  # (namespace, name) -> Pod: add_pod()
+        self.event_patches: list[tuple[str, dict]] = []
         self.requests: list[tuple[str, str, dict | None, str | None]] = []
         self.fail_next: list[int] = []  # HTTP statuses to answer with before behaving
         self.lock = threading.Lock()
@@ -67,9 +69,37 @@ class FakeAPI:
                             else:
                                 have[k] = v
                         return self._reply(200, api.node)
-                    if method == "POST" and self.path == "/api/v1/namespaces/default/events":
+                    parts = self.path.split("/")
+                    if method == "POST" and len(parts) == 6 and parts[1:4] == ["api", "v1", "namespaces"] \
+                            and parts[5] == "events":
+                        if body["metadata"].get("namespace") != parts[4] or (
+                                body["involvedObject"].get("namespace", parts[4]) != parts[4]):
+                            return self._reply(422, {"message": "namespace does not match"})
+                        body = dict(body, metadata=dict(body["metadata"], name=f"e{len(api.events) + 1}"))
                         api.events.append(body)
-                        return self._reply(201, dict(body, metadata=dict(body["metadata"], name=f"e{len(api.events)}")))
+                        return self._reply(201, body)
+                    if len(parts) == 7 and parts[1:4] == ["api", "v1", "namespaces"] and parts[5] in ("pods", "events"):
+                        if parts[5] == "events":
+                            found = next((e for e in api.events if e["metadata"]["name"] == parts[6]
+                                          and e["metadata"]["namespace"] == parts[4]), None)
+                            if method != "PATCH" or found is None:
+                                return self._reply(404, {"message": "no such event"})
+                            api.event_patches.append((parts[6], body))
+                            found.update(body)
+                            return self._reply(200, found)
+                        pod = api.pods.get((parts[4], parts[6]))
+                        if pod is None:
+                            return self._reply(404, {"kind": "Status", "message": f"pods {parts[6]!r} not found"})
+                        if method == "GET":
+                            return self._reply(200, pod)
+                        if method == "PATCH":
+                            have = pod["metadata"].setdefault("labels", {})
+                            for k, v in (body.get("metadata", {}).get("labels") or {}).items():
+                                if v is None:
+                                    have.pop(k, None)
+                                else:
+                                    have[k] = v
+                            return self._reply(200, pod)
                     return self._reply(404, {"kind": "Status", "message": f"{method} {self.path}: not found"})
 
             def do_GET(self):
@@ -97,6 +127,18 @@ class FakeAPI:
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
+
+    def add_pod(self, namespace: str, name: str, uid: str, node: str | None = None) -> dict:
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"namespace": namespace, "name": name, "uid": uid, "labels": {"app": name}},
+               "spec": {"nodeName": node or self.node_name, "containers": [{"name": "app"}]}}
+        with self.lock:
+            self.pods[(namespace, name)] = pod
+        return pod
+
+    def pod_events(self) -> list[dict]:
+        with self.lock:
+            return [dict(e) for e in self.events if e["involvedObject"]["kind"] == "Pod"]
 
     @property
     def url(self) -> str:
@@ -260,7 +302,7 @@ def test_event_on_the_node(fake_api):
     (ev,) = api.events
     assert ev["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": "node-1", "uid": "uid-1234"}
     assert ev["reason"] == "GPUInventoryChanged" and ev["type"] == "Normal" and ev["message"] == "2 GPUs: nvidia x2"
-    assert ev["metadata"] == {"generateName": "node-1.gpuhook-", "namespace": "default"}
+    assert ev["metadata"] == {"generateName": "node-1.gpuhook-", "namespace": "default", "name": "e1"}  # named by the API
     assert ev["firstTimestamp"] == ev["lastTimestamp"] == "2026-01-01T00:00:00Z"
     assert ev["source"] == {"component": "gpuhook-agent", "host": "node-1"}
 

@@ -115,12 +115,13 @@ def test_log_command(tmp_path):
     cid = "f" * 64
     p.write_text("\n".join([rec(1), "\x00\xff torn", rec(2, "no-gpu"), rec(3, "sandbox"),
                             json.dumps({**json.loads(rec(4, "error")), "container_id": cid, "error": "x" * 300}),
-                            rec(5)]) + "\n")
+                            rec(5, pod_namespace="ml", pod_name="trainer-0", pod_uid="u-1", container_name="worker")]) + "\n")
     r = gpuhook("log", "--file", str(p), "-n", "3")
     assert r.returncode == 0, r.stderr
     rows = r.stdout.splitlines()
-    assert rows[0].split() == ["TIME", "CONTAINER", "DECISION", "VENDORS", "NODES", "MOUNTS", "MS", "ERROR"]
-    assert [row.split()[2] for row in rows[1:]] == ["sandbox", "error", "injected"]
+    assert rows[0].split() == ["TIME", "CONTAINER", "POD", "DECISION", "VENDORS", "NODES", "MOUNTS", "MS", "ERROR"]
+    assert [row.split()[3] for row in rows[1:]] == ["sandbox", "error", "injected"]
+    assert [row.split()[2] for row in rows[1:]] == ["-", "-", "ml/trainer-0:worker"]
     assert cid[:15] + "…" in r.stdout and cid not in r.stdout  # long ids shortened
     assert r.stderr == ""  # the garbage is further back than the last 3
     r = gpuhook("log", "--file", str(p))
@@ -140,3 +141,31 @@ def test_log_command(tmp_path):
 def _quiet_structlog():
     yield
     log.configure(stream=io.StringIO(), fmt="json")
+
+
+def test_the_create_line_names_the_pod(tmp_path):
+    """containerd's and CRI-O's annotations give the pod; missing, oversized or not text:
+    no pod, nothing fails."""
+    from gpuhook.policy import pod_of
+
+    containerd = {"io.kubernetes.cri.sandbox-namespace": "ml", "io.kubernetes.cri.sandbox-name": "trainer-0",
+                  "io.kubernetes.cri.sandbox-uid": "0b7c-uid", "io.kubernetes.cri.container-name": "worker"}
+    crio = {"io.kubernetes.pod.namespace": "ml", "io.kubernetes.pod.name": "trainer-0",
+            "io.kubernetes.pod.uid": "0b7c-uid", "io.kubernetes.container.name": "worker"}
+    want = {"pod_namespace": "ml", "pod_name": "trainer-0", "pod_uid": "0b7c-uid", "container_name": "worker"}
+    assert pod_of(containerd) == pod_of(crio) == want
+    assert pod_of({}) == {}  # docker, podman, plain runc
+    assert pod_of({"io.kubernetes.cri.sandbox-name": "x" * 254, "io.kubernetes.pod.namespace": "a\nb",
+                   "io.kubernetes.cri.sandbox-uid": ""}) == {}
+
+    class Config:
+        log_file = str(tmp_path / "gpuhook.log")
+
+    out = runtime.Outcome()
+    out.pod = want
+    out.decision = "declined"
+    out.explain = {"held_back": [{"device": "nvidia:GPU-1", "why": "x"}], "reason": "all 1 GPU(s) held back"}
+    runtime.log_line(Config, runtime.Invocation("create", "/b", "c1", None, None), out, 0.0)
+    line = json.loads(open(Config.log_file).read())
+    assert {k: line[k] for k in want} == want
+    assert line["held_back"] == ["nvidia:GPU-1"] and line["reason"] == "all 1 GPU(s) held back"

@@ -193,8 +193,38 @@ def test_unallocated_honours_the_checkpoint(tmp_path):
     assert [d for d in devices(e) if d.startswith("nvidia:")] == [
         f"nvidia:GPU-{i:04d}" for i in (0, 2, 3, 5, 6, 7)]  # pod-me's own GPU is not someone else's
     assert [d for d in devices(e) if d.startswith("amd:")] == ["amd:0000:44:00.0"]
-    # share = all (the default): the checkpoint is not even read
-    assert len(devices(plan(inv, req()))) == 11
+    # the default is share = "unallocated"; share = "all" does not even read the checkpoint
+    assert devices(plan(inv, req({"io.kubernetes.cri.sandbox-uid": "pod-me"}))) == devices(e)
+    assert len(devices(plan(inv, req(), config=Config(share="all")))) == 11
+
+
+def test_plan_explains_what_it_held_back(tmp_path):
+    root = str(tmp_path)
+    checkpoint(root, [entry("pod-a", "nvidia.com/gpu", ["GPU-0001", "GPU-0004"])])
+    explain: dict = {}
+    e = plan(Inventory(root, INV.vendors), req(), explain=explain)
+    assert len(devices(e)) == 9 and "reason" not in explain and explain["devices"] == devices(e)
+    assert explain["held_back"] == [
+        {"device": f"nvidia:GPU-{i:04d}", "why": "allocated by the kubelet to pod 'pod-a' (nvidia.com/gpu 'GPU-%04d')" % i}
+        for i in (1, 4)]
+    explain = {}
+    assert len(devices(plan(Inventory(root, INV.vendors), req(), config=Config(share="all"), explain=explain))) == 11
+    assert list(explain) == ["devices"]
+
+
+def test_plan_says_why_a_gpu_node_gave_nothing(tmp_path):
+    root = str(tmp_path)
+    checkpoint(root, [entry("pod-a", "nvidia.com/gpu", [f"GPU-{i:04d}" for i in range(8)])])
+    nvidia_only = Inventory(root, tuple(v for v in INV.vendors if v.vendor == "nvidia"))
+    explain: dict = {}
+    assert not plan(nvidia_only, req(), explain=explain)
+    assert explain["reason"] == 'all 8 GPU(s) held back: allocated by the kubelet to other pods (share = "unallocated")'
+    for annotations, reason in [({"gpuhook.dev/inject": "false"}, 'the pod says gpuhook.dev/inject: "false"'),
+                                ({"gpuhook.dev/max-gpus": "0"}, 'the pod says gpuhook.dev/max-gpus: "0"'),
+                                ({"gpuhook.dev/vendors": "intel"}, "the pod's gpuhook.dev/vendors names no vendor of this node")]:
+        explain = {}
+        assert not plan(Inventory(str(tmp_path / "none"), nvidia_only.vendors), req(annotations), explain=explain)
+        assert explain == {"reason": reason}
 
 
 def test_unallocated_partitions_of_an_allocated_gpu_and_intel_cards(tmp_path):

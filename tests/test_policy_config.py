@@ -52,9 +52,18 @@ def test_model_and_fast_reader_agree(text, valid):
 def test_fast_reader_defaults_and_new_keys():
     c, errors = cfg.parse('share = "unallocated"\nmps_pipe_dir = "/run/mps"\n')
     assert errors == [] and (c.share, c.mps_pipe_dir) == ("unallocated", "/run/mps")
+    c, errors = cfg.parse('share = "all"\n')
+    assert errors == [] and c.share == "all"
     c, errors = cfg.parse('share = "everyone"\n')
-    assert c.share == "all" and any("share" in e for e in errors)
-    assert cfg.Config().share == "all" and cfg.Config().mps_pipe_dir == "/tmp/nvidia-mps"
+    assert c.share == "unallocated" and any("share" in e and "'unallocated' used" in e for e in errors)
+    assert cfg.Config().share == "unallocated" and cfg.Config().mps_pipe_dir == "/tmp/nvidia-mps"
+
+
+def test_model_and_fast_reader_have_the_same_defaults():
+    from gpuhook.config_model import ConfigModel
+
+    model = ConfigModel()
+    assert {k: getattr(model, k) for k in cfg.Config._fields} == cfg.Config()._asdict()
 
 
 def test_cached_config_from_before_the_new_keys_still_loads(tmp_path, monkeypatch):

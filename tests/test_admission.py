@@ -1,0 +1,228 @@
+"""daemonset/gpu-optional-admission.yaml, evaluated: every CEL expression of the policies runs
+in a CEL implementation (cel-python) against pods that must be admitted and pods that must be
+refused, with the variables the API server gives a ValidatingAdmissionPolicy (object,
+oldObject, namespaceObject, request). The manifests are validated against the Kubernetes
+schemas (kubernetes-validate)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from conftest import REPO
+
+celpy = pytest.importorskip("celpy", reason="pip install cel-python (in the test extras)")
+yaml = pytest.importorskip("yaml", reason="PyYAML (pip install kubernetes-validate brings it)")
+
+PATH = os.path.join(REPO, "daemonset", "gpu-optional-admission.yaml")
+AGENT = "system:serviceaccount:gpuhook-system:gpuhook"
+NODE_NAME = "authentication.kubernetes.io/node-name"
+
+
+def docs() -> list[dict]:
+    with open(PATH) as f:
+        return [d for d in yaml.safe_load_all(f) if d]
+
+
+def policy(name: str) -> dict:
+    return next(d for d in docs() if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == name)
+
+
+_env = celpy.Environment()
+
+
+def cel(expr: str, act: dict):
+    return _env.program(_env.compile(expr)).evaluate(act)
+
+
+def admit(name: str, operation: str, obj: dict, old: dict | None = None, namespace: dict | None = None,
+          user: str = "alice", node: str | None = None, resource: str = "pods") -> list[str]:
+    """What the API server does with one request under one policy: [] when admitted, else
+    the messages of the failed validations (messageExpression first, as the server does)."""
+    spec = policy(name)["spec"]
+    rules = spec["matchConstraints"]["resourceRules"]
+    if not any(operation in r["operations"] and resource in r["resources"] for r in rules):
+        return []
+    extra = {NODE_NAME: [node]} if node else {}
+    act = {k: celpy.json_to_cel(v) for k, v in {
+        "object": obj, "oldObject": old, "namespaceObject": namespace,
+        "request": {"operation": operation, "userInfo": {"username": user, "extra": extra},
+                    "resource": {"group": "", "version": "v1", "resource": resource}}}.items()}
+    for cond in spec.get("matchConditions", []):
+        result = cel(cond["expression"], act)
+        assert isinstance(result, celpy.celtypes.BoolType), (cond["name"], result)
+        if not result:
+            return []
+    failed = []
+    for v in spec["validations"]:
+        result = cel(v["expression"], act)
+        assert isinstance(result, celpy.celtypes.BoolType), (v["expression"], result)  # an error is not a result
+        if not result:
+            failed.append(str(cel(v["messageExpression"], act)) if "messageExpression" in v else " ".join(v["message"].split()))
+    return failed
+
+
+def ns(name: str, labels: dict | None = None) -> dict:
+    meta = {"name": name}
+    if labels is not None:
+        meta["labels"] = labels
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": meta}
+
+
+def pod(runtime_class: str | None = "gpu-optional", annotations: dict | None = None, labels: dict | None = None,
+        node: str | None = None, namespace: str = "ml") -> dict:
+    meta = {"name": "worker", "namespace": namespace}
+    if annotations is not None:
+        meta["annotations"] = annotations
+    if labels is not None:
+        meta["labels"] = labels
+    spec = {"containers": [{"name": "c", "image": "busybox"}]}
+    if runtime_class:
+        spec["runtimeClassName"] = runtime_class
+    if node:
+        spec["nodeName"] = node
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+OPTED_IN = ns("ml", {"gpuhook.dev/gpu-optional": "allowed", "team": "ml"})
+
+
+# -- who may use gpu-optional -------------------------------------------------------------------
+
+def test_gpu_optional_is_admitted_in_an_opted_in_namespace():
+    assert admit("gpuhook-gpu-optional", "CREATE", pod(), namespace=OPTED_IN) == []
+    narrowing = {"gpuhook.dev/inject": "false", "gpuhook.dev/vendors": "nvidia", "gpuhook.dev/max-gpus": "1",
+                 "prometheus.io/scrape": "true"}
+    assert admit("gpuhook-gpu-optional", "CREATE", pod(annotations=narrowing), namespace=OPTED_IN) == []
+
+
+@pytest.mark.parametrize("namespace", [ns("team-b"), ns("team-b", {}), ns("team-b", {"gpuhook.dev/gpu-optional": "true"}),
+                                       ns("team-b", {"gpuhook.dev/gpu-optional": "Allowed", "x": "y"})])
+def test_gpu_optional_is_refused_elsewhere_with_how_to_opt_in(namespace):
+    assert admit("gpuhook-gpu-optional", "CREATE", pod(namespace="team-b"), namespace=namespace) == [
+        "runtimeClassName gpu-optional is not allowed in namespace team-b; a cluster admin opts it in with: "
+        "kubectl label namespace team-b gpuhook.dev/gpu-optional=allowed"]
+
+
+def test_the_static_message_says_the_same():
+    (v, _) = policy("gpuhook-gpu-optional")["spec"]["validations"]
+    assert "kubectl label namespace NAME gpuhook.dev/gpu-optional=allowed" in " ".join(v["message"].split())
+
+
+@pytest.mark.parametrize("runtime_class", [None, "runc", "kata", "gpu-optional-x"])
+def test_other_pods_are_not_looked_at(runtime_class):
+    assert admit("gpuhook-gpu-optional", "CREATE", pod(runtime_class, annotations={"gpuhook.dev/x": "1"}),
+                 namespace=ns("team-b")) == []
+
+
+@pytest.mark.parametrize("key", ["gpuhook.dev/share", "gpuhook.dev/accelerator", "gpuhook.dev/"])
+def test_an_unknown_gpuhook_annotation_is_refused(key):
+    assert admit("gpuhook-gpu-optional", "CREATE", pod(annotations={key: "all"}), namespace=OPTED_IN) == [
+        "a gpu-optional pod may set only the gpuhook.dev/ annotations gpuhook.dev/inject, gpuhook.dev/vendors "
+        "and gpuhook.dev/max-gpus"]
+
+
+def test_both_refusals_at_once():
+    assert len(admit("gpuhook-gpu-optional", "CREATE", pod(annotations={"gpuhook.dev/x": ""}), namespace=ns("b"))) == 2
+
+
+# -- the pod label gpuhook.dev/accelerator is the agent's ---------------------------------------
+
+LABEL = "gpuhook-pod-accelerator-label"
+
+
+def test_no_pod_is_created_with_the_accelerator_label():
+    for rc in ("gpu-optional", None):
+        assert admit(LABEL, "CREATE", pod(rc, labels={"gpuhook.dev/accelerator": "nvidia"})) == [
+            "the pod label gpuhook.dev/accelerator is set by the gpuhook agent only"]
+    assert admit(LABEL, "CREATE", pod(labels={"app": "x"})) == []
+    assert admit(LABEL, "CREATE", pod()) == []
+
+
+def test_only_the_agent_changes_the_accelerator_label():
+    old = pod(labels={"app": "x"}, node="n1")
+    new = pod(labels={"app": "x", "gpuhook.dev/accelerator": "cpu"}, node="n1")
+    assert admit(LABEL, "UPDATE", new, old, user="alice") != []
+    assert admit(LABEL, "UPDATE", old, new, user="alice") != []  # nor removes it
+    assert admit(LABEL, "UPDATE", new, old, user=AGENT, node="n1") == []
+    # other updates of a labelled pod are not looked at
+    assert admit(LABEL, "UPDATE", pod(labels={"gpuhook.dev/accelerator": "cpu", "b": "1"}),
+                 pod(labels={"gpuhook.dev/accelerator": "cpu"}), user="alice") == []
+
+
+# -- the agent: pods of its own node, one label, its own events ------------------------------------
+
+AGENT_POLICY = "gpuhook-agent-pods"
+
+
+def test_the_agent_labels_a_pod_of_its_own_node():
+    old = pod(labels={"app": "x"}, node="n1", annotations={"a": "1"})
+    new = pod(labels={"app": "x", "gpuhook.dev/accelerator": "nvidia"}, node="n1", annotations={"a": "1"})
+    assert admit(AGENT_POLICY, "UPDATE", new, old, user=AGENT, node="n1") == []
+    assert admit(AGENT_POLICY, "UPDATE", pod(node="n1", labels={"gpuhook.dev/accelerator": "cpu"}), pod(node="n1"),
+                 user=AGENT, node="n1") == []
+    # somebody else's update is not this policy's business
+    assert admit(AGENT_POLICY, "UPDATE", pod(node="n2", labels={"x": "y"}), pod(node="n2"), user="alice") == []
+
+
+def test_the_agent_may_not_touch_another_nodes_pod():
+    new = pod(labels={"gpuhook.dev/accelerator": "nvidia"}, node="n2")
+    assert admit(AGENT_POLICY, "UPDATE", new, pod(node="n2"), user=AGENT, node="n1") == [
+        "gpuhook may only change pods on the node its own pod runs on"]
+    # an unscheduled pod, a token without a node name
+    assert admit(AGENT_POLICY, "UPDATE", pod(labels={"gpuhook.dev/accelerator": "cpu"}), pod(), user=AGENT, node="n1") != []
+    assert admit(AGENT_POLICY, "UPDATE", new, pod(node="n2"), user=AGENT) != []
+
+
+@pytest.mark.parametrize("change", ["label", "remove-label", "annotation", "spec", "owner", "finalizer"])
+def test_the_agent_may_change_nothing_else(change):
+    old = pod(labels={"app": "x"}, annotations={"a": "1"}, node="n1")
+    new = pod(labels={"app": "x", "gpuhook.dev/accelerator": "cpu"}, annotations={"a": "1"}, node="n1")
+    if change == "label":
+        new["metadata"]["labels"]["app"] = "y"
+    elif change == "remove-label":
+        del new["metadata"]["labels"]["app"]
+    elif change == "annotation":
+        new["metadata"]["annotations"]["gpuhook.dev/inject"] = "false"
+    elif change == "spec":
+        new["spec"]["containers"][0]["image"] = "evil"
+    elif change == "owner":
+        new["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": "u"}]
+    else:
+        new["metadata"]["finalizers"] = ["x/y"]
+    assert admit(AGENT_POLICY, "UPDATE", new, old, user=AGENT, node="n1") == [
+        "gpuhook may only change the pod label gpuhook.dev/accelerator"]
+
+
+def event(instance="n1", kind="Pod", component="gpuhook.dev/agent") -> dict:
+    return {"apiVersion": "v1", "kind": "Event", "metadata": {"name": "e", "namespace": "ml"},
+            "involvedObject": {"kind": kind, "name": "worker", "namespace": "ml"}, "reason": "GPUsInjected",
+            "reportingComponent": component, "reportingInstance": instance}
+
+
+def test_the_agents_events_name_its_own_node():
+    assert admit(AGENT_POLICY, "CREATE", event(), user=AGENT, node="n1", resource="events") == []
+    assert admit(AGENT_POLICY, "UPDATE", event(kind="Node"), event(kind="Node"), user=AGENT, node="n1",
+                 resource="events") == []
+    msg = ["gpuhook's events are about pods and nodes, reported by the agent of its own node"]
+    assert admit(AGENT_POLICY, "CREATE", event("n2"), user=AGENT, node="n1", resource="events") == msg
+    assert admit(AGENT_POLICY, "CREATE", event(kind="Secret"), user=AGENT, node="n1", resource="events") == msg
+    assert admit(AGENT_POLICY, "CREATE", event(component="kubelet"), user=AGENT, node="n1", resource="events") == msg
+    assert admit(AGENT_POLICY, "CREATE", event(), user=AGENT, resource="events") == msg
+
+
+# -- the manifests -------------------------------------------------------------------------------
+
+def test_the_manifests_are_valid_and_bound():
+    kv = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate (bundles the schemas)")
+    all_docs = docs()
+    for d in all_docs:
+        kv.validate(d, kv.latest_version(), strict=True)
+    policies = {d["metadata"]["name"] for d in all_docs if d["kind"] == "ValidatingAdmissionPolicy"}
+    bindings = {d["spec"]["policyName"]: d for d in all_docs if d["kind"] == "ValidatingAdmissionPolicyBinding"}
+    assert policies == set(bindings) == {"gpuhook-gpu-optional", LABEL, AGENT_POLICY}
+    assert all(b["spec"]["validationActions"] == ["Deny"] for b in bindings.values())
+    assert all(policy(p)["spec"]["failurePolicy"] == "Fail" for p in policies)
+    with open(os.path.join(REPO, "daemonset", "kustomization.yaml")) as f:
+        assert "gpu-optional-admission.yaml" in yaml.safe_load(f)["resources"]

@@ -1,0 +1,299 @@
+"""Which pods really got a GPU: the agent follows the runtime's log and posts pod Events
+(GPUsInjected / RanOnCPU, aggregated, rate-limited), sets the pod label
+gpuhook.dev/accelerator, and serves Prometheus metrics. The API is a fake one on 127.0.0.1
+(test_labels.FakeAPI); end to end, the log comes from real creates through CRI."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from conftest import REPO, needs_cri, wrapper_path
+from gpuhook import agent as agent_mod, log, podevents
+from test_labels import fake_api  # noqa: F401 (fixture)
+
+
+@pytest.fixture
+def logs():
+    out = io.StringIO()
+    log.configure(stream=out, fmt="json", level="debug")
+    yield lambda: [json.loads(line) for line in out.getvalue().splitlines()]
+    log.configure(stream=io.StringIO(), fmt="json")
+
+
+def create(decision="injected", pod="trainer-0", ns="ml", uid="uid-trainer-0", ctr="app", **kw) -> dict:
+    rec = {"time": "2026-01-01T00:00:00.000Z", "event": "create", "container_id": "c" * 64, "decision": decision,
+           "pod_namespace": ns, "pod_name": pod, "pod_uid": uid, "container_name": ctr,
+           "vendors": ["nvidia"] if decision == "injected" else [], "duration_ms": 12.5}
+    if decision == "injected":
+        rec["devices"] = ["nvidia:GPU-0", "nvidia:GPU-1"]
+    rec.update(kw)
+    return rec
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_what_each_create_says():
+    assert podevents.event_for(create()) == (
+        "GPUsInjected", "Normal", "container app got 2 GPU device(s): nvidia x2: nvidia:GPU-0, nvidia:GPU-1", "nvidia")
+    assert podevents.event_for(create("no-gpu")) == ("RanOnCPU", "Normal",
+                                                    "container app runs without a GPU: CPU-only node", "cpu")
+    why = 'all 8 GPU(s) held back: allocated by the kubelet to other pods (share = "unallocated")'
+    assert podevents.event_for(create("declined", reason=why))[2] == f"container app runs without a GPU: {why}"
+    reason, type_, msg, _ = podevents.event_for(create("error", error="config.json is not valid JSON"))
+    assert (reason, type_) == ("RanOnCPU", "Warning") and "gpuhook failed (config.json is not valid JSON)" in msg
+    assert podevents.event_for(create("sandbox")) is None
+
+
+def test_events_labels_and_aggregation(fake_api, logs):
+    api = fake_api()
+    api.add_pod("ml", "trainer-0", "uid-trainer-0")
+    api.add_pod("ml", "cpu-job", "uid-cpu-job")
+    r = podevents.PodReporter(api.client(), log.get())
+    r.handle(create())
+    r.handle(create("no-gpu", pod="cpu-job", uid="uid-cpu-job"))
+    gpu, cpu = api.pod_events()
+    assert gpu["reason"] == "GPUsInjected" and gpu["type"] == "Normal"
+    assert gpu["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "namespace": "ml", "name": "trainer-0",
+                                     "uid": "uid-trainer-0", "fieldPath": "spec.containers{app}"}
+    assert gpu["metadata"]["namespace"] == "ml" and gpu["reportingInstance"] == "node-1"
+    assert gpu["reportingComponent"] == "gpuhook.dev/agent" and gpu["count"] == 1
+    assert "nvidia:GPU-0, nvidia:GPU-1" in gpu["message"]
+    assert cpu["reason"] == "RanOnCPU" and "CPU-only node" in cpu["message"]
+    assert api.pods[("ml", "trainer-0")]["metadata"]["labels"] == {"app": "trainer-0", "gpuhook.dev/accelerator": "nvidia"}
+    assert api.pods[("ml", "cpu-job")]["metadata"]["labels"]["gpuhook.dev/accelerator"] == "cpu"
+    # a restarting container: the same Event, count and series, and no new label patch
+    patches = sum(1 for m, p, *_ in api.requests if m == "PATCH" and "/pods/" in p)
+    r.handle(create())
+    r.handle(create())
+    assert len(api.pod_events()) == 2
+    (gpu, _) = api.pod_events()
+    assert gpu["count"] == 3 and gpu["series"]["count"] == 3 and gpu["series"]["lastObservedTime"].endswith("Z")
+    assert sum(1 for m, p, *_ in api.requests if m == "PATCH" and "/pods/" in p) == patches
+    assert sum(1 for m, p, *_ in api.requests if m == "GET" and "/pods/" in p) == 2  # each pod checked once
+
+
+def test_lines_that_name_another_pod_are_not_trusted(fake_api, logs):
+    api = fake_api()
+    api.add_pod("ml", "trainer-0", "uid-trainer-0", node="node-2")  # another node's pod
+    api.add_pod("kube-system", "coredns", "uid-real")
+    r = podevents.PodReporter(api.client(), log.get())
+    r.handle(create())
+    r.handle(create(ns="kube-system", pod="coredns", uid="uid-forged"))
+    r.handle(create(ns="../../nodes", pod="node-1"))  # never put in a URL
+    r.handle(create(ns="ml", pod="x" * 300))
+    r.handle({k: v for k, v in create().items() if not k.startswith("pod_")})  # docker, podman: no pod
+    assert api.pod_events() == [] and all(not p.startswith("/api/v1/namespaces/..") for _, p, *_ in api.requests)
+    assert all("gpuhook.dev/accelerator" not in pod["metadata"]["labels"] for pod in api.pods.values())
+    skipped = [x for x in logs() if x["event"] == "pod.skipped"]
+    assert len(skipped) == 3 and "not this node's pod" in skipped[0]["why"]
+
+
+def test_rate_limit_drops_and_counts(fake_api, logs):
+    api = fake_api()
+    clock = Clock()
+    r = podevents.PodReporter(api.client(), log.get(), clock=clock, burst=3, rate=0.5)
+    for i in range(6):
+        api.add_pod("ml", f"p{i}", f"uid-{i}")
+        r.handle(create(pod=f"p{i}", uid=f"uid-{i}"))
+    assert len(api.pod_events()) == 3 and r.dropped == 3
+    assert [x["event"] for x in logs()].count("event.ratelimited") == 1
+    clock.t += 2  # one token back
+    api.add_pod("ml", "late", "uid-late")
+    r.handle(create(pod="late", uid="uid-late"))
+    assert len(api.pod_events()) == 4
+
+
+def test_api_errors_are_logged_once_and_retried_with_backoff(fake_api, logs):
+    api = fake_api()
+    api.add_pod("ml", "trainer-0", "uid-trainer-0")
+    clock = Clock()
+    r = podevents.PodReporter(api.client(), log.get(), clock=clock, backoff=1.0)
+    api.fail_next = [503, 503]
+    r.handle(create())
+    assert api.pod_events() == [] and len(r.retry) == 1
+    clock.t += 0.5
+    r.tick()
+    assert len(api.requests) == 1  # not due yet
+    clock.t += 0.6
+    r.tick()  # second 503: backoff doubles
+    assert r.retry[0][0] == pytest.approx(clock.t + 2.0)
+    clock.t += 2.1
+    r.tick()
+    assert len(api.pod_events()) == 1 and r.retry == []
+    errors = [x for x in logs() if x["event"] == "kube.error"]
+    assert len(errors) == 1 and "503" in errors[0]["error"]
+    # an unreachable API: said once, the reporter keeps going
+    down = podevents.PodReporter(_dead_client(), log.get())
+    for _ in range(3):
+        down.handle(create())
+    assert [x["event"] for x in logs()].count("kube.error") == 2
+
+
+def _dead_client():
+    from gpuhook import labels
+
+    return labels.KubeAPI("http://127.0.0.1:9", "t", "node-1", timeout=1.0)  # discard port: nothing listens
+
+
+def test_the_follower_reads_appended_lines_and_survives_rotation(tmp_path, logs):
+    path = tmp_path / "gpuhook.log"
+    path.write_text(json.dumps(create(pod="old")) + "\n")
+    seen = []
+
+    class C:
+        def handle(self, rec):
+            seen.append(rec["pod_name"])
+
+    f = podevents.CreateFollower(str(path), [C()], log.get())
+    assert f.read_new(first=True) == 0  # what was there before the agent started is not replayed
+    with open(path, "a") as out:
+        out.write(json.dumps(create(pod="a")) + "\ngarbage\n" + json.dumps({"event": "other"}) + "\n")
+        out.write(json.dumps(create(pod="b"))[:20])  # a line being written
+    assert f.read_new() == 1 and seen == ["a"]
+    with open(path, "a") as out:
+        out.write(json.dumps(create(pod="b"))[20:] + "\n")
+    assert f.read_new() == 1 and seen == ["a", "b"]
+    os.rename(path, tmp_path / "gpuhook.log.1")  # logrotate
+    path.write_text(json.dumps(create(pod="c")) + "\n")
+    assert f.read_new() == 1 and seen == ["a", "b", "c"]
+
+
+# -- end to end: real creates through CRI, the agent, a fake API ------------------------------------
+
+@needs_cri
+def test_cri_creates_become_pod_events_and_metrics(make_host, runtime, containerd, cri_stubs, tmp_path, fake_api, logs):
+    """containerd (CRI) runs gpu-optional pods through gpuhook-runtime, first on a fake 8-GPU
+    NVIDIA host, then (the node config pointed elsewhere) on a CPU-only host. The agent,
+    following the runtime's log, posts GPUsInjected on the first pod and RanOnCPU on the
+    second, labels both, and its metrics endpoint counts the creates."""
+    import cri_client
+    from containerd_harness import IMAGE_NAME
+    from test_e2e_cri import HANDLER, Kubelet
+
+    gpu_host, cpu_host = make_host("nvidia", mknod=True), make_host("cpu", mknod=True)
+    rt = runtime(gpu_host)
+    ctd = containerd(rt, cri=True, runtimes={HANDLER: {"binary": wrapper_path(), "pod_annotations": ["gpuhook.dev/*"]}})
+    client = cri_client.CRIClient(ctd.address, cri_stubs)
+    ctd.before_stop(client.close)
+    ctd.before_stop(client.remove_all)
+    client.wait_image(IMAGE_NAME)
+    k = Kubelet(ctd, client, tmp_path)
+
+    api = fake_api()
+    from gpuhook.probe import probe
+
+    # the agent's root is this machine's / (where containerd's bundles are); it probes the fake GPU host
+    agent = agent_mod.Agent(agent_mod.Options(root="/", interval=60, install=False, udev=False,
+                                              cdi_dir="", nfd_dir="", ready_file="", runtime_log=rt.log,
+                                              metrics_address="127.0.0.1:0"),
+                            kube=api.client(), log=log.get(), probe=lambda _root: probe(gpu_host))
+    import threading
+
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while agent.metrics is None or agent.follower is None or not agent.last_probe:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        url = f"http://{agent.metrics.address}/metrics"
+        before = urllib.request.urlopen(url, timeout=5).read().decode()
+        assert 'gpuhook_devices{vendor="nvidia"} 8.0' in before
+        assert "gpuhook_container_creates_total{" not in before
+
+        for name, host in (("gpu-pod", gpu_host), ("cpu-pod", cpu_host)):
+            text = open(rt.config).read().splitlines()
+            text[0] = f'host_root = "{host}"'
+            open(rt.config, "w").write("\n".join(text) + "\n")
+            pod_id, config = k.run_pod(name)
+            api.add_pod("default", name, f"uid-{name}")
+            # (it lives a second: on a node with no GPU node the agent reads the pod from its bundle)
+            status, out = k.run_to_completion(pod_id, config, "app", "echo accel=${GPUHOOK_ACCELERATOR:-none}; sleep 1")
+            assert status.exit_code == 0 and f"accel={'nvidia' if name == 'gpu-pod' else 'none'}" in out, out
+
+        def events():
+            return {e["involvedObject"]["name"]: e for e in api.pod_events()}
+        while len(events()) < 2:
+            assert time.monotonic() < deadline + 30, (api.pod_events(), [x for x in logs() if "pod" in x["event"]])
+            time.sleep(0.1)
+        ev = events()
+        assert ev["gpu-pod"]["reason"] == "GPUsInjected" and "got 8 GPU device(s): nvidia x8" in ev["gpu-pod"]["message"]
+        assert ev["gpu-pod"]["involvedObject"]["uid"] == "uid-gpu-pod"
+        assert ev["cpu-pod"]["reason"] == "RanOnCPU" and "CPU-only node" in ev["cpu-pod"]["message"]
+        assert api.pods[("default", "gpu-pod")]["metadata"]["labels"]["gpuhook.dev/accelerator"] == "nvidia"
+        assert api.pods[("default", "cpu-pod")]["metadata"]["labels"]["gpuhook.dev/accelerator"] == "cpu"
+        # the sandboxes went through the handler too: counted, but no Event (on the CPU-only
+        # host the sh front logs the sandbox as no-gpu: it reads no spec)
+        after = urllib.request.urlopen(url, timeout=5).read().decode()
+        assert 'gpuhook_container_creates_total{decision="injected",vendor="nvidia"} 1.0' in after
+        assert 'gpuhook_container_creates_total{decision="no-gpu",vendor="none"} 2.0' in after
+        assert 'gpuhook_container_creates_total{decision="sandbox",vendor="none"} 1.0' in after
+        assert len(api.pod_events()) == 2
+        assert 'gpuhook_create_duration_seconds_count{decision="injected"} 1.0' in after
+        assert "gpuhook_runtime_installed 1.0" in after and "gpuhook_last_probe_timestamp_seconds" in after
+    finally:
+        agent.stop("test")
+        thread.join(15)
+
+
+def test_metrics_endpoint_counts_creates(tmp_path, make_host):
+    """`gpuhook agent --metrics-address` as a process; curl sees the counters move when the
+    runtime's log gets create lines."""
+    import shutil
+    import socket
+
+    root = make_host("nvidia", mknod=False, gpus=2, libs=False)
+    runtime_log = tmp_path / "gpuhook.log"
+    runtime_log.write_text("")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = subprocess.Popen([sys.executable, "-m", "gpuhook", "agent", "--root", root, "--no-install", "--no-udev",
+                          "--cdi-dir", "", "--nfd-dir", "", "--ready-file", "", "--log-format", "json",
+                          "--runtime-log", str(runtime_log), "--metrics-address", f"127.0.0.1:{port}"],
+                         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, GPUHOOK_CONFIG="/nonexistent/gpuhook.toml"))
+    curl = shutil.which("curl")
+
+    def scrape() -> str:
+        if curl:
+            return subprocess.run([curl, "-sf", f"http://127.0.0.1:{port}/metrics"], capture_output=True, text=True,
+                                  timeout=10).stdout
+        try:
+            return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        except OSError:
+            return ""
+    try:
+        deadline = time.monotonic() + 30
+        while 'gpuhook_devices{vendor="nvidia"} 2.0' not in scrape():
+            assert p.poll() is None and time.monotonic() < deadline, p.stderr.read() if p.poll() is not None else ""
+            time.sleep(0.1)
+        with open(runtime_log, "a") as f:
+            for i in range(3):
+                f.write(json.dumps(create(duration_ms=30 + i)) + "\n")
+            f.write(json.dumps(create("no-gpu")) + "\n")
+        want = 'gpuhook_container_creates_total{decision="injected",vendor="nvidia"} 3.0'
+        while want not in scrape():
+            assert time.monotonic() < deadline, scrape()
+            time.sleep(0.1)
+        out = scrape()
+        assert 'gpuhook_container_creates_total{decision="no-gpu",vendor="none"} 1.0' in out
+        assert 'gpuhook_create_duration_seconds_bucket{decision="injected",le="0.05"} 3.0' in out
+        assert "gpuhook_probe_errors_total 0.0" in out
+    finally:
+        p.terminate()
+        p.wait(15)
