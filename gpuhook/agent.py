@@ -19,11 +19,11 @@ import threading
 import time
 from typing import Callable
 
-from . import cdi, labels as labels_mod
+from . import cdi, defaults, labels as labels_mod
 
 UDEV_SUBSYSTEMS = ("drm", "kfd", "accel", "module")
 UDEV_MODULES = frozenset({"nvidia", "nvidia_uvm", "nvidia_drm", "nvidia_modeset", "amdgpu", "i915", "xe"})
-READY_FILE = "/run/gpuhook/ready"
+READY_FILE = defaults.READY_FILE
 
 
 @dataclasses.dataclass

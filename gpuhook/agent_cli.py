@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import sys
 
+from . import defaults
+
 
 def add_commands(sub) -> None:
     sp = sub.add_parser("cdi", help="CDI specs of this node's GPUs")
@@ -52,8 +54,8 @@ def add_commands(sub) -> None:
     sp.add_argument("--install-restart", choices=("signal", "systemd", "none"), default="none",
                     help="how gpuhook install makes the runtime load its config (see gpuhook install --restart)")
     sp.add_argument("--once", action="store_true", help="install, probe and write once, then exit")
-    sp.add_argument("--ready-file", default="/run/gpuhook/ready", metavar="FILE",
-                    help="written after the first successful install and probe (default /run/gpuhook/ready; '' = none)")
+    sp.add_argument("--ready-file", default=defaults.READY_FILE, metavar="FILE",
+                    help=f"written after the first successful install and probe (default {defaults.READY_FILE}; '' = none)")
     sp.add_argument("--no-udev", action="store_true", help="do not watch udev: periodic probing only")
     sp.add_argument("--grace", type=_seconds, default=10.0, metavar="SECONDS",
                     help="after SIGTERM, exit at the latest this much later (default 10)")

@@ -41,7 +41,7 @@ import json
 import os
 import re
 
-from . import hook
+from . import defaults, hook
 from .edits import Edits
 from .inventory import Inventory, VendorInventory
 
@@ -49,7 +49,7 @@ KIND_VENDOR = "gpuhook.dev"
 GENERIC_CLASS = "gpu"
 ALL = "all"
 FORMATS = ("yaml", "json")
-DEFAULT_DIR = "/var/run/cdi"
+DEFAULT_DIR = defaults.CDI_DIR
 FILE_PREFIX = KIND_VENDOR + "-"  # gpuhook.dev-nvidia.yaml, gpuhook.dev-gpu.yaml
 KNOWN_VERSIONS = ("0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0")
 

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import os
 from .probe.driverroot import AUTO as NVIDIA_DRIVER_ROOT_AUTO
+from . import defaults
 from .record import Record
 
-DEFAULT_PATH = "/etc/gpuhook/config.toml"
+DEFAULT_PATH = defaults.CONFIG_FILE
 FAIL_MODES = ("open", "closed")
 
 
@@ -26,7 +27,7 @@ SHARE_MODES = ("all", "unallocated")
 # unless the node says share = "all"; a node without device plugins has no checkpoint and
 # gives every GPU either way.
 DEFAULT_SHARE = "unallocated"
-MPS_PIPE_DIR = "/tmp/nvidia-mps"
+MPS_PIPE_DIR = defaults.MPS_PIPE_DIR
 
 
 class Config(Record):
@@ -43,7 +44,7 @@ class Config(Record):
 
     runtime: str | None = None
     host_root: str = "/"
-    log_file: str = "/var/log/gpuhook.log"
+    log_file: str = defaults.LOG_FILE
     fail_mode: str = "open"
     ldconfig: str | None = None
     probe_cache_ttl: float = 10.0
@@ -127,7 +128,7 @@ def is_clean_abspath(path: str) -> bool:
 
 
 def cache_dir() -> str:
-    return os.environ.get("GPUHOOK_CACHE_DIR") or "/run/gpuhook"
+    return os.environ.get("GPUHOOK_CACHE_DIR") or defaults.CACHE_DIR
 
 
 def load(path: str | None = None) -> tuple[Config, list[str]]:

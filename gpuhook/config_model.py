@@ -11,7 +11,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError, field_validator
 
-from .config import DEFAULT_SHARE, MPS_PIPE_DIR, NVIDIA_DRIVER_ROOT_AUTO, is_clean_abspath, valid_driver_root
+from .config import FAIL_MODES, NVIDIA_DRIVER_ROOT_AUTO, SHARE_MODES, Config, is_clean_abspath, valid_driver_root
+
+# the defaults are the fast reader's (config.Config): written once, there
+_D = Config._defaults
 
 
 class ConfigModel(BaseModel):
@@ -19,18 +22,20 @@ class ConfigModel(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    runtime: StrictStr | None = Field(None, description="the real OCI runtime: a name on PATH or a path")
-    host_root: StrictStr = Field("/", description="where the node's / is")
-    log_file: StrictStr = Field("/var/log/gpuhook.log", description='one JSON line per create; "" turns it off')
-    fail_mode: Literal["open", "closed"] = Field("open", description="what a gpuhook error does to the create")
-    ldconfig: StrictStr | None = Field(None, description="the node's ldconfig for the ld-cache hook")
-    probe_cache_ttl: StrictInt | StrictFloat = Field(10.0, ge=0, description="seconds a probe result is reused; 0 disables")
-    share: Literal["all", "unallocated"] = Field(
-        DEFAULT_SHARE, description="unallocated: GPUs the kubelet allocated to other pods are never given; "
+    runtime: StrictStr | None = Field(_D["runtime"], description="the real OCI runtime: a name on PATH or a path")
+    host_root: StrictStr = Field(_D["host_root"], description="where the node's / is")
+    log_file: StrictStr = Field(_D["log_file"], description='one JSON line per create; "" turns it off')
+    fail_mode: Literal[FAIL_MODES] = Field(  # type: ignore[valid-type]
+        _D["fail_mode"], description="what a gpuhook error does to the create")
+    ldconfig: StrictStr | None = Field(_D["ldconfig"], description="the node's ldconfig for the ld-cache hook")
+    probe_cache_ttl: StrictInt | StrictFloat = Field(_D["probe_cache_ttl"], ge=0,
+                                                     description="seconds a probe result is reused; 0 disables")
+    share: Literal[SHARE_MODES] = Field(  # type: ignore[valid-type]
+        _D["share"], description="unallocated: GPUs the kubelet allocated to other pods are never given; "
         "all: every GPU, allocated or not")
-    mps_pipe_dir: StrictStr = Field(MPS_PIPE_DIR, description="the NVIDIA MPS control daemon's pipe directory")
+    mps_pipe_dir: StrictStr = Field(_D["mps_pipe_dir"], description="the NVIDIA MPS control daemon's pipe directory")
     nvidia_driver_root: StrictStr = Field(
-        NVIDIA_DRIVER_ROOT_AUTO, description='where the NVIDIA driver\'s userspace is: "auto" (the host, '
+        _D["nvidia_driver_root"], description='where the NVIDIA driver\'s userspace is: "auto" (the host, '
         '/run/nvidia/driver, /home/kubernetes/bin/nvidia) or one node path')
 
     @field_validator("host_root")

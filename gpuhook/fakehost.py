@@ -21,6 +21,7 @@ import os
 import shutil
 import subprocess
 
+from . import defaults
 from .probe import driverroot
 
 DRM_MAJOR = 226
@@ -267,12 +268,13 @@ def nvidia(fh: FakeHost, gpus: int = 8, driver: str = "550.54.14", minors: list[
     if fabricmanager:
         fh.socket("/run/nvidia-fabricmanager/socket")
     if mps:
-        os.makedirs(fh.p("/tmp/nvidia-mps"), exist_ok=True)
+        mps_dir = defaults.MPS_PIPE_DIR
+        os.makedirs(fh.p(mps_dir), exist_ok=True)
         if fh.mknod:
-            os.mkfifo(fh.p("/tmp/nvidia-mps/control"))
+            os.mkfifo(fh.p(f"{mps_dir}/control"))
         else:
-            fh.file("/tmp/nvidia-mps/control", "")
-        fh.file("/tmp/nvidia-mps/log/control.log", "")
+            fh.file(f"{mps_dir}/control", "")
+        fh.file(f"{mps_dir}/log/control.log", "")
     if libs:
         nvidia_userspace(fh, driver, video=video, graphics=graphics, stale=stale, mps=mps)
     elif userspace:

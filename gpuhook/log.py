@@ -18,9 +18,11 @@ import os
 import sys
 import time
 
+from . import defaults
+
 _configured = False
 
-DEFAULT_RUNTIME_LOG = "/var/log/gpuhook.log"
+DEFAULT_RUNTIME_LOG = defaults.LOG_FILE
 
 
 def utc_now(ms: bool = True, t: float | None = None) -> str:

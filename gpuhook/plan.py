@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import os
 
-from . import hook, policy
+from . import defaults, hook, policy
 from .edits import DeviceNode, Edits, Hook, Mount
 from .inventory import Device, Inventory, Node, VendorInventory
 from .nvidia_tools import NVIDIA_TOOLS
@@ -446,8 +446,8 @@ def _mps(inv: Inventory, req: Request, v: VendorInventory, config, mounts: list,
     """The MPS control daemon's pipe directory, read-write, where the container's CUDA looks
     for it (its CUDA_MPS_PIPE_DIRECTORY, else the default). The host side is the node's
     (config mps_pipe_dir), never a path the container names."""
-    host_dir = getattr(config, "mps_pipe_dir", None) or "/tmp/nvidia-mps"
-    if host_dir == "/tmp/nvidia-mps":
+    host_dir = getattr(config, "mps_pipe_dir", None) or defaults.MPS_PIPE_DIR
+    if host_dir == defaults.MPS_PIPE_DIR:
         present = any(lib.capability == "mps" for lib in v.libraries)
     else:
         from .probe.host import Host
@@ -456,7 +456,7 @@ def _mps(inv: Inventory, req: Request, v: VendorInventory, config, mounts: list,
         present = h.is_dir(host_dir) and h.lstat(host_dir + "/control") is not None
     if not present:
         return
-    dest = "/tmp/nvidia-mps"
+    dest = defaults.MPS_PIPE_DIR
     if policy.MPS_ENV in req.env:
         dest = policy.container_dir(req.env[policy.MPS_ENV]) or dest
         if dest != req.env[policy.MPS_ENV].rstrip("/"):

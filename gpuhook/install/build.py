@@ -40,7 +40,7 @@ from importlib import metadata
 from typing import Callable
 
 import gpuhook
-from gpuhook import hook
+from gpuhook import defaults, hook
 
 from . import InstallError
 
@@ -220,7 +220,7 @@ def build(out: str, progress: Callable[[str], None] | None = None) -> dict:
 
     # compiled ahead, with the paths they will have on the node (for tracebacks)
     say(f"compiling {sum(n.endswith('.py') for _, _, names in os.walk(pylib) for n in names)} modules ahead")
-    ok = compileall.compile_dir(pylib, quiet=2, workers=0, stripdir=out, prependdir="/opt/gpuhook",
+    ok = compileall.compile_dir(pylib, quiet=2, workers=0, stripdir=out, prependdir=defaults.INSTALL_PREFIX,
                                 invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
     if not ok:
         print("build-bundle: some modules did not compile (left as source)", file=sys.stderr)

@@ -26,13 +26,13 @@ import tempfile
 import time
 from typing import Callable
 
-from .. import devlinks
+from .. import defaults, devlinks
 from . import InstallError, containerd, crio, docker, files, restart
 from .files import host, sha256
 
-PREFIX = "/opt/gpuhook"
-BINARY = PREFIX + "/bin/gpuhook-runtime"
-NODE_CONFIG = "/etc/gpuhook/config.toml"
+PREFIX = defaults.INSTALL_PREFIX
+BINARY = defaults.RUNTIME_BINARY
+NODE_CONFIG = defaults.CONFIG_FILE
 BACKUP = files.STATE_DIR + "/containerd-config.toml"
 DOCKER_BACKUP = files.STATE_DIR + "/docker-daemon.json"
 CONTAINERD_SOCKET = "/run/containerd/containerd.sock"

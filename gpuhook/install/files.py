@@ -16,11 +16,12 @@ import os
 import stat
 import sys
 
+from .. import defaults
 from ..spec import write_atomic
 from . import InstallError
 
 MANIFEST = "gpuhook-bundle.json"
-STATE_DIR = "/etc/gpuhook/backup"
+STATE_DIR = defaults.BACKUP_DIR
 STATE = STATE_DIR + "/install-state.json"
 
 

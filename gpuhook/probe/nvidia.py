@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import stat as _stat
 
+from .. import defaults
 from ..inventory import Device, Library, Node, VendorInventory
 from ..nvidia_tools import NVIDIA_TOOLS
 from ..record import Record
@@ -108,7 +109,7 @@ FILES = (
 )
 # IPC endpoints (libnvidia-container's list); /var/run is usually a link to /run
 SOCKETS = ("/run/nvidia-persistenced/socket", "/run/nvidia-fabricmanager/socket")
-MPS_PIPE_DIR = "/tmp/nvidia-mps"
+MPS_PIPE_DIR = defaults.MPS_PIPE_DIR
 LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64", "/lib64",
             "/usr/lib/aarch64-linux-gnu", "/usr/lib/powerpc64le-linux-gnu", "/usr/lib")
 LIB_SUBDIRS = {"libvdpau_nvidia": ("vdpau",)}

@@ -1,0 +1,16 @@
+"""Where gpuhook keeps things on a node, and the defaults that several parts share: each
+written once, here. The sh front (sh/gpuhook-runtime) cannot import this; a test holds its
+copies to these values (tests/test_defaults.py), as it does the docs' mentions.
+
+This module imports nothing: it is on the per-container path.
+"""
+
+CONFIG_FILE = "/etc/gpuhook/config.toml"  # the node config (GPUHOOK_CONFIG overrides)
+LOG_FILE = "/var/log/gpuhook.log"  # one JSON line per create (the node config's log_file)
+CACHE_DIR = "/run/gpuhook"  # parsed config, probe result, exec records (GPUHOOK_CACHE_DIR)
+READY_FILE = CACHE_DIR + "/ready"  # the agent's readiness file
+INSTALL_PREFIX = "/opt/gpuhook"  # the host bundle
+BACKUP_DIR = "/etc/gpuhook/backup"  # what install replaced, for uninstall
+RUNTIME_BINARY = INSTALL_PREFIX + "/bin/gpuhook-runtime"  # the handler's binary
+CDI_DIR = "/var/run/cdi"  # where the agent writes CDI specs
+MPS_PIPE_DIR = "/tmp/nvidia-mps"  # NVIDIA MPS's default pipe directory, host and container
