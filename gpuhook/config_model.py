@@ -38,6 +38,15 @@ class ConfigModel(BaseModel):
         _D["nvidia_driver_root"], description='where the NVIDIA driver\'s userspace is: "auto" (the host, '
         '/run/nvidia/driver, /home/kubernetes/bin/nvidia) or one node path')
 
+    @field_validator("*")
+    @classmethod
+    def _no_nul_or_infinity(cls, v):
+        if isinstance(v, str) and "\0" in v:  # no path or name holds one; os.* raise on it
+            raise ValueError("contains a NUL character")
+        if isinstance(v, float) and not abs(v) < float("inf"):  # TOML has nan and inf
+            raise ValueError(f"{v} is not a finite number")
+        return v
+
     @field_validator("host_root")
     @classmethod
     def _absolute(cls, v: str) -> str:

@@ -122,3 +122,39 @@ def test_config_check_default_path(tmp_path):
 def test_config_without_subcommand_is_usage():
     r = gpuhook("config")
     assert r.returncode == 2 and "check" in r.stderr
+
+
+# -- the property: both readers accept the same files and read the same values --------------
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from gpuhook.config_model import ConfigModel  # noqa: E402
+
+_PATHS = st.sampled_from(["/", "/host", "/run/mps", "/tmp/nvidia-mps", "relative", "/a/../b", "/a/", "//a",
+                          "/run/nvidia/driver", "auto", "", "/x\0y"])
+_VALUES = {
+    "runtime": st.one_of(st.sampled_from(["runc", "/usr/bin/crun", ""]), st.integers()),
+    "host_root": _PATHS,
+    "log_file": st.one_of(_PATHS, st.booleans()),
+    "fail_mode": st.sampled_from(["open", "closed", "shut", ""]),
+    "ldconfig": st.one_of(_PATHS, st.integers()),
+    "probe_cache_ttl": st.one_of(st.integers(-5, 100), st.floats(allow_nan=True, allow_infinity=True),
+                                 st.booleans(), st.just("10")),
+    "share": st.sampled_from(["all", "unallocated", "some", ""]),
+    "mps_pipe_dir": _PATHS,
+    "nvidia_driver_root": _PATHS,
+    "bogus": st.integers(),
+}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.fixed_dictionaries({}, optional=_VALUES))
+def test_both_readers_accept_the_same_files_with_the_same_values(data):
+    import tomlkit
+
+    text = tomlkit.dumps(data)
+    conf, errors = cfg.parse(text)
+    problems = check(text)
+    assert (errors == []) == (problems == []), (text, errors, problems)
+    if not errors:
+        assert conf._asdict() == ConfigModel(**data).model_dump(), text
