@@ -9,6 +9,10 @@ from __future__ import annotations
 import os
 import sys
 
+# gpuhook.agent.READY_FILE, not imported from there: the readiness probe (`gpuhook ready`,
+# every few seconds) must not load the agent (tests/test_agent.py checks the two agree)
+READY_FILE = "/run/gpuhook/ready"
+
 
 def add_commands(sub) -> None:
     sp = sub.add_parser("cdi", help="CDI specs of this node's GPUs")
@@ -52,8 +56,8 @@ def add_commands(sub) -> None:
     sp.add_argument("--install-restart", choices=("signal", "systemd", "none"), default="none",
                     help="how gpuhook install makes the runtime load its config (see gpuhook install --restart)")
     sp.add_argument("--once", action="store_true", help="install, probe and write once, then exit")
-    sp.add_argument("--ready-file", default="/run/gpuhook/ready", metavar="FILE",
-                    help="written after the first successful install and probe (default /run/gpuhook/ready; '' = none)")
+    sp.add_argument("--ready-file", default=READY_FILE, metavar="FILE",
+                    help=f"written after the first successful install and probe (default {READY_FILE}; '' = none)")
     sp.add_argument("--no-udev", action="store_true", help="do not watch udev: periodic probing only")
     sp.add_argument("--grace", type=_seconds, default=10.0, metavar="SECONDS",
                     help="after SIGTERM, exit at the latest this much later (default 10)")
@@ -63,6 +67,11 @@ def add_commands(sub) -> None:
     sp.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     add_driver_root_arg(sp)
     sp.set_defaults(func=cmd_agent)
+
+    sp = sub.add_parser("ready", help="exit 0 when the node agent is ready (the DaemonSet's readiness probe)")
+    sp.add_argument("--ready-file", default=READY_FILE, metavar="FILE",
+                    help=f"the file `gpuhook agent --ready-file` writes (default {READY_FILE})")
+    sp.set_defaults(func=cmd_ready)
 
     sp = sub.add_parser("log", help="the last container creates gpuhook-runtime logged")
     sp.add_argument("--file", metavar="FILE", help="the runtime's log (default: the node config's log_file, "
@@ -216,6 +225,19 @@ def cmd_agent(args) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     return agent.run()
+
+
+# -- ready -------------------------------------------------------------------------------
+
+def cmd_ready(args) -> int:
+    """The readiness probe, as an exec of gpuhook itself (the image has no shell nor `test`):
+    ready once the agent wrote its ready file (after the first install and probe)."""
+    path = args.ready_file
+    if os.path.isfile(path):
+        return 0
+    print(f"gpuhook: not ready: {path} is not there yet (the agent writes it after its first install and probe)",
+          file=sys.stderr)
+    return 1
 
 
 # -- log ---------------------------------------------------------------------------------

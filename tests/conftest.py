@@ -216,3 +216,27 @@ def real_bundle(tmp_path_factory) -> str:
                        env=dict(os.environ, PYTHON=sys.executable), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     return str(out)
+
+
+# -- a pod's view of a node: `--restart systemd` from a container ----------------------------
+
+def fake_systemctl(bin_dir, record, fail_line: str | None = None) -> None:
+    """A stand-in `systemctl` in bin_dir: appends its argv, then the mount namespace it runs
+    in, to `record`; fails with `fail_line` on stderr when given."""
+    os.makedirs(bin_dir, exist_ok=True)
+    path = os.path.join(bin_dir, "systemctl")
+    with open(path, "w") as f:
+        f.write(f'#!/bin/sh\necho "$@" >> {record}\nreadlink /proc/self/ns/mnt >> {record}\n'
+                + (f"echo '{fail_line}' >&2; exit 1\n" if fail_line else ""))
+    os.chmod(path, 0o755)
+
+
+def run_as_pod(argv: list[str], pid1_ns_file, env=None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run argv as a hostPID pod's process would run: a PID namespace of its own whose PID 1
+    (the "host's init") stays in one mount namespace, written to pid1_ns_file, while argv
+    runs in another (the container's). Root only (unshare)."""
+    script = ('readlink /proc/self/ns/mnt > "$0"; '
+              'unshare --mount --propagation private "$@"')
+    return subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", script, str(pid1_ns_file),
+                           *map(str, argv)], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
