@@ -31,7 +31,6 @@ import tomllib
 import pytest
 
 from conftest import REPO, fake_systemctl, is_root, run_as_pod
-
 from gpuhook import __version__, bundle, fakehost
 from gpuhook.install import containerd as ctd
 from gpuhook.install import core
