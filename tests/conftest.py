@@ -174,10 +174,12 @@ def containerd(tmp_path, busybox_image_tar):
 
     def make(rt: Runtime, namespace: str = "gpuhook-test", cri: bool = False,
              runtimes: dict | None = None, config_path: str | None = None,
-             edit_config=None, binds: dict | None = None) -> containerd_harness.Containerd:
+             edit_config=None, binds: dict | None = None,
+             pid_namespace: bool = False) -> containerd_harness.Containerd:
         env = {k: v for k, v in rt.env.items() if k.startswith("GPUHOOK_")}
         c = containerd_harness.Containerd(str(tmp_path / f"ctd{len(made)}"), env=env, cri=cri,
-                                          runtimes=runtimes, config_path=config_path, binds=binds)
+                                          runtimes=runtimes, config_path=config_path, binds=binds,
+                                          pid_namespace=pid_namespace)
         made.append(c)
         c.write_config()
         if edit_config:

@@ -45,6 +45,10 @@ SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # where kubelet mounts
 RESTART_FLAG = "--install-restart"
 PROPAGATION = {None: "private", "None": "private", "HostToContainer": "host_to_container",
                "Bidirectional": "bidirectional"}
+# run in the agent's container: gpuhook's --restart systemd step into PID 1's mount namespace
+ENTER_PID1 = ("import glob, os, sys; sys.path.insert(0, glob.glob('/opt/gpuhook/lib/python3*/site-packages')[0]); "
+              "from gpuhook.install import restart; fd, enter = restart._host_mount_namespace('/'); enter(); "
+              "print(os.readlink('/proc/self/ns/mnt'))")
 SHOW = ("for n in /dev/nvidia*; do [ -e $n ] && stat -c 'node %n %t:%T %F' $n; done; "
         "echo accel=${GPUHOOK_ACCELERATOR:-none}; "
         "cat /dev/nvidia0 >/dev/null 2>/tmp/err && echo open ok || echo open: $(cat /tmp/err)")
@@ -217,6 +221,23 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
+def agent_pid(ctd, ns_pid: int) -> int:
+    """The pid here of the process that is `ns_pid` in the node's PID namespace (containerd's)."""
+    want = os.readlink(f"/proc/{ctd.daemon_pid}/ns/pid")
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.readlink(f"/proc/{entry}/ns/pid") != want:
+                    continue
+                with open(f"/proc/{entry}/status") as f:
+                    nspid = next(line for line in f if line.startswith("NSpid:")).split()[1:]
+            except (OSError, StopIteration):
+                continue
+            if int(nspid[-1]) == ns_pid:
+                return int(entry)
+    raise AssertionError(f"no process {ns_pid} in the node's PID namespace")
+
+
 def restart_none(args: list[str]) -> list[str]:
     """The template's args with `--install-restart X` as `none` (see the module doc)."""
     if RESTART_FLAG in args:
@@ -285,7 +306,7 @@ def test_daemonset_pod_installs_the_node_and_a_gpu_optional_pod_gets_the_gpus(
         """The node's containerd config is written and containerd is not started on it yet: the
         DaemonSet's pod runs (on a containerd of its own) and installs gpuhook there."""
         original = open(config_path, "rb").read()
-        agent_ctd = containerd(rt, cri=True)
+        agent_ctd = containerd(rt, cri=True, pid_namespace=True)  # hostPID: a PID 1 the test owns
         agent_ctd.import_image(gpuhook_image["tar"], "k8s.io")
         cri = cri_client.CRIClient(agent_ctd.address, cri_stubs)
         agent_ctd.before_stop(cri.close)
@@ -324,16 +345,19 @@ def test_daemonset_pod_installs_the_node_and_a_gpu_optional_pod_gets_the_gpus(
         assert "gpuhook.dev/runtime-ready=true" in nfd and "gpuhook.dev/accelerator=nvidia" in nfd
         r = cri.exec_sync(cid, c["readinessProbe"]["exec"]["command"])
         assert r.exit_code == 0
+        # what --install-restart systemd does from this pod (replaced above): enter the mount
+        # namespace of the host's PID 1 (hostPID, and privileged for setns), with gpuhook's own code
+        r = cri.exec_sync(cid, ["/opt/gpuhook/libexec/python3", "-IS", "-c", ENTER_PID1])
+        assert r.exit_code == 0 and r.stdout.decode().strip() == os.readlink(f"/proc/{agent_ctd.daemon_pid}/ns/mnt"), r
         # no API server: said once, and the agent keeps running, quietly (no crash loop, no busy loop)
-        info = json.loads(cri.container_status(cid, verbose=True).info["info"])
-        pid = info["pid"]
+        pid = agent_pid(agent_ctd, json.loads(cri.container_status(cid, verbose=True).info["info"])["pid"])
         cpu0, t0 = cpu_seconds(pid), time.monotonic()
         time.sleep(10)
         cpu = cpu_seconds(pid) - cpu0
         wall = time.monotonic() - t0
         st = cri.container_status(cid).status
-        assert st.state == cri.pb.CONTAINER_RUNNING and json.loads(
-            cri.container_status(cid, verbose=True).info["info"])["pid"] == pid
+        assert st.state == cri.pb.CONTAINER_RUNNING and agent_pid(agent_ctd, json.loads(
+            cri.container_status(cid, verbose=True).info["info"])["pid"]) == pid
         assert cpu < 0.05 * wall, f"the idle agent used {cpu:.2f}s of CPU in {wall:.1f}s"
         records = read_log(log_path)
         events = [r.get("event") for r in records]
