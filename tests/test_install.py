@@ -858,6 +858,22 @@ def test_kustomization_builds_and_every_manifest_is_valid():
     assert lines[i - 1].strip().startswith("#"), "privileged needs its reason beside it"
 
 
+def test_gpuhook_ready_is_the_readiness_probe(tmp_path):
+    """`gpuhook ready` (the DaemonSet's probe: the image has no `test`) answers from the file the
+    agent writes, without loading the agent (it runs every periodSeconds)."""
+    from gpuhook import agent, agent_cli
+
+    assert agent_cli.READY_FILE == agent.READY_FILE
+    ready = tmp_path / "ready"
+    r = gpuhook("ready", "--ready-file", ready)
+    assert r.returncode == 1 and r.stderr.startswith("gpuhook: not ready: ") and len(r.stderr.splitlines()) == 1
+    ready.write_text("2026-01-01T00:00:00Z\n")
+    assert gpuhook("ready", "--ready-file", ready).returncode == 0
+    r = subprocess.run([sys.executable, "-c", "import sys; from gpuhook.cli import main; main(['ready']); "
+                        "print('gpuhook.agent' in sys.modules)"], cwd=REPO, capture_output=True, text=True)
+    assert r.stdout.strip() == "False", r.stderr
+
+
 def test_examples_are_valid_and_gpu_optional():
     examples = {os.path.basename(p): load_yaml(p) for p in sorted(glob.glob(os.path.join(DAEMONSET, "examples", "*.yaml")))}
     assert {"worker-deployment.yaml", "print-accelerator-pod.yaml", "uninstall-node.yaml"} <= set(examples)
