@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 APT_PACKAGES := runc crun containerd podman docker.io docker-compose busybox-static gcc libc6-dev libc-bin python3-venv
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test deps venv bench clean
+.PHONY: demo test deps venv bench image clean
 
 # System packages the end-to-end tests and the demo use; only as root, only what is missing.
 deps:
@@ -39,6 +39,11 @@ demo: deps venv
 # As root the end-to-end tests (real runc, containerd, podman) must run, not skip.
 test: deps venv
 	@GPUHOOK_REQUIRE_E2E=$$([ "$$(id -u)" = 0 ] && echo 1 || echo 0) $(BIN)/python -m pytest -q tests
+
+# The DaemonSet's image (daemonset/), with no registry: FROM scratch, the host bundle built
+# here from the venv (packaging/build-image.sh); tagged as daemonset/kustomization.yaml names it.
+image: venv
+	@PYTHON=$(BIN)/python packaging/build-image.sh
 
 bench: deps venv
 	@$(BIN)/python tests/perf/bench.py

@@ -73,6 +73,11 @@ def add_commands(sub) -> None:
     add_driver_root_arg(sp)
     sp.set_defaults(func=cmd_agent)
 
+    sp = sub.add_parser("ready", help="exit 0 when the node agent is ready (the DaemonSet's readiness probe)")
+    sp.add_argument("--ready-file", default=defaults.READY_FILE, metavar="FILE",
+                    help=f"the file `gpuhook agent --ready-file` writes (default {defaults.READY_FILE})")
+    sp.set_defaults(func=cmd_ready)
+
     sp = sub.add_parser("log", help="the last container creates gpuhook-runtime logged")
     sp.add_argument("--file", metavar="FILE", help="the runtime's log (default: the node config's log_file, "
                     "/var/log/gpuhook.log)")
@@ -234,6 +239,19 @@ def cmd_agent(args) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     return agent.run()
+
+
+# -- ready -------------------------------------------------------------------------------
+
+def cmd_ready(args) -> int:
+    """The readiness probe, as an exec of gpuhook itself (the image has no shell nor `test`):
+    ready once the agent wrote its ready file (after the first install and probe)."""
+    path = args.ready_file
+    if os.path.isfile(path):
+        return 0
+    print(f"gpuhook: not ready: {path} is not there yet (the agent writes it after its first install and probe)",
+          file=sys.stderr)
+    return 1
 
 
 # -- log ---------------------------------------------------------------------------------

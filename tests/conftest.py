@@ -174,10 +174,12 @@ def containerd(tmp_path, busybox_image_tar):
 
     def make(rt: Runtime, namespace: str = "gpuhook-test", cri: bool = False,
              runtimes: dict | None = None, config_path: str | None = None,
-             edit_config=None, binds: dict | None = None) -> containerd_harness.Containerd:
+             edit_config=None, binds: dict | None = None,
+             pid_namespace: bool = False) -> containerd_harness.Containerd:
         env = {k: v for k, v in rt.env.items() if k.startswith("GPUHOOK_")}
         c = containerd_harness.Containerd(str(tmp_path / f"ctd{len(made)}"), env=env, cri=cri,
-                                          runtimes=runtimes, config_path=config_path, binds=binds)
+                                          runtimes=runtimes, config_path=config_path, binds=binds,
+                                          pid_namespace=pid_namespace)
         made.append(c)
         c.write_config()
         if edit_config:
@@ -216,3 +218,27 @@ def real_bundle(tmp_path_factory) -> str:
                        env=dict(os.environ, PYTHON=sys.executable), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     return str(out)
+
+
+# -- a pod's view of a node: `--restart systemd` from a container ----------------------------
+
+def fake_systemctl(bin_dir, record, fail_line: str | None = None) -> None:
+    """A stand-in `systemctl` in bin_dir: appends its argv, then the mount namespace it runs
+    in, to `record`; fails with `fail_line` on stderr when given."""
+    os.makedirs(bin_dir, exist_ok=True)
+    path = os.path.join(bin_dir, "systemctl")
+    with open(path, "w") as f:
+        f.write(f'#!/bin/sh\necho "$@" >> {record}\nreadlink /proc/self/ns/mnt >> {record}\n'
+                + (f"echo '{fail_line}' >&2; exit 1\n" if fail_line else ""))
+    os.chmod(path, 0o755)
+
+
+def run_as_pod(argv: list[str], pid1_ns_file, env=None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run argv as a hostPID pod's process would run: a PID namespace of its own whose PID 1
+    (the "host's init") stays in one mount namespace, written to pid1_ns_file, while argv
+    runs in another (the container's). Root only (unshare)."""
+    script = ('readlink /proc/self/ns/mnt > "$0"; '
+              'unshare --mount --propagation private "$@"')
+    return subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", script, str(pid1_ns_file),
+                           *map(str, argv)], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)

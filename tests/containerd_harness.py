@@ -187,7 +187,7 @@ class Containerd:
     def __init__(self, base_dir: str, *, env: dict[str, str] | None = None, cri: bool = True,
                  runtimes: dict[str, dict] | None = None, sandbox_image: str = IMAGE_NAME,
                  extra_toml: str = "", log_level: str = "info", config_path: str | None = None,
-                 binds: dict[str, str] | None = None) -> None:
+                 binds: dict[str, str] | None = None, pid_namespace: bool = False) -> None:
         """runtimes: CRI handlers, name -> {"binary": path (options.BinaryName, optional),
         "pod_annotations": [...], "container_annotations": [...]} (all optional); a handler
         "runc" with plain runc is always there and is the default. extra_toml is appended
@@ -198,7 +198,10 @@ class Containerd:
         is bind-mounted at its node path, over a tmpfs on the parent, so nothing is created
         on this machine's root (e.g. the host bundle that `gpuhook install --host-root H`
         puts in H/opt/gpuhook, at /opt/gpuhook where the handler's BinaryName points); a
-        source that is gone (an uninstall removed it) leaves the target empty."""
+        source that is gone (an uninstall removed it) leaves the target empty.
+        pid_namespace: containerd runs as PID 1 of a PID namespace of its own (and a mount
+        namespace, slave to this one, with its /proc): a "node" whose init the test owns,
+        for hostPID pods (no binds with it)."""
         self.base = os.path.abspath(base_dir)
         self.root = os.path.join(self.base, "root")
         self.state = os.path.join(self.base, "state")
@@ -221,6 +224,8 @@ class Containerd:
         self._made_run_dir = False
         self.start_seconds: float | None = None
         self.binds = dict(binds or {})
+        self.pid_namespace = pid_namespace
+        self.daemon_pid: int | None = None  # containerd's pid (here), when not self.proc's
 
     # -- config ------------------------------------------------------------------
     def config_toml(self) -> str:
@@ -314,6 +319,9 @@ class Containerd:
                           f"if [ -d {shlex.quote(source)} ]; then mount --bind {shlex.quote(source)} {shlex.quote(target)}; fi"]
             cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-ec",
                    "; ".join(steps) + '; exec "$@"', "sh"] + cmd
+        if self.pid_namespace:
+            assert not self.binds, "pid_namespace and binds do not go together"
+            cmd = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--propagation", "slave"] + cmd
         self.proc = subprocess.Popen(cmd, env=env,
                                      stdin=subprocess.DEVNULL, stdout=self._log_file,
                                      stderr=subprocess.STDOUT, start_new_session=True)
@@ -329,6 +337,9 @@ class Containerd:
                 raise ContainerdError(f"containerd did not answer on {self.address} within {timeout}s:\n{self.log_tail()}")
             time.sleep(0.02)
         self.start_seconds = time.monotonic() - started
+        if self.pid_namespace:  # unshare --fork waits for containerd and ignores SIGTERM
+            with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
+                self.daemon_pid = int(f.read().split()[0])
 
     def log_tail(self, n: int = 40) -> str:
         try:
@@ -426,7 +437,7 @@ class Containerd:
         forced = []
         if self.proc.poll() is None:
             try:
-                os.kill(self.proc.pid, signal.SIGTERM)
+                os.kill(self.daemon_pid or self.proc.pid, signal.SIGTERM)
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 forced.append(f"containerd {self.proc.pid} killed")

@@ -97,8 +97,11 @@ class CRIClient:
 
     def sandbox_config(self, name: str, *, uid: str | None = None, namespace: str = "default",
                        log_directory: str = "", cgroup_parent: str = "",
-                       annotations: dict | None = None, labels: dict | None = None):
-        """A kubelet-like PodSandboxConfig with host network (no CNI on these machines)."""
+                       annotations: dict | None = None, labels: dict | None = None,
+                       host_pid: bool = False, privileged: bool = False):
+        """A kubelet-like PodSandboxConfig with host network (no CNI on these machines);
+        host_pid: the node's PID namespace (hostPID: true); privileged: a pod with a
+        privileged container (kubelet then asks for a privileged sandbox)."""
         pb = self.pb
         return pb.PodSandboxConfig(
             metadata=pb.PodSandboxMetadata(name=name, uid=uid or f"uid-{name}", namespace=namespace, attempt=0),
@@ -109,7 +112,9 @@ class CRIClient:
             linux=pb.LinuxPodSandboxConfig(
                 cgroup_parent=cgroup_parent,
                 security_context=pb.LinuxSandboxSecurityContext(
-                    namespace_options=pb.NamespaceOption(network=pb.NODE, pid=pb.CONTAINER, ipc=pb.POD))),
+                    privileged=privileged,
+                    namespace_options=pb.NamespaceOption(network=pb.NODE, pid=pb.NODE if host_pid else pb.CONTAINER,
+                                                         ipc=pb.POD))),
         )
 
     def run_pod_sandbox(self, config, runtime_handler: str = "") -> str:
@@ -121,7 +126,11 @@ class CRIClient:
     def create_container(self, pod_id: str, sandbox_config, name: str, image: str, *,
                          command: list[str] | None = None, args: list[str] | None = None,
                          env: dict | None = None, log_path: str = "",
-                         annotations: dict | None = None, labels: dict | None = None) -> str:
+                         annotations: dict | None = None, labels: dict | None = None,
+                         mounts: list[dict] | None = None, privileged: bool = False,
+                         host_pid: bool = False) -> str:
+        """mounts: {"container_path", "host_path", "readonly", "propagation"} each
+        (propagation: "private", "host_to_container" or "bidirectional")."""
         pb = self.pb
         config = pb.ContainerConfig(
             metadata=pb.ContainerMetadata(name=name, attempt=0),
@@ -132,8 +141,14 @@ class CRIClient:
             labels=labels or {},
             annotations=annotations or {},
             log_path=log_path,
+            mounts=[pb.Mount(container_path=m["container_path"], host_path=m["host_path"],
+                             readonly=bool(m.get("readonly")),
+                             propagation=getattr(pb, "PROPAGATION_" + m.get("propagation", "private").upper()))
+                    for m in mounts or []],
             linux=pb.LinuxContainerConfig(security_context=pb.LinuxContainerSecurityContext(
-                namespace_options=pb.NamespaceOption(network=pb.NODE, pid=pb.CONTAINER, ipc=pb.POD))),
+                privileged=privileged,
+                namespace_options=pb.NamespaceOption(network=pb.NODE, pid=pb.NODE if host_pid else pb.CONTAINER,
+                                                     ipc=pb.POD))),
         )
         r = self.runtime.CreateContainer(pb.CreateContainerRequest(pod_sandbox_id=pod_id, config=config,
                                                                    sandbox_config=sandbox_config),

@@ -30,7 +30,7 @@ import tomllib
 
 import pytest
 
-from conftest import REPO, is_root
+from conftest import REPO, fake_systemctl, is_root, run_as_pod
 from gpuhook import __version__, bundle, fakehost
 from gpuhook.install import containerd as ctd
 from gpuhook.install import core
@@ -604,29 +604,36 @@ def test_restart_signal_needs_the_hosts_pid_namespace(tmp_path, fake_bundle):
     assert json.loads((node / STATE).read_text())["restart_pending"] is True
 
 
+@pytest.mark.skipif(not is_root(), reason="needs root (unshare: a PID namespace of the test's own)")
 @pytest.mark.parametrize("fails", [False, True])
-def test_restart_systemd_runs_the_hosts_systemctl_through_nsenter(tmp_path, fake_bundle, fails):
-    """From a container (host root not /): `nsenter -t 1 -m -- systemctl restart containerd.service`.
-    A stand-in nsenter records its argv: this machine has no systemd to restart."""
+def test_restart_systemd_runs_the_hosts_systemctl_in_pid1s_mount_namespace(tmp_path, fake_bundle, fails):
+    """From a container (host root not /, hostPID): `systemctl restart containerd.service` runs
+    in the mount namespace of the host's PID 1, not the container's (setns, as `nsenter -t 1
+    -m` would: the image has no nsenter). Here PID 1 is the test's own, in a PID namespace of
+    its own, and a stand-in systemctl records its argv and namespace: no systemd is touched."""
     node = make_node(tmp_path, "version = 2\n")
     os.symlink("/proc", node / "proc")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "nsenter").write_text(f"""#!/bin/sh
-printf '%s\\n' "$@" > {tmp_path}/argv
-{"echo 'Failed to restart containerd.service: Unit containerd.service not found.' >&2; exit 5" if fails else "exit 0"}
-""")
-    (bin_dir / "nsenter").chmod(0o755)
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
-    r = gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle, "--restart", "systemd", env=env)
-    assert (tmp_path / "argv").read_text().split() == ["--target", "1", "--mount", "--",
-                                                       "systemctl", "restart", "containerd.service"]
+    record = tmp_path / "systemctl.argv"
+    fake_systemctl(tmp_path / "bin", record, "Failed to restart containerd.service: Unit containerd.service not found."
+                   if fails else None)
+    env = dict(os.environ, PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    r = run_as_pod([sys.executable, "-m", "gpuhook", "install", "--host-root", node, "--bundle-dir", fake_bundle,
+                    "--restart", "systemd"], tmp_path / "pid1.ns", env=env)
+    argv, ns = record.read_text().splitlines()
+    assert argv == "restart containerd.service"
+    assert ns == (tmp_path / "pid1.ns").read_text().strip()  # PID 1's, not the one gpuhook ran in
     if fails:
         assert "Unit containerd.service not found" in refused(r)
         assert json.loads((node / STATE).read_text())["restart_pending"] is True
     else:
-        assert "containerd.service restarted (systemctl via nsenter)" in ok(r)
+        assert "containerd.service restarted (systemctl in the host mount namespace)" in ok(r)
         assert json.loads((node / STATE).read_text())["restart_pending"] is False
+
+
+def test_restart_systemd_needs_the_hosts_pid_namespace(tmp_path, fake_bundle):
+    node = make_node(tmp_path, "version = 2\n")  # no procfs of ours at <host>/proc: no hostPID
+    line = refused(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle, "--restart", "systemd"))
+    assert "hostPID" in line
 
 
 # -- the host bundle ---------------------------------------------------------------------
@@ -754,16 +761,21 @@ def test_systemd_unit():
     assert unit["Unit"]["ConditionPathExists"] == argv[0]
 
 
-def test_containerfile_builds_the_bundle_and_runs_from_it():
+def test_containerfile_is_from_scratch_with_the_bundle():
+    """No distribution to pull: FROM scratch, one COPY of the tree packaging/build-image.sh lays
+    out (the bundle at /opt/gpuhook), the OCI labels; the context sends nothing else."""
     text = open(os.path.join(REPO, "packaging", "Containerfile")).read()
-    stages = [line for line in text.splitlines() if line.startswith("FROM ")]
-    assert len(stages) == 2 and stages[0].endswith(" AS build")
-    assert "packaging/build-bundle.sh /out/gpuhook" in text
-    assert "COPY --from=build /out/gpuhook /opt/gpuhook" in text
-    assert "ENV PATH=/opt/gpuhook/bin:" in text
-    for src in [line.split()[1:-1] for line in text.splitlines() if line.startswith("COPY ") and "--from" not in line]:
-        for s in src:
-            assert os.path.exists(os.path.join(REPO, s)), s
+    steps = [line.split()[0] for line in text.splitlines() if line and not line.startswith((" ", "#"))]
+    assert steps == ["FROM", "ARG", "LABEL", "COPY", "ENV", "CMD"]
+    assert "FROM scratch" in text and "RUN " not in text
+    assert "COPY build/image/rootfs/ /" in text
+    for label in ("source", "version", "licenses"):
+        assert f"org.opencontainers.image.{label}=" in text
+    assert 'org.opencontainers.image.version="${VERSION}"' in text
+    script = open(os.path.join(REPO, "packaging", "build-image.sh")).read()
+    assert "build/image/rootfs" in script and "--pull=never" in script
+    ignore = open(os.path.join(REPO, ".containerignore")).read().split()
+    assert [w for w in ignore if not w.startswith("#")][-2:] == ["*", "!build/image/rootfs"]
 
 
 # -- the DaemonSet ---------------------------------------------------------------------------
@@ -840,9 +852,9 @@ def test_kustomization_builds_and_every_manifest_is_valid():
     pod = by_kind["DaemonSet"]["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     assert pod["hostPID"] is True and pod["hostNetwork"] is True and c["securityContext"]["privileged"] is True
-    assert c["image"] == "gpuhook:0.1.0"
+    assert c["image"] == f"localhost/gpuhook:{__version__}"  # what `make image` builds
     assert c["command"] + c["args"] == ["gpuhook", "agent", "--root", "/host", "--install-restart", "systemd"]
-    assert c["readinessProbe"]["exec"]["command"] == ["test", "-f", "/run/gpuhook/ready"]
+    assert c["readinessProbe"]["exec"]["command"] == ["gpuhook", "ready"]  # no shell in the image
     assert set(c["resources"]) == {"requests", "limits"}
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     vols = {v["name"]: v for v in pod["volumes"]}
@@ -852,6 +864,22 @@ def test_kustomization_builds_and_every_manifest_is_valid():
     lines = open(os.path.join(DAEMONSET, "daemonset.yaml")).read().splitlines()
     i = next(i for i, line in enumerate(lines) if line.strip() == "privileged: true")
     assert lines[i - 1].strip().startswith("#"), "privileged needs its reason beside it"
+
+
+def test_gpuhook_ready_is_the_readiness_probe(tmp_path):
+    """`gpuhook ready` (the DaemonSet's probe: the image has no `test`) answers from the file the
+    agent writes, without loading the agent (it runs every periodSeconds)."""
+    from gpuhook import agent, defaults
+
+    assert agent.READY_FILE == defaults.READY_FILE  # the agent writes where the probe looks
+    ready = tmp_path / "ready"
+    r = gpuhook("ready", "--ready-file", ready)
+    assert r.returncode == 1 and r.stderr.startswith("gpuhook: not ready: ") and len(r.stderr.splitlines()) == 1
+    ready.write_text("2026-01-01T00:00:00Z\n")
+    assert gpuhook("ready", "--ready-file", ready).returncode == 0
+    r = subprocess.run([sys.executable, "-c", "import sys; from gpuhook.cli import main; main(['ready']); "
+                        "print('gpuhook.agent' in sys.modules)"], cwd=REPO, capture_output=True, text=True)
+    assert r.stdout.strip() == "False", r.stderr
 
 
 def test_examples_are_valid_and_gpu_optional():

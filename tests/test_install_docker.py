@@ -3,7 +3,7 @@
 On temp host roots: every other key and its order kept, the file's indentation kept, a
 missing file created, bad files refused with one line and nothing written, idempotent,
 uninstall byte for byte (or only our runtime when the file was edited since), --runtime auto,
---restart systemd through a stand-in nsenter. The real dockerd is in test_e2e_docker.py.
+--restart systemd in PID 1's mount namespace, with a stand-in systemctl. The real dockerd is in test_e2e_docker.py.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, fake_systemctl, run_as_pod
 
 DAEMON_JSON = "etc/docker/daemon.json"
 BACKUP = "etc/gpuhook/backup/docker-daemon.json"
@@ -239,29 +239,27 @@ def test_var_run_link_is_resolved_inside_the_host_root(tmp_path, fake_bundle):
     assert "runtime docker" in ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle, "--dry-run"))
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (unshare: a PID namespace of the test's own)")
 @pytest.mark.parametrize("fails", [False, True])
-def test_restart_systemd_reloads_docker_service_through_nsenter(tmp_path, fake_bundle, fails):
-    """From a pod (host root not /): `nsenter -t 1 -m -- systemctl reload-or-restart docker.service`:
-    docker.service reloads with SIGHUP, so running containers are kept. A stand-in nsenter
-    records its argv: this machine has no systemd."""
+def test_restart_systemd_reloads_docker_service_in_pid1s_mount_namespace(tmp_path, fake_bundle, fails):
+    """From a pod (host root not /): `systemctl reload-or-restart docker.service` in the mount
+    namespace of the host's PID 1: docker.service reloads with SIGHUP, so running containers
+    are kept. PID 1 is the test's own and a stand-in systemctl records what it was asked."""
     node = node_with(tmp_path, "{}\n")
     os.symlink("/proc", node / "proc")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "nsenter").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/argv\n"
-                                     + ("echo 'Job for docker.service failed.' >&2; exit 1\n" if fails else ""))
-    (bin_dir / "nsenter").chmod(0o755)
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
-    r = subprocess.run([sys.executable, "-m", "gpuhook", "install", "--host-root", str(node), "--runtime", "docker",
-                        "--bundle-dir", fake_bundle, "--restart", "systemd"], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=120)
-    assert (tmp_path / "argv").read_text().split() == ["--target", "1", "--mount", "--", "systemctl",
-                                                       "reload-or-restart", "docker.service"]
+    record = tmp_path / "systemctl.argv"
+    fake_systemctl(tmp_path / "bin", record, "Job for docker.service failed." if fails else None)
+    env = dict(os.environ, PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    r = run_as_pod([sys.executable, "-m", "gpuhook", "install", "--host-root", node, "--runtime", "docker",
+                    "--bundle-dir", fake_bundle, "--restart", "systemd"], tmp_path / "pid1.ns", env=env)
+    argv, ns = record.read_text().splitlines()
+    assert argv == "reload-or-restart docker.service"
+    assert ns == (tmp_path / "pid1.ns").read_text().strip()
     if fails:
         assert "Job for docker.service failed." in refused(r)
         assert json.loads((node / STATE).read_text())["restart_pending"] is True
     else:
-        assert "restart: docker.service reloaded (systemctl reload-or-restart via nsenter)" in ok(r)
+        assert "restart: docker.service reloaded (systemctl reload-or-restart in the host mount namespace)" in ok(r)
         assert json.loads((node / STATE).read_text())["restart_pending"] is False
 
 

@@ -230,6 +230,9 @@ def build(out: str, progress: Callable[[str], None] | None = None) -> dict:
         "python": platform.python_version(),
         "machine": platform.machine(),
         "libc": "-".join(platform.libc_ver()),
+        # the interpreter's PT_INTERP (lib/<loader> is that file): where an image with no
+        # distribution links the loader, so libexec/python3 also runs without bin/python3
+        "loader": libs[loader],
         "packages": sorted(f"{d.metadata['Name']}=={d.version}" for d in dists),
     }
     names = []

@@ -14,8 +14,10 @@ spot (exit by signal, no clean shutdown). So:
            dockerd: SIGHUP to the dockerd that reads the daemon.json we edited (matched by
            its --config-file's inode): dockerd reloads `runtimes` live (checked with
            dockerd 20.10; running containers keep running).
-  systemd  `systemctl restart containerd` (or crio) on the host: through
-           `nsenter -t 1 -m` when the host root is not / (a pod with hostPID: true).
+  systemd  `systemctl restart containerd` (or crio) on the host: when the host root is not /
+           (a pod with hostPID: true), in the mount namespace of the host's PID 1
+           (setns(2) on <host-root>/proc/1/ns/mnt in the child, as `nsenter -t 1 -m`
+           would, so the host's own systemctl runs: the image needs no nsenter).
            dockerd: `systemctl reload-or-restart docker.service`: docker.service reloads
            with SIGHUP (ExecReload), which loads the runtime and keeps the containers, where
            a plain restart would stop every container not under live-restore.
@@ -195,23 +197,52 @@ def _kill(pid: int, sig: int) -> None:
         raise InstallError(f"--restart signal: cannot signal pid {pid}: {e.strerror or e}") from None
 
 
+def _host_mount_namespace(host_root: str):
+    """A preexec_fn that moves the child into the mount namespace of the host's PID 1 (its
+    root and cwd become that namespace's /), so what it execs next is the host's own file."""
+    import ctypes
+
+    path = os.path.join(_proc(host_root), "1", "ns", "mnt")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        raise InstallError(f"--restart systemd: cannot open {path}: {e.strerror or e}") from None
+    setns = ctypes.CDLL(None, use_errno=True).setns  # os.setns is Python >= 3.12
+
+    def enter() -> None:
+        if setns(fd, CLONE_NEWNS) != 0:
+            raise OSError(ctypes.get_errno(), "setns into the host's mount namespace")
+    return fd, enter
+
+
+CLONE_NEWNS = 0x00020000
+
+
 def _systemctl(runtime: str, host_root: str, timeout: float) -> str:
     cmd = ["systemctl", SYSTEMCTL[runtime], UNITS[runtime]]
+    fd, enter = None, None
     if os.path.realpath(host_root) != "/":
         if not host_pid_namespace(host_root):
             raise InstallError("--restart systemd: not in the host's PID namespace, so the host's systemd "
                                "cannot be reached (run with hostPID: true, or on the node)")
-        cmd = ["nsenter", "--target", "1", "--mount", "--"] + cmd
+        fd, enter = _host_mount_namespace(host_root)
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=max(timeout, 90.0),
-                              stdin=subprocess.DEVNULL)
+                              stdin=subprocess.DEVNULL, preexec_fn=enter)
     except FileNotFoundError:
-        raise InstallError(f"--restart systemd: {cmd[0]} not found") from None
-    except subprocess.TimeoutExpired:
-        raise InstallError(f"--restart systemd: `{' '.join(cmd)}` did not finish in time") from None
+        raise InstallError(f"--restart systemd: {cmd[0]} not found" + (" in the host's mount namespace" if enter else "")) from None
+    except subprocess.SubprocessError as e:  # preexec_fn failed: the child could not enter it
+        if isinstance(e, subprocess.TimeoutExpired):
+            raise InstallError(f"--restart systemd: `{' '.join(cmd)}` did not finish in time") from None
+        raise InstallError(f"--restart systemd: cannot enter the host's mount namespace ({e})") from None
+    except OSError as e:
+        raise InstallError(f"--restart systemd: `{' '.join(cmd)}`: {e.strerror or e}") from None
+    finally:
+        if fd is not None:
+            os.close(fd)
     if done.returncode != 0:
         why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
         raise InstallError(f"--restart systemd: `{' '.join(cmd)}` failed: {why}")
     how = "" if SYSTEMCTL[runtime] == "restart" else f" {SYSTEMCTL[runtime]}"
     return (f"restart: {UNITS[runtime]} {'restarted' if not how else 'reloaded'} "
-            f"(systemctl{how}{' via nsenter' if cmd[0] == 'nsenter' else ''})")
+            f"(systemctl{how}{' in the host mount namespace' if enter else ''})")
