@@ -31,7 +31,7 @@ def add_commands(sub) -> None:
     g.add_argument("--ldconfig", metavar="PATH", help="the node's ldconfig for the ld-cache hook (found when unset)")
     g.add_argument("--max-cdi-version", metavar="VERSION", help="the newest cdiVersion the node's runtimes read "
                    "(podman 4.3: 0.5.0): newer fields are left out (default: what the specs need)")
-    from .cli import add_driver_root_arg
+    from .cliargs import add_driver_root_arg
 
     add_driver_root_arg(g)
     g.set_defaults(func=cmd_cdi_generate)
@@ -106,7 +106,7 @@ def _seconds(text: str) -> float:
 
 
 def _usage_error(msg: str):
-    from .cli import UsageError
+    from .cliargs import UsageError
 
     return UsageError(msg)
 
@@ -121,7 +121,7 @@ def cmd_cdi_generate(args) -> int:
         raise _usage_error(f"--root {args.root}: not a directory")
     if not args.spec_root.startswith("/"):
         raise _usage_error(f"--spec-root {args.spec_root}: must be an absolute path")
-    from .cli import driver_root
+    from .cliargs import driver_root
 
     inv = probe(args.root, nvidia_driver_root=driver_root(args, args.root))
     consumer = args.root if args.spec_root == "/" else "/"
@@ -194,7 +194,7 @@ def cmd_agent(args) -> int:
 
     if not os.path.isdir(args.root):
         raise _usage_error(f"--root {args.root}: not a directory")
-    from .cli import driver_root
+    from .cliargs import driver_root
 
     nvidia_driver_root = driver_root(args, args.root)
     logmod.configure(fmt=args.log_format, level=args.log_level)

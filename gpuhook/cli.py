@@ -11,10 +11,7 @@ import os
 import sys
 
 from . import __version__
-
-
-class UsageError(Exception):
-    """A problem with what the user gave us: one line, exit 2."""
+from .cliargs import UsageError, add_driver_root_arg, driver_root
 
 
 SAMPLE_SPEC = {
@@ -41,25 +38,6 @@ def _root(args) -> str:
     if not os.path.isdir(root):
         raise UsageError(f"--root {root}: not a directory")
     return root
-
-
-def driver_root(args, root: str) -> str:
-    """The NVIDIA driver root setting for a command: --nvidia-driver-root, else the node
-    config's nvidia_driver_root (the config of the node whose / is `root`)."""
-    from .config import load, node_config_path, valid_driver_root
-
-    given = getattr(args, "nvidia_driver_root", None)
-    if given is not None:
-        if not valid_driver_root(given):
-            raise UsageError(f"--nvidia-driver-root {given}: not auto, / or a normal absolute path")
-        return given
-    return load(node_config_path(root))[0].nvidia_driver_root
-
-
-def add_driver_root_arg(sp) -> None:
-    sp.add_argument("--nvidia-driver-root", metavar="DIR", help="where the NVIDIA driver's userspace is: auto "
-                    "(the host, /run/nvidia/driver, /home/kubernetes/bin/nvidia) or a node path "
-                    "(default: the node config's nvidia_driver_root, auto)")
 
 
 def _read_spec(path: str | None) -> dict:

@@ -32,9 +32,9 @@ def helper(consumer_root: str = "/") -> str | None:
     if consumer_root == "/":
         path = package_helper()
         return path if os.access(path, os.X_OK) else None
-    from ..install.core import PREFIX
+    from ..defaults import INSTALL_PREFIX
 
-    path = f"{PREFIX}/{BUNDLE_PATH}"
+    path = f"{INSTALL_PREFIX}/{BUNDLE_PATH}"
     return path if os.access(consumer_root.rstrip("/") + path, os.X_OK) else None
 
 

@@ -45,7 +45,7 @@ def _options(args):
 
 
 def _run(action, args) -> int:
-    from ..cli import UsageError
+    from ..cliargs import UsageError
     from . import InstallError
 
     def say(line: str) -> None:
