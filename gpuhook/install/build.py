@@ -115,7 +115,7 @@ def _wanted(req: str) -> str | None:
         name, _, marker = req.partition(";")
         if "extra" in marker:
             return None
-        return re.split(r"[<>=!~\[ (]", name.strip(), 1)[0]
+        return re.split(r"[<>=!~\[ (]", name.strip(), maxsplit=1)[0]
     r = Requirement(req)
     if r.marker is not None and not r.marker.evaluate({"extra": ""}):
         return None

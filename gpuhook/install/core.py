@@ -218,7 +218,6 @@ def _read_containerd(root: str) -> tuple[bytes | None, object, int]:
 
 def _install_containerd(root: str, state: dict, dry_run: bool, say: Say, read) -> bool:
     name = containerd.DEFAULT_CONFIG
-    path = host(root, name)
     raw, doc, version = read
     existed = raw is not None
     if not containerd.add_handler(doc, version, BINARY):

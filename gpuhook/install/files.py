@@ -218,7 +218,7 @@ def _stage(src: str, dst: str) -> str:
 def _prune_dirs(dst: str, removed: list[str]) -> None:
     """Remove the directories that `removed` files left empty (never `dst` itself)."""
     dirs = {os.path.dirname(rel) for rel in removed}
-    for d in sorted({p for d in dirs for p in _parents(d)}, key=len, reverse=True):
+    for d in sorted({p for rel in dirs for p in _parents(rel)}, key=len, reverse=True):
         try:
             os.rmdir(os.path.join(dst, d))
         except OSError:

@@ -67,7 +67,7 @@ class Entry(Record):
     __slots__ = ()
 
 
-def parse(data: bytes, prefixes: "tuple[bytes, ...] | None" = None) -> "list[Entry]":
+def parse(data: bytes, prefixes: tuple[bytes, ...] | None = None) -> list[Entry]:
     """Entries of an ld.so.cache image, in file order (bytes-like input). prefixes: only the
     entries whose name starts with one of them (the others are not decoded, nor checked: a
     node's cache has thousands, the NVIDIA probe wants a few dozen)."""
@@ -82,7 +82,7 @@ def parse(data: bytes, prefixes: "tuple[bytes, ...] | None" = None) -> "list[Ent
     (nlibs,) = struct.unpack_from("=I", data, 12)
     end = _OLD_HEADER + nlibs * _OLD_ENTRY
     if end > len(data):
-        raise LdCacheError("old-format nlibs %d does not fit in %d bytes" % (nlibs, len(data)))
+        raise LdCacheError(f"old-format nlibs {nlibs} does not fit in {len(data)} bytes")
     # compat: the new part sits at the start of the old string area, aligned to
     # alignof(struct cache_file_new): 8 on 64-bit ABIs, 4 (no padding) on others.
     for start in ((end + 7) & ~7, end):
@@ -103,7 +103,7 @@ def _parse_new(data, start, prefixes=None):
     (nlibs,) = struct.unpack_from(order + "I", data, start + 20)
     end = start + _NEW_HEADER + nlibs * _NEW_ENTRY
     if end > len(data):
-        raise LdCacheError("new-format nlibs %d does not fit in %d bytes" % (nlibs, len(data)))
+        raise LdCacheError(f"new-format nlibs {nlibs} does not fit in {len(data)} bytes")
     rows = struct.iter_unpack(order + "iIIIQ", data[start + _NEW_HEADER:end])
     return [Entry(_string(data, start, key), _string(data, start, value), flags, hwcap)
             for flags, key, value, _osversion, hwcap in rows
@@ -114,18 +114,18 @@ def _string(data, base, offset):
     pos = base + offset
     nul = data.find(b"\0", pos, pos + _MAX_STRING)  # -1 also when pos is past the end
     if nul < 0:
-        raise LdCacheError("string offset %d: out of range or not NUL-terminated" % offset)
+        raise LdCacheError(f"string offset {offset}: out of range or not NUL-terminated")
     return data[pos:nul].decode("utf-8", "surrogateescape")
 
 
-def machine_flags(machine: "str | None" = None) -> "int | None":
+def machine_flags(machine: str | None = None) -> int | None:
     """Arch bits (flags & 0xff00) of native libraries for a uname -m style name, or None."""
     if machine is None:
         machine = os.uname().machine  # what platform.machine() returns, without its imports
     return _MACHINE_FLAGS.get(machine.lower())
 
 
-def lookup(entries, machine: "str | None" = None) -> "dict[str, str]":
+def lookup(entries, machine: str | None = None) -> dict[str, str]:
     """name -> path for libc6 entries of `machine` (None: this one); first entry wins.
 
     When the machine's arch bits are unknown, entries of every arch are accepted.
