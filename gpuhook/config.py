@@ -55,7 +55,7 @@ class Config(Record):
     __slots__ = ()
 
 
-_TYPES = {"runtime": str, "host_root": str, "log_file": str, "fail_mode": str, "ldconfig": str,
+_TYPES: dict[str, type | tuple[type, ...]] = {"runtime": str, "host_root": str, "log_file": str, "fail_mode": str, "ldconfig": str,
           "probe_cache_ttl": (int, float), "share": str, "mps_pipe_dir": str, "nvidia_driver_root": str}
 
 
@@ -74,8 +74,8 @@ def parse(text: str) -> tuple[Config, list[str]]:
 
 
 def from_dict(data: dict) -> tuple[Config, list[str]]:
-    errors = []
-    values = {}
+    errors: list[str] = []
+    values: dict = {}
     for key, value in data.items():
         want = _TYPES.get(key)
         if want is None:

@@ -57,11 +57,11 @@ def configure(stream=None, fmt: str = "auto", level: str = "info") -> None:
     if fmt == "console":
         renderer = structlog.dev.ConsoleRenderer(timestamp_key="time", colors=_colors(stream))
     else:
-        renderer = structlog.processors.JSONRenderer(serializer=lambda o, **kw: json.dumps(
+        renderer = structlog.processors.JSONRenderer(serializer=lambda o, **kw: json.dumps(  # type: ignore[assignment]
             o, separators=(",", ":"), default=str, ensure_ascii=False))
     structlog.configure(
         processors=[structlog.contextvars.merge_contextvars, structlog.processors.format_exc_info,
-                    _stamp, renderer],
+                    _stamp, renderer],  # type: ignore[list-item]
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper(), logging.INFO)),
         logger_factory=structlog.WriteLoggerFactory(file=stream),
         cache_logger_on_first_use=False,

@@ -50,7 +50,7 @@ class Metrics:
 
     def handle(self, rec: dict) -> None:
         decision = str(rec.get("decision") or "unknown")[:32]
-        vendors = rec.get("vendors") if isinstance(rec.get("vendors"), list) else []
+        vendors: list = rec["vendors"] if isinstance(rec.get("vendors"), list) else []
         vendor = ",".join(str(v)[:16] for v in vendors[:5]) or "none"
         self.creates.labels(decision, vendor).inc()
         ms = rec.get("duration_ms")

@@ -85,7 +85,7 @@ class Request(Record):
 
 
 def request_from_spec(spec: dict, bundle: str | None = None) -> Request:
-    process = spec.get("process") if isinstance(spec.get("process"), dict) else {}
+    process: dict = spec["process"] if isinstance(spec.get("process"), dict) else {}
     env = {}
     for item in process.get("env") or ():
         if isinstance(item, str):
@@ -100,8 +100,8 @@ def request_from_spec(spec: dict, bundle: str | None = None) -> Request:
             rootfs = os.path.join(bundle, rootfs) if bundle else None
     else:
         rootfs = None
-    linux = spec.get("linux") if isinstance(spec.get("linux"), dict) else {}
-    devices = linux.get("devices") if isinstance(linux.get("devices"), list) else ()
+    linux: dict = spec["linux"] if isinstance(spec.get("linux"), dict) else {}
+    devices: list = linux["devices"] if isinstance(linux.get("devices"), list) else []
     numbers = {}
     for d in devices:
         if isinstance(d, dict) and isinstance(d.get("path"), str):
@@ -109,9 +109,9 @@ def request_from_spec(spec: dict, bundle: str | None = None) -> Request:
             ok = isinstance(ma, int) and isinstance(mi, int) and not isinstance(ma, bool)
             numbers[d["path"]] = ((t if t in ("c", "b", "u") else "c"), ma, mi) if ok else None
     paths = frozenset(d.get("path") for d in devices if isinstance(d, dict))
-    mounts = spec.get("mounts") if isinstance(spec.get("mounts"), list) else ()
+    mounts: list = spec["mounts"] if isinstance(spec.get("mounts"), list) else []
     dests = tuple(m["destination"] for m in mounts if isinstance(m, dict) and isinstance(m.get("destination"), str))
-    namespaces = linux.get("namespaces") if isinstance(linux.get("namespaces"), list) else ()
+    namespaces: list = linux["namespaces"] if isinstance(linux.get("namespaces"), list) else []
     userns = any(isinstance(n, dict) and n.get("type") == "user" for n in namespaces)
     return Request(env, annotations, rootfs and os.path.normpath(rootfs), paths, numbers, dests, userns)
 
@@ -280,15 +280,15 @@ def plan(inv: Inventory, req: Request, ldconfig: str | None = None, config=None,
             continue
         fixed = [d for d in v.devices if _in_spec(d, req)]
         driver_only = False
-        caps = None
+        caps: frozenset | None = None
         if v.vendor == "nvidia":
             vis = policy.nvidia_visible(req.env, req.mounts)
             if vis.mode == "void":
                 continue
             caps = policy.nvidia_caps(req.env, warn)
-        why = unusable(v, caps)
-        if why is not None:
-            warn(f"{v.vendor}: {len(v.devices)} device(s) not given: {why[1]}; "
+        missing = unusable(v, caps)
+        if missing is not None:
+            warn(f"{v.vendor}: {len(v.devices)} device(s) not given: {missing[1]}; "
                  "the container runs without them")
             continue
         if v.vendor == "nvidia":
@@ -376,17 +376,18 @@ def _edits(inv: Inventory, req: Request, choices: list[_Choice], ldconfig, confi
     if not nodes and not mounts:
         return Edits()
     nodes = list(dict.fromkeys(nodes))
-    env = ()
+    env: tuple[str, ...] = ()
     if accelerators:
         env = (f"GPUHOOK_ACCELERATOR={','.join(accelerators)}", f"GPUHOOK_DEVICES={','.join(ids)}")
     hooks: list[Hook] = []
     lib_dirs = sorted({os.path.dirname(p) for p in lib_paths if ".so" in p.rpartition("/")[2]})
-    wanted = {}
-    if lib_dirs and req.rootfs:
+    wanted: dict[str, tuple[str, ...]] = {}
+    rootfs = req.rootfs
+    if lib_dirs and rootfs:
         ldconfig = ldconfig or find_ldconfig()
         if ldconfig:
             wanted[hook.LDCACHE] = (ldconfig, *lib_dirs)
-    if bypath and req.rootfs:
+    if bypath and rootfs:
         wanted[hook.BYPATH] = tuple(bypath)
     if wanted and helper is None:
         helper = hook.package_helper()
@@ -394,9 +395,9 @@ def _edits(inv: Inventory, req: Request, choices: list[_Choice], ldconfig, confi
             warn(f"{helper} is missing: no {', '.join(hook.DESCRIPTION[k] for k in wanted)} in the container "
                  "(reinstall gpuhook with a C compiler)")
             wanted = {}
-    if wanted:
+    if wanted and rootfs and helper:
         for kind, args in wanted.items():
-            hooks.append(Hook("createContainer", helper, hook.argv(kind, req.rootfs, args), hook.ENV,
+            hooks.append(Hook("createContainer", helper, hook.argv(kind, rootfs, args), hook.ENV,
                               hook.TIMEOUT[kind], kind))
     return Edits(env, tuple(nodes), tuple(dict.fromkeys(mounts)), tuple(hooks), _group_gids(nodes))
 

@@ -289,7 +289,7 @@ def allocated_devices(root: str, own_pod: str | None) -> tuple[list[tuple[str, s
 
     try:
         entries = fastjson.loads(data)["Data"]["PodDeviceEntries"] or []
-        out = []
+        out: list = []
         for e in entries:
             if own_pod is not None and e.get("PodUID") == own_pod:
                 continue

@@ -192,14 +192,14 @@ def build(out: str, progress: Callable[[str], None] | None = None) -> dict:
     os.makedirs(os.path.join(out, os.path.dirname(hook.BUNDLE_PATH)), exist_ok=True)
     shutil.copy2(helper, os.path.join(out, hook.BUNDLE_PATH))
     for dist in dists:
-        for f in dist.files or []:
-            if f.parts[0] == ".." or "__pycache__" in f.parts or f.name.endswith(".pyc") \
-                    or f.parts[0].startswith("gpuhook"):
+        for pp in dist.files or []:
+            if pp.parts[0] == ".." or "__pycache__" in pp.parts or pp.name.endswith(".pyc") \
+                    or pp.parts[0].startswith("gpuhook"):
                 continue
-            src = str(dist.locate_file(f))
+            src = str(dist.locate_file(pp))
             if os.path.isfile(src):
-                os.makedirs(os.path.join(site, os.path.dirname(str(f))), exist_ok=True)
-                shutil.copy2(src, os.path.join(site, str(f)))
+                os.makedirs(os.path.join(site, os.path.dirname(str(pp))), exist_ok=True)
+                shutil.copy2(src, os.path.join(site, str(pp)))
 
     # the interpreter and every shared library anything here loads, glibc's included
     os.makedirs(os.path.join(out, "libexec"), exist_ok=True)

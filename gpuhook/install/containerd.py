@@ -136,7 +136,7 @@ def _table(data: dict, indent: str, step: str) -> tomlkit.items.Table:
     for key, value in data.items():
         if not isinstance(value, dict):
             table.add(key, value)
-            table.item(key).trivia.indent = indent + step
+            table.item(key).trivia.indent = indent + step  # type: ignore[union-attr]
     table.add(tomlkit.nl())
     for key, value in subs:
         table.add(key, _table(value, indent + step, step))

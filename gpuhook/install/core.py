@@ -244,7 +244,7 @@ def _write_config(root: str, state: dict, key: str, name: str, backup: str, raw:
     mine = state.get(key)
     if mine is None:
         if existed:
-            files.write(host(root, backup), raw, 0o600, backup)
+            files.write(host(root, backup), raw or b"", 0o600, backup)
         mine = state[key] = {"config": name, "existed": existed, "backup": backup if existed else None,
                              "original": sha256(raw), "restorable": True, **(first or {})}
     elif sha256(raw) not in (mine.get("written"), mine.get("original")):
@@ -391,7 +391,7 @@ def uninstall(opts: Options, say: Say) -> None:
     dst = host(root, PREFIX)
     if opts.keep_bundle:
         say(f"bundle: {PREFIX} kept (--keep-bundle)")
-    elif files.running_bundle() and files.same_dir(files.running_bundle(), dst):
+    elif (running := files.running_bundle()) and files.same_dir(running, dst):
         say(f"bundle: {PREFIX} kept: it is the gpuhook running this uninstall (remove it afterwards)")
     elif bundle.get("copied") and os.path.exists(os.path.join(dst, files.MANIFEST)):
         n = files.remove_bundle(dst)

@@ -154,7 +154,7 @@ def sync_bundle(src: str, dst: str, dry_run: bool) -> tuple[int, int, int]:
     if _differs(os.path.join(src, MANIFEST), os.path.join(dst, MANIFEST)):  # last: the install is whole
         written += 1
         if not dry_run:
-            write(os.path.join(dst, MANIFEST), read(os.path.join(src, MANIFEST)), 0o644)
+            write(os.path.join(dst, MANIFEST), read(os.path.join(src, MANIFEST)) or b"", 0o644)
     return len(new["files"]), written, len(gone)
 
 
@@ -206,7 +206,7 @@ def _stage(src: str, dst: str) -> str:
     mode = stat.S_IMODE(st.st_mode)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
-        view = memoryview(read(src))
+        view = memoryview(read(src) or b"")
         while view:
             view = view[os.write(fd, view):]
         os.fchmod(fd, mode)

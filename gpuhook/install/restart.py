@@ -139,10 +139,10 @@ def find(runtime: str, host_root: str, config_file: str | None = None) -> list[i
             argv = [a.decode(errors="replace") for a in (_read(os.path.join(proc, entry, "cmdline")) or b"").split(b"\0") if a]
             path = CONFIG_OF[runtime](proc, int(entry), argv)
             try:
-                st = os.stat(path) if path else None
+                found = os.stat(path) if path else None
             except OSError:
-                st = None
-            if st is None or (st.st_dev, st.st_ino) != want:
+                found = None
+            if found is None or (found.st_dev, found.st_ino) != want:
                 continue
         pids.append(int(entry))
     return sorted(pids)
