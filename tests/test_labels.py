@@ -23,7 +23,7 @@ class FakeAPI:
     query: a real client adds ?fieldManager=) and the Authorization header it came with."""
 
     def __init__(self, node: str = "node-1", token: str = "t0ken", tls_dir: str | None = None,
-                 labels: dict | None = None):
+                 labels: dict | None = None, client_ca: str | None = None):
         self.node_name = node
         self.token = token
         self.node = {"apiVersion": "v1", "kind": "Node",
@@ -127,6 +127,9 @@ class FakeAPI:
                             "-keyout", key, "-out", cert], check=True, capture_output=True)
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             ctx.load_cert_chain(cert, key)
+            if client_ca:  # TLS client certificates signed by (or being) client_ca are required
+                ctx.load_verify_locations(client_ca)
+                ctx.verify_mode = ssl.CERT_REQUIRED
             self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
             self.scheme = "https"
             self.ca_file = cert
@@ -458,3 +461,30 @@ def test_kubeconfig_errors_are_one_line(fake_api, tmp_path):
     with pytest.raises(kube.KubeError, match="CERTIFICATE_VERIFY_FAILED|certificate verify failed") as e:
         bare.get_node()
     assert e.value.kind == "tls" and e.value.status is None
+
+
+@needs_openssl
+def test_kubeconfig_with_a_client_certificate_and_an_exec_plugin(fake_api, tmp_path):
+    """The other ways kubectl users authenticate: a client certificate (the API requires
+    one), and an exec plugin that prints an ExecCredential with the token."""
+    cert, key = str(tmp_path / "client.crt"), str(tmp_path / "client.key")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=gpuhook-agent",
+                    "-keyout", key, "-out", cert], check=True, capture_output=True)
+    (tmp_path / "srv").mkdir()
+    api = fake_api(tls_dir=str(tmp_path / "srv"), client_ca=cert)
+    plugin = tmp_path / "creds.sh"
+    plugin.write_text("#!/bin/sh\necho '{\"apiVersion\": \"client.authentication.k8s.io/v1beta1\", "
+                      "\"kind\": \"ExecCredential\", \"status\": {\"token\": \"'$TOKEN'\"}}'\n")
+    plugin.chmod(0o755)
+    user = {"client-certificate": "client.crt", "client-key": "client.key",
+            "exec": {"apiVersion": "client.authentication.k8s.io/v1beta1", "command": str(plugin),
+                     "env": [{"name": "TOKEN", "value": api.token}]}}
+    cfg = write_kubeconfig(tmp_path / "kubeconfig", api, user=user)
+    assert kube.KubeAPI.from_kubeconfig(cfg, node="node-1").get_node()["metadata"]["uid"] == "uid-1234"
+    assert api.auth == [f"Bearer {api.token}"]
+    # without the certificate the TLS handshake fails: one error, no answer
+    user.pop("client-certificate"), user.pop("client-key")
+    no_cert = kube.KubeAPI.from_kubeconfig(write_kubeconfig(tmp_path / "kubeconfig", api, user=user), node="node-1")
+    with pytest.raises(kube.KubeError) as e:
+        no_cert.get_node()
+    assert e.value.status is None and len(api.auth) == 1
