@@ -19,14 +19,19 @@ MAX_BUNDLE_BYTES = 90 * 1000 * 1000  # the bundle (and what it adds to the image
 
 
 def test_requirements_follow_extras(monkeypatch):
-    for hide in (False, True):
-        if hide:  # the fallback parser, without `packaging`
-            monkeypatch.setitem(sys.modules, "packaging.requirements", None)
+    for hide in ((), ("packaging.requirements",), ("packaging.requirements", "pip._vendor.packaging.requirements")):
+        for name in hide:  # without `packaging`: pip's copy, then the fallback parser
+            monkeypatch.setitem(sys.modules, name, None)
+        if len(hide) < 2:  # markers are evaluated
+            assert build._wanted("httpx2-jsfetch; sys_platform == 'emscripten' and python_version >= '3.12'") is None
         assert build._wanted("httpx2[http2,ws]>=0.28.1") == ("httpx2", ("http2", "ws"))
         assert build._wanted("h2<5,>=3; extra == 'http2'", ("http2", "ws")) == ("h2", ())
         assert build._wanted("h2<5,>=3; extra == 'http2'") is None
         assert build._wanted("click>=8; extra == 'cli'", ("http2",)) is None
         assert build._wanted("lightkube>=1.0") == ("lightkube", ())
+        # whatever the parser, the distributions gpuhook needs are found and nothing else fails
+        names = {d.metadata["Name"].lower() for d in build._distributions(["lightkube>=1.0"])}
+        assert {"lightkube", "httpx2", "h2", "wsproto", "msgspec"} <= names and "httpx2-jsfetch" not in names
 
 
 @pytest.mark.skipif(not shutil.which("openssl") or not shutil.which("ldd"), reason="needs openssl and ldd")

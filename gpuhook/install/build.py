@@ -114,6 +114,11 @@ def _wanted(req: str, extras: tuple[str, ...] = ()) -> tuple[str, tuple[str, ...
     try:
         from packaging.requirements import Requirement
     except ImportError:
+        try:  # pip's copy: a venv made by `python -m venv` has pip but not packaging
+            from pip._vendor.packaging.requirements import Requirement
+        except ImportError:
+            Requirement = None
+    if Requirement is None:  # no marker evaluation: only the extras are told apart
         name, _, marker = req.partition(";")
         found = re.search(r"""extra\s*==\s*["']([^"']+)["']""", marker)
         if found and found.group(1) not in extras or (not found and "extra" in marker):
@@ -130,9 +135,11 @@ def _wanted(req: str, extras: tuple[str, ...] = ()) -> tuple[str, tuple[str, ...
 def _distributions(reqs: list[str]) -> list[metadata.Distribution]:
     seen: dict[str, metadata.Distribution] = {}
     done: set[tuple[str, str]] = set()  # (distribution, extra or "") followed
-    todo = [w for w in map(_wanted, reqs) if w]
+    # (name, extras, whether a marker was on it: one not installed is then taken as excluded,
+    # which matters only to the fallback parser, which cannot evaluate markers)
+    todo = [(*w, ";" in r) for r, w in ((r, _wanted(r)) for r in reqs) if w]
     while todo:
-        name, extras = todo.pop()
+        name, extras, marked = todo.pop()
         key = re.sub(r"[-_.]+", "-", name).lower()
         asked = tuple(e for e in ("", *extras) if (key, e) not in done)
         if not asked:
@@ -143,10 +150,12 @@ def _distributions(reqs: list[str]) -> list[metadata.Distribution]:
             try:
                 dist = metadata.distribution(name)
             except metadata.PackageNotFoundError:
+                if marked:
+                    continue
                 raise InstallError(f"bundle build: {name} (a gpuhook dependency) is not installed for "
                                    f"{sys.executable}") from None
             seen[key] = dist
-        todo.extend(w for w in (_wanted(r, extras) for r in dist.requires or []) if w)
+        todo.extend((*w, ";" in r) for r, w in ((r, _wanted(r, extras)) for r in dist.requires or []) if w)
     return list(seen.values())
 
 
