@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Callable
 
-from . import cdi, defaults, labels as labels_mod
+from . import cdi, defaults, kube as kube_mod, labels as labels_mod
 
 UDEV_SUBSYSTEMS = ("drm", "kfd", "accel", "module")
 UDEV_MODULES = frozenset({"nvidia", "nvidia_uvm", "nvidia_drm", "nvidia_modeset", "amdgpu", "i915", "xe"})
@@ -47,6 +47,9 @@ class Options:
     runtime_log: str | None = None   # the runtime's log to follow (None: the node config's log_file in root; "" = off)
     pod_events: bool = True          # Events and the gpuhook.dev/accelerator label on gpu-optional pods
     metrics_address: str | None = None  # host:port for Prometheus metrics (None: off)
+    kubeconfig: str | None = None    # the API from a kubeconfig file (None: in-cluster, when in a pod)
+    kube_context: str | None = None  # its context (None: current-context)
+    node_name: str | None = None     # this node's name in the API (None: NODE_NAME, else the host name)
 
     def resolved_runtime_log(self) -> str:
         if self.runtime_log is not None:
@@ -182,8 +185,9 @@ class Agent:
         self.opts = opts
         self.log = log or logmod.get()
         self.installer = installer if installer is not None else default_installer(opts, self.log)
-        if kube == "auto":
-            kube = labels_mod.KubeAPI.in_cluster()
+        if kube == "auto":  # KubeError (a kubeconfig that cannot be used) goes to the caller
+            kube = (kube_mod.KubeAPI.from_kubeconfig(opts.kubeconfig, opts.kube_context, opts.node_name)
+                    if opts.kubeconfig else kube_mod.KubeAPI.in_cluster(node=opts.node_name))
         self.kube = kube
         if probe is None:
             import functools
@@ -206,6 +210,9 @@ class Agent:
         self.last_probe = 0.0      # Unix time of the last successful probe
         self._api_labels: dict | None = None
         self._api_synced = 0.0
+        self._api_failures = 0      # consecutive: the next try waits 2**n s (at most api_resync)
+        self._api_retry_at = 0.0
+        self._api_said: set[str] = set()  # kinds of API error logged since the API last worked
         self._node_uid: str | None = None
         self._install_event_posted = False
         self.watch: UdevWatch | None = None
@@ -378,14 +385,22 @@ class Agent:
         if self.kube is None:
             return True
         due = self._api_labels != node_labels or self.clock() - self._api_synced >= self.opts.api_resync
-        if not due:
+        if not due or self.clock() < self._api_retry_at:
             return True
         try:
             patch, removed, uid = labels_mod.sync_node_labels(self.kube, node_labels)
-        except labels_mod.KubeError as e:
-            self._api_labels = None  # try again next time
-            self.log.warning("kube.error", error=str(e), node=self.kube.node)
+        except kube_mod.KubeError as e:
+            self._api_labels = None  # try again, after a backoff
+            self._api_failures += 1
+            wait = min(2.0 ** (self._api_failures - 1), self.opts.api_resync)
+            self._api_retry_at = self.clock() + wait
+            self._kube_error(e, what="node labels", retry_in_s=wait)
             return False
+        if self._api_said:
+            self.log.info("kube.ok", node=self.kube.node, api=self.kube.base_url, after_failures=self._api_failures)
+            self._api_said.clear()
+        self._api_failures = 0
+        self._api_retry_at = 0.0
         self._node_uid = uid or self._node_uid
         self._api_labels = dict(node_labels)
         self._api_synced = self.clock()
@@ -404,8 +419,16 @@ class Agent:
         try:
             self.kube.post_event(reason, message, type_, self._node_uid)
             self.log.info("event.posted", reason=reason, node=self.kube.node)
-        except labels_mod.KubeError as e:
-            self.log.warning("kube.error", error=str(e), node=self.kube.node, event_reason=reason)
+        except kube_mod.KubeError as e:
+            self._kube_error(e, what="node event", event_reason=reason)
+
+    def _kube_error(self, e, **kw) -> None:
+        """Each kind of API error is logged once until the API works again (never a flood)."""
+        if e.kind in self._api_said:
+            return
+        self._api_said.add(e.kind)
+        self.log.warning("kube.error", error=str(e), kind=e.kind, node=self.kube.node,
+                         note="the node's files do not wait for the API: said once, retried with backoff", **kw)
 
     def _mark_ready(self) -> None:
         if self.ready or not self.runtime_ready:

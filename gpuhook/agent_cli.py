@@ -70,6 +70,11 @@ def add_commands(sub) -> None:
                     "and metrics (default: the node config's log_file under --root; '' = none)")
     sp.add_argument("--no-pod-events", action="store_true",
                     help="no Events and no gpuhook.dev/accelerator label on gpu-optional pods")
+    sp.add_argument("--kubeconfig", metavar="FILE", help="reach the Kubernetes API as this kubeconfig says (to run "
+                    "the agent from a workstation against a cluster; default: in a pod, its service account; "
+                    "elsewhere, no API work)")
+    sp.add_argument("--context", metavar="NAME", help="the kubeconfig's context to use (default: its current-context)")
+    sp.add_argument("--node", metavar="NAME", help="this node's name in the API (default: $NODE_NAME, else the host name)")
     add_driver_root_arg(sp)
     sp.set_defaults(func=cmd_agent)
 
@@ -205,7 +210,8 @@ def cmd_agent(args) -> int:
                    install=not args.no_install, once=args.once, ready_file=args.ready_file,
                    ldconfig=args.ldconfig, install_restart=args.install_restart, udev=not args.no_udev,
                    runtime_log=args.runtime_log, pod_events=not args.no_pod_events,
-                   metrics_address=args.metrics_address or None)
+                   metrics_address=args.metrics_address or None, kubeconfig=args.kubeconfig or None,
+                   kube_context=args.context, node_name=args.node)
     if opts.metrics_address:
         from .metrics import parse_address
 
@@ -219,7 +225,14 @@ def cmd_agent(args) -> int:
 
     if args.max_cdi_version is not None and args.max_cdi_version not in KNOWN_VERSIONS:
         raise _usage_error(f"--max-cdi-version {args.max_cdi_version}: one of {', '.join(KNOWN_VERSIONS)}")
-    agent = Agent(opts, log=log)
+    if args.context and not opts.kubeconfig:
+        raise _usage_error("--context needs --kubeconfig")
+    from .kube import KubeError
+
+    try:
+        agent = Agent(opts, log=log)
+    except KubeError as e:  # a kubeconfig that cannot be used: one line, exit 2
+        raise _usage_error(str(e)) from None
 
     def on_signal(signum, frame):
         name = signal.Signals(signum).name

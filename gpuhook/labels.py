@@ -15,16 +15,12 @@ through the Kubernetes API when the agent has a service account.
 The primary vendor is the first of GPUHOOK_ACCELERATOR, i.e. the backend a gpu-optional
 container picks (probe order: nvidia, amd, intel, accel, dxg: discrete before integrated).
 
-Stdlib only (urllib, ssl): no Kubernetes client library.
+The API calls are gpuhook.kube's (lightkube); this module only says what the labels are.
 """
 
 
-import json
 import os
 import re
-import ssl
-import urllib.error
-import urllib.request
 
 PREFIX = "gpuhook.dev/"
 ACCELERATOR = PREFIX + "accelerator"
@@ -33,7 +29,6 @@ RUNTIME_READY = PREFIX + "runtime-ready"
 OPERATOR_LABELS = frozenset({PREFIX + "install"})
 NFD_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
 NFD_FILE = "gpuhook"
-SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 MAX_VALUE = 63
 
 _BAD = re.compile(r"[^A-Za-z0-9._-]+")
@@ -143,151 +138,9 @@ def write_nfd(labels: dict[str, str], directory: str, name: str = NFD_FILE) -> b
     return True
 
 
-# -- the Kubernetes API ----------------------------------------------------------------
+# -- the Node through the Kubernetes API (gpuhook.kube) --------------------------------
 
-class KubeError(Exception):
-    def __init__(self, msg: str, status: int | None = None):
-        super().__init__(msg)
-        self.status = status
-
-
-class KubeAPI:
-    """The few calls the agent makes: get/patch its Node, create an Event."""
-
-    def __init__(self, base_url: str, token: str | None, node: str, ca_file: str | None = None,
-                 timeout: float = 5.0, namespace: str = "default"):
-        self.base_url = base_url.rstrip("/")
-        self.token = token
-        self.node = node
-        self.timeout = timeout
-        self.namespace = namespace  # where Node events go (kubelet uses "default")
-        self._ssl = None
-        if self.base_url.startswith("https:"):
-            self._ssl = ssl.create_default_context(cafile=ca_file) if ca_file else ssl.create_default_context()
-
-    @classmethod
-    def in_cluster(cls, env=None, sa_dir: str = SA_DIR, node: str | None = None) -> "KubeAPI | None":
-        """From KUBERNETES_SERVICE_HOST/PORT, the service account token and CA, and NODE_NAME
-        (the downward API); None when not in a cluster."""
-        env = os.environ if env is None else env
-        host = env.get("KUBERNETES_SERVICE_HOST")
-        token_file = os.path.join(sa_dir, "token")
-        if not host or not os.path.exists(token_file):
-            return None
-        port = env.get("KUBERNETES_SERVICE_PORT", "443")
-        if ":" in host and not host.startswith("["):
-            host = f"[{host}]"
-        node = node or env.get("NODE_NAME")
-        if not node:
-            import socket
-
-            node = socket.gethostname()
-        ca = os.path.join(sa_dir, "ca.crt")
-        api = cls(f"https://{host}:{port}", None, node, ca if os.path.exists(ca) else None)
-        api.token_file = token_file
-        return api
-
-    token_file: str | None = None
-
-    def _token(self) -> str | None:
-        if self.token_file:  # projected tokens rotate: read it every time
-            try:
-                with open(self.token_file) as f:
-                    return f.read().strip()
-            except OSError:
-                return self.token
-        return self.token
-
-    def request(self, method: str, path: str, body=None, content_type: str = "application/json") -> dict:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.base_url + path, data=data, method=method)
-        req.add_header("Accept", "application/json")
-        if data is not None:
-            req.add_header("Content-Type", content_type)
-        token = self._token()
-        if token:
-            req.add_header("Authorization", f"Bearer {token}")
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout, context=self._ssl) as resp:
-                raw = resp.read(4 << 20)
-        except urllib.error.HTTPError as e:
-            detail = ""
-            try:
-                detail = json.loads(e.read(65536) or b"{}").get("message", "")
-            except (ValueError, AttributeError, OSError):
-                pass
-            raise KubeError(f"{method} {path}: HTTP {e.code}{': ' + detail if detail else ''}", e.code) from None
-        except (urllib.error.URLError, OSError, ssl.SSLError) as e:
-            reason = getattr(e, "reason", e)
-            raise KubeError(f"{method} {path}: {reason}") from None
-        try:
-            return json.loads(raw) if raw else {}
-        except ValueError:
-            raise KubeError(f"{method} {path}: the answer is not JSON") from None
-
-    def get_node(self) -> dict:
-        return self.request("GET", f"/api/v1/nodes/{self.node}")
-
-    def patch_labels(self, labels: dict[str, str | None]) -> dict:
-        """A JSON merge patch of metadata.labels; None removes a label."""
-        return self.request("PATCH", f"/api/v1/nodes/{self.node}", {"metadata": {"labels": labels}},
-                            "application/merge-patch+json")
-
-    def post_event(self, reason: str, message: str, type_: str = "Normal", node_uid: str | None = None,
-                   now: str | None = None) -> dict:
-        """A core/v1 Event on the Node (what `kubectl describe node` shows)."""
-        from .log import utc_now
-
-        now = now or utc_now(ms=False)
-        involved = {"apiVersion": "v1", "kind": "Node", "name": self.node}
-        if node_uid:
-            involved["uid"] = node_uid
-        body = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{self.node}.gpuhook-", "namespace": self.namespace},
-            "involvedObject": involved,
-            "reason": reason, "message": message[:1024], "type": type_,
-            "source": {"component": "gpuhook-agent", "host": self.node},
-            "reportingComponent": "gpuhook.dev/agent", "reportingInstance": self.node,
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-        }
-        return self.request("POST", f"/api/v1/namespaces/{self.namespace}/events", body)
-
-
-    # -- pods of this node (podevents.py checks names before they get here) --
-    def get_pod(self, namespace: str, name: str) -> dict:
-        return self.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
-
-    def patch_pod_labels(self, namespace: str, name: str, labels: dict[str, str | None]) -> dict:
-        return self.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", {"metadata": {"labels": labels}},
-                            "application/merge-patch+json")
-
-    def post_pod_event(self, namespace: str, name: str, uid: str, container: str | None, reason: str,
-                       message: str, type_: str = "Normal", now: str | None = None) -> dict:
-        """A core/v1 Event on a pod (what `kubectl describe pod` shows), about one container."""
-        from .log import utc_now
-
-        now = now or utc_now(ms=False)
-        involved = {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name, "uid": uid}
-        if container:
-            involved["fieldPath"] = f"spec.containers{{{container}}}"
-        body = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{name[:200]}.gpuhook-", "namespace": namespace},
-            "involvedObject": involved,
-            "reason": reason, "message": message[:1024], "type": type_, "action": "CreateContainer",
-            "source": {"component": "gpuhook-agent", "host": self.node},
-            "reportingComponent": "gpuhook.dev/agent", "reportingInstance": self.node,
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-        }
-        return self.request("POST", f"/api/v1/namespaces/{namespace}/events", body)
-
-    def patch_event(self, namespace: str, name: str, patch: dict) -> dict:
-        return self.request("PATCH", f"/api/v1/namespaces/{namespace}/events/{name}", patch,
-                            "application/merge-patch+json")
-
-
-def sync_node_labels(api: KubeAPI, labels: dict[str, str]) -> tuple[dict, list[str], str | None]:
+def sync_node_labels(api, labels: dict[str, str]) -> tuple[dict, list[str], str | None]:
     """Make the Node's gpuhook.dev/ labels exactly `labels`: one GET, and one merge patch
     only when something differs (labels the node no longer has are set to null).
     Returns (patch, removed keys, the Node's uid)."""

@@ -29,7 +29,7 @@ import threading
 import time
 from typing import Callable
 
-from . import labels as labels_mod
+from . import kube as kube_mod, labels as labels_mod
 
 POD_LABEL = labels_mod.ACCELERATOR  # gpuhook.dev/accelerator, on pods as on nodes
 CPU = "cpu"
@@ -136,10 +136,9 @@ class PodReporter:
     def _attempt(self, rec: dict, attempt: int) -> None:
         try:
             self._report(rec)
-        except labels_mod.KubeError as e:
-            transient = e.status is None or e.status == 429 or e.status >= 500
-            kind = f"http-{e.status}" if e.status else "unreachable"
-            self._once(kind, "warning", "kube.error", error=str(e), what="pod event",
+        except kube_mod.KubeError as e:
+            transient = e.transient
+            self._once(e.kind, "warning", "kube.error", error=str(e), what="pod event",
                        note="retried with backoff" if transient else "not retried", once=True)
             if transient and attempt < self.retries:
                 self.retry.append((self.clock() + self.backoff * (2 ** attempt), attempt + 1, rec))

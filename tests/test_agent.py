@@ -454,6 +454,33 @@ def test_api_down_never_stops_the_agent(tmp_path, logs):
         api.close()
 
 
+def test_api_errors_are_said_once_and_retried_with_backoff(tmp_path, logs):
+    """An API that keeps answering 503 while the agent re-probes 20 times a second: one
+    kube.error line, node label syncs backed off (1 s, 2 s...) instead of one per probe;
+    when the API is back the labels land and the agent says so."""
+    api = FakeAPI()
+    api.fail_next = [503] * 1000
+    try:
+        fh = fakehost.FakeHost(str(tmp_path / "host"), mknod=False)
+        fakehost.nvidia(fh, gpus=1, libs=False)
+        a = make_agent(tmp_path, fh.root, kube=api.client(), opts={"interval": 0.05})
+        run = Running(a)
+        try:
+            wait_for(lambda: a.syncs >= 40, 20)
+            gets = sum(1 for m, p, *_ in list(api.requests) if m == "GET" and p == "/api/v1/nodes/node-1")
+            assert 1 <= gets <= 5, (gets, a.syncs)
+            assert (tmp_path / "ready").exists()  # the node's files never waited
+            api.fail_next = []
+            wait_for(lambda: api.labels.get("gpuhook.dev/gpu.count") == "1", 20)
+        finally:
+            run.stop()
+        errors = [r for r in logs() if r["event"] == "kube.error"]
+        assert len(errors) == 1 and "HTTP 503" in errors[0]["error"] and errors[0]["kind"] == "http-503"
+        assert [r["event"] for r in logs()].count("kube.ok") == 1
+    finally:
+        api.close()
+
+
 # -- the process ----------------------------------------------------------------------------------
 
 def agent_cmd(tmp_path, root, *extra):
@@ -523,3 +550,56 @@ def test_capped_specs_are_logged(tmp_path, logs):
     assert {s["cdiVersion"] for s in specs.values()} <= {"0.3.0", "0.4.0"}  # no hostPath under the fake root
     (capped,) = [r for r in logs() if r["event"] == "cdi.capped"]
     assert capped["left_out"]["gpuhook.dev/intel"] == ["hostPath"] and capped["level"] == "warning"
+
+
+def test_agent_from_a_workstation_with_a_kubeconfig(tmp_path, make_host):
+    """`gpuhook agent --kubeconfig FILE --node NAME`: the API over TLS with the kubeconfig's
+    CA and token (no service account, no KUBERNETES_ env); bad kubeconfigs: one line, exit 2."""
+    if not shutil.which("openssl"):
+        pytest.skip("no openssl to make a certificate")
+    from test_labels import write_kubeconfig
+
+    (tmp_path / "tls").mkdir()
+    api = FakeAPI(tls_dir=str(tmp_path / "tls"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+    try:
+        root = make_host("nvidia", mknod=False)
+        cfg = write_kubeconfig(tmp_path / "kubeconfig", api)
+        r = subprocess.run(agent_cmd(tmp_path, root, "--once", "--no-install", "--kubeconfig", cfg, "--node", "node-1"),
+                           cwd=REPO, capture_output=True, text=True, timeout=60, env=env)
+        assert r.returncode == 0, r.stderr
+        start = next(json.loads(line) for line in r.stderr.splitlines() if '"event":"agent.start"' in line)
+        assert start["api"] == api.url and start["node"] == "node-1"
+        assert api.labels["gpuhook.dev/accelerator"] == "nvidia" and api.labels["gpuhook.dev/nvidia.count"] == "8"
+        assert [e["reason"] for e in api.events] == ["GPUInventory"]
+        assert set(api.auth) == {f"Bearer {api.token}"}
+        (tmp_path / "bad").write_text("clusters: 3\n")
+        for extra, want in ((["--kubeconfig", str(tmp_path / "bad")], f"--kubeconfig {tmp_path / 'bad'}: "),
+                            (["--kubeconfig", str(tmp_path / "none")], "not found"),
+                            (["--kubeconfig", cfg, "--context", "nope"], "Context 'nope' not found"),
+                            (["--context", "other"], "--context needs --kubeconfig")):
+            r = subprocess.run(agent_cmd(tmp_path, root, "--once", "--no-install", *extra), cwd=REPO,
+                               capture_output=True, text=True, timeout=60, env=env)
+            assert r.returncode == 2 and want in r.stderr, (extra, r.stderr)
+            assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    finally:
+        api.close()
+
+
+def test_the_runtime_never_imports_the_kubernetes_client():
+    """gpuhook.runtime (every container create) and gpuhook.labels stay off lightkube, httpx
+    and gpuhook.kube; gpuhook.kube itself imports lightkube only when a client is made."""
+    code = ("import sys\n"
+            "import gpuhook.runtime, gpuhook.labels\n"
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('lightkube', 'httpx2', 'httpcore2', 'msgspec',"
+            " 'anyio', 'yaml') or m == 'gpuhook.kube')\n"
+            "import gpuhook.kube\n"
+            "bad += sorted(m for m in sys.modules if m.split('.')[0] in ('lightkube', 'httpx2'))\n"
+            "print(' '.join(bad))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.strip() == ""
+    # and the client works when made (the import above was not a stub)
+    out = subprocess.run([sys.executable, "-c", "import sys, gpuhook.kube as k; "
+                          "k.KubeAPI('http://127.0.0.1:9', 't', 'n'); print('lightkube' in sys.modules)"],
+                         capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.strip() == "True"

@@ -12,17 +12,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from gpuhook import labels
+from gpuhook import kube, labels
 from gpuhook.inventory import Device, Inventory, Library, Node, VendorInventory
 from gpuhook.probe import probe
 
 
 class FakeAPI:
     """A Kubernetes API server on 127.0.0.1 with one Node: GET and merge-PATCH of the Node,
-    POST of Events. Checks the bearer token; records every request."""
+    POST of Events. Checks the bearer token; records every request (its path without the
+    query: a real client adds ?fieldManager=) and the Authorization header it came with."""
 
     def __init__(self, node: str = "node-1", token: str = "t0ken", tls_dir: str | None = None,
-                 labels: dict | None = None):
+                 labels: dict | None = None, client_ca: str | None = None):
         self.node_name = node
         self.token = token
         self.node = {"apiVersion": "v1", "kind": "Node",
@@ -31,6 +32,8 @@ class FakeAPI:
         self.pods: dict[tuple[str, str], dict] = {}  # (namespace, name) -> Pod: add_pod()
         self.event_patches: list[tuple[str, dict]] = []
         self.requests: list[tuple[str, str, dict | None, str | None]] = []
+        self.auth: list[str | None] = []  # the Authorization header of each request
+        self.queries: list[str] = []      # the query string of each request
         self.fail_next: list[int] = []  # HTTP statuses to answer with before behaving
         self.lock = threading.Lock()
         api = self
@@ -50,8 +53,11 @@ class FakeAPI:
             def _handle(self, method: str):
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length)) if length else None
+                self.path, _, query = self.path.partition("?")
                 with api.lock:
                     api.requests.append((method, self.path, body, self.headers.get("Content-Type")))
+                    api.auth.append(self.headers.get("Authorization"))
+                    api.queries.append(query)
                     if self.headers.get("Authorization") != f"Bearer {api.token}":
                         return self._reply(401, {"kind": "Status", "message": "Unauthorized"})
                     if api.fail_next:
@@ -121,6 +127,9 @@ class FakeAPI:
                             "-keyout", key, "-out", cert], check=True, capture_output=True)
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             ctx.load_cert_chain(cert, key)
+            if client_ca:  # TLS client certificates signed by (or being) client_ca are required
+                ctx.load_verify_locations(client_ca)
+                ctx.verify_mode = ssl.CERT_REQUIRED
             self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
             self.scheme = "https"
             self.ca_file = cert
@@ -149,8 +158,8 @@ class FakeAPI:
         with self.lock:
             return dict(self.node["metadata"]["labels"])
 
-    def client(self, **kw) -> labels.KubeAPI:
-        return labels.KubeAPI(self.url, self.token, self.node_name, self.ca_file, **kw)
+    def client(self, **kw) -> kube.KubeAPI:
+        return kube.KubeAPI(self.url, self.token, self.node_name, self.ca_file, **kw)
 
     def close(self):
         self.server.shutdown()
@@ -278,22 +287,22 @@ def test_api_patch_sets_and_removes_labels(fake_api, tmp_path, tls):
 
 def test_api_errors_are_one_line(fake_api, tmp_path):
     api = fake_api()
-    bad = labels.KubeAPI(api.url, "wrong", "node-1")
-    with pytest.raises(labels.KubeError, match=r"HTTP 401: Unauthorized") as e:
+    bad = kube.KubeAPI(api.url, "wrong", "node-1")
+    with pytest.raises(kube.KubeError, match=r"HTTP 401: Unauthorized") as e:
         bad.get_node()
     assert e.value.status == 401
-    with pytest.raises(labels.KubeError, match="HTTP 404"):
-        labels.KubeAPI(api.url, api.token, "other-node").get_node()
-    closed = labels.KubeAPI("http://127.0.0.1:1", "t", "n", timeout=2)
-    with pytest.raises(labels.KubeError, match="GET /api/v1/nodes/n"):
+    with pytest.raises(kube.KubeError, match="HTTP 404"):
+        kube.KubeAPI(api.url, api.token, "other-node").get_node()
+    closed = kube.KubeAPI("http://127.0.0.1:1", "t", "n", timeout=2)
+    with pytest.raises(kube.KubeError, match="GET /api/v1/nodes/n"):
         closed.get_node()
     if shutil.which("openssl"):  # TLS with a CA that did not sign the server's certificate
         tls = fake_api(tls_dir=str(tmp_path))
         (tmp_path / "other").mkdir()
         other = FakeAPI(tls_dir=str(tmp_path / "other"))
         other.close()
-        with pytest.raises(labels.KubeError, match="CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
-            labels.KubeAPI(tls.url, tls.token, "node-1", other.ca_file).get_node()
+        with pytest.raises(kube.KubeError, match="CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
+            kube.KubeAPI(tls.url, tls.token, "node-1", other.ca_file).get_node()
 
 
 def test_event_on_the_node(fake_api):
@@ -307,16 +316,175 @@ def test_event_on_the_node(fake_api):
     assert ev["source"] == {"component": "gpuhook-agent", "host": "node-1"}
 
 
+needs_openssl = pytest.mark.skipif(not shutil.which("openssl"), reason="no openssl to make a certificate")
+
+
 def test_in_cluster_config(tmp_path):
     sa = tmp_path / "sa"
-    assert labels.KubeAPI.in_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, str(sa)) is None  # no token
+    assert kube.KubeAPI.in_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, str(sa)) is None  # no token
     sa.mkdir()
     (sa / "token").write_text("tok-1\n")
-    assert labels.KubeAPI.in_cluster({}, str(sa)) is None  # not in a cluster
-    api = labels.KubeAPI.in_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "6443",
-                                     "NODE_NAME": "gpu-7"}, str(sa))
-    assert (api.base_url, api.node, api._token()) == ("https://10.0.0.1:6443", "gpu-7", "tok-1")
-    (sa / "token").write_text("tok-2")  # projected tokens rotate
-    assert api._token() == "tok-2"
-    v6 = labels.KubeAPI.in_cluster({"KUBERNETES_SERVICE_HOST": "fd00::1", "NODE_NAME": "n"}, str(sa))
+    assert kube.KubeAPI.in_cluster({}, str(sa)) is None  # not in a cluster
+    api = kube.KubeAPI.in_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "6443",
+                                   "NODE_NAME": "gpu-7"}, str(sa))
+    assert (api.base_url, api.node) == ("https://10.0.0.1:6443", "gpu-7")
+    v6 = kube.KubeAPI.in_cluster({"KUBERNETES_SERVICE_HOST": "fd00::1", "NODE_NAME": "n"}, str(sa))
     assert v6.base_url == "https://[fd00::1]:443"
+    assert kube.KubeAPI.in_cluster({"KUBERNETES_SERVICE_HOST": "fd00::1", "NODE_NAME": "n"}, str(sa),
+                                   node="given").node == "given"
+
+
+def _service_account(tmp_path, api, token: str):
+    sa = tmp_path / "sa"
+    sa.mkdir(exist_ok=True)
+    (sa / "token").write_text(token)
+    shutil.copy(api.ca_file, sa / "ca.crt")
+    env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(api.port), "NODE_NAME": "node-1"}
+    return sa, env
+
+
+@needs_openssl
+def test_in_cluster_over_tls_with_a_rotating_token(fake_api, tmp_path):
+    """The service account's CA checks the API's certificate; the bound token is a file the
+    kubelet swaps (a new inode, as the projected volume's ..data link does): the next request
+    sends the new token, with no 401 first."""
+    api = fake_api(tls_dir=str(tmp_path), token="tok-1")
+    sa, env = _service_account(tmp_path, api, "tok-1\n")
+    client = kube.KubeAPI.in_cluster(env, str(sa))
+    assert client.get_node()["metadata"]["uid"] == "uid-1234"
+    assert client.get_node()["metadata"]["name"] == "node-1"
+    assert client.token_auth.reads == 1  # not read again while it does not change
+    api.token = "tok-2"  # the old token expires on the server...
+    new = sa / "token.new"
+    new.write_text("tok-2\n")
+    os.rename(new, sa / "token")  # ...and the kubelet has swapped the file
+    labels.sync_node_labels(client, {"gpuhook.dev/accelerator": "none"})
+    assert api.labels["gpuhook.dev/accelerator"] == "none"
+    assert api.auth == ["Bearer tok-1", "Bearer tok-1", "Bearer tok-2", "Bearer tok-2"]
+
+
+@needs_openssl
+def test_a_401_reads_the_token_file_again(fake_api, tmp_path):
+    """A token file rewritten in place with the same size and mtime (nothing a stat sees):
+    the API answers 401 to the old token, the client reads the file again and retries once."""
+    api = fake_api(tls_dir=str(tmp_path), token="tok-1")
+    sa, env = _service_account(tmp_path, api, "tok-1")
+    client = kube.KubeAPI.in_cluster(env, str(sa))
+    client.get_node()
+    st = os.stat(sa / "token")
+    with open(sa / "token", "r+") as f:
+        f.write("tok-2")
+    os.utime(sa / "token", ns=(st.st_atime_ns, st.st_mtime_ns))
+    api.token = "tok-2"
+    assert client.get_node()["metadata"]["name"] == "node-1"
+    assert api.auth[1:] == ["Bearer tok-1", "Bearer tok-2"]
+    # a token the API does not take even after reading it again: one error, HTTP 401
+    api.token = "tok-3"
+    with pytest.raises(kube.KubeError, match="HTTP 401: Unauthorized") as e:
+        client.get_node()
+    assert e.value.kind == "http-401" and not e.value.transient
+    (sa / "token").unlink()  # the file gone: the last token it had is still sent
+    api.token = "tok-2"
+    assert client.get_node()["metadata"]["name"] == "node-1"
+
+
+def write_kubeconfig(path, api, *, ca: str = "file", user: dict | None = None, context: str = "test") -> str:
+    """A kubeconfig as kubectl writes it, for the fake API; `ca`: "file" (a path relative to
+    the kubeconfig), "data" (certificate-authority-data), "none" (the system's CAs)."""
+    import base64
+
+    import yaml
+
+    cluster = {"server": api.url}
+    if ca == "file":
+        shutil.copy(api.ca_file, os.path.join(os.path.dirname(path), "cluster-ca.crt"))
+        cluster["certificate-authority"] = "cluster-ca.crt"
+    elif ca == "data":
+        cluster["certificate-authority-data"] = base64.b64encode(open(api.ca_file, "rb").read()).decode()
+    doc = {"apiVersion": "v1", "kind": "Config", "current-context": context,
+           "clusters": [{"name": "fake", "cluster": cluster}, {"name": "elsewhere", "cluster": {"server": "https://192.0.2.1"}}],
+           "users": [{"name": "agent", "user": user if user is not None else {"token": api.token}}],
+           "contexts": [{"name": context, "context": {"cluster": "fake", "user": "agent"}},
+                        {"name": "other", "context": {"cluster": "elsewhere", "user": "agent"}}]}
+    with open(path, "w") as f:
+        yaml.safe_dump(doc, f)
+    return str(path)
+
+
+@needs_openssl
+@pytest.mark.parametrize("ca", ["file", "data"])
+def test_kubeconfig_with_a_token_and_a_ca(fake_api, tmp_path, ca):
+    api = fake_api(tls_dir=str(tmp_path))
+    cfg = write_kubeconfig(tmp_path / "kubeconfig", api, ca=ca)
+    client = kube.KubeAPI.from_kubeconfig(cfg, node="node-1")
+    assert client.base_url == api.url
+    patch, removed, uid = labels.sync_node_labels(client, {"gpuhook.dev/accelerator": "nvidia"})
+    assert uid == "uid-1234" and api.labels["gpuhook.dev/accelerator"] == "nvidia"
+    method, path, body, ctype = api.requests[-1]
+    assert (method, path, ctype) == ("PATCH", "/api/v1/nodes/node-1", "application/merge-patch+json")
+    assert "fieldManager=gpuhook-agent" in api.queries[-1]
+    assert set(api.auth) == {f"Bearer {api.token}"}
+
+
+@needs_openssl
+def test_kubeconfig_token_file_rotates(fake_api, tmp_path):
+    api = fake_api(tls_dir=str(tmp_path), token="a-1")
+    (tmp_path / "tok").write_text("a-1")
+    cfg = write_kubeconfig(tmp_path / "kubeconfig", api, user={"tokenFile": "tok"})  # relative to the file
+    client = kube.KubeAPI.from_kubeconfig(cfg, node="node-1")
+    client.get_node()
+    (tmp_path / "tok.new").write_text("a-2")
+    os.rename(tmp_path / "tok.new", tmp_path / "tok")
+    api.token = "a-2"
+    client.get_node()
+    assert api.auth == ["Bearer a-1", "Bearer a-2"]
+
+
+@needs_openssl
+def test_kubeconfig_errors_are_one_line(fake_api, tmp_path):
+    api = fake_api(tls_dir=str(tmp_path))
+    cases = {"missing": str(tmp_path / "nope")}
+    (tmp_path / "garbage").write_text("just: [a list\n")
+    cases["garbage"] = str(tmp_path / "garbage")
+    (tmp_path / "empty").write_text("apiVersion: v1\nkind: Config\n")
+    cases["empty"] = str(tmp_path / "empty")
+    for name, path in cases.items():
+        with pytest.raises(kube.KubeError) as e:
+            kube.KubeAPI.from_kubeconfig(path, node="n")
+        assert e.value.kind == "config" and str(e.value).startswith(f"--kubeconfig {path}: ")
+        assert "\n" not in str(e.value), (name, str(e.value))
+    cfg = write_kubeconfig(tmp_path / "kubeconfig", api)
+    with pytest.raises(kube.KubeError, match="Context 'nope' not found"):
+        kube.KubeAPI.from_kubeconfig(cfg, "nope", node="n")
+    # no CA in the kubeconfig: the system's CAs do not know the fake API's certificate
+    bare = kube.KubeAPI.from_kubeconfig(write_kubeconfig(tmp_path / "bare", api, ca="none"), node="node-1")
+    with pytest.raises(kube.KubeError, match="CERTIFICATE_VERIFY_FAILED|certificate verify failed") as e:
+        bare.get_node()
+    assert e.value.kind == "tls" and e.value.status is None
+
+
+@needs_openssl
+def test_kubeconfig_with_a_client_certificate_and_an_exec_plugin(fake_api, tmp_path):
+    """The other ways kubectl users authenticate: a client certificate (the API requires
+    one), and an exec plugin that prints an ExecCredential with the token."""
+    cert, key = str(tmp_path / "client.crt"), str(tmp_path / "client.key")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=gpuhook-agent",
+                    "-keyout", key, "-out", cert], check=True, capture_output=True)
+    (tmp_path / "srv").mkdir()
+    api = fake_api(tls_dir=str(tmp_path / "srv"), client_ca=cert)
+    plugin = tmp_path / "creds.sh"
+    plugin.write_text("#!/bin/sh\necho '{\"apiVersion\": \"client.authentication.k8s.io/v1beta1\", "
+                      "\"kind\": \"ExecCredential\", \"status\": {\"token\": \"'$TOKEN'\"}}'\n")
+    plugin.chmod(0o755)
+    user = {"client-certificate": "client.crt", "client-key": "client.key",
+            "exec": {"apiVersion": "client.authentication.k8s.io/v1beta1", "command": str(plugin),
+                     "env": [{"name": "TOKEN", "value": api.token}]}}
+    cfg = write_kubeconfig(tmp_path / "kubeconfig", api, user=user)
+    assert kube.KubeAPI.from_kubeconfig(cfg, node="node-1").get_node()["metadata"]["uid"] == "uid-1234"
+    assert api.auth == [f"Bearer {api.token}"]
+    # without the certificate the TLS handshake fails: one error, no answer
+    user.pop("client-certificate"), user.pop("client-key")
+    no_cert = kube.KubeAPI.from_kubeconfig(write_kubeconfig(tmp_path / "kubeconfig", api, user=user), node="node-1")
+    with pytest.raises(kube.KubeError) as e:
+        no_cert.get_node()
+    assert e.value.status is None and len(api.auth) == 1

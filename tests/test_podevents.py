@@ -144,9 +144,9 @@ def test_api_errors_are_logged_once_and_retried_with_backoff(fake_api, logs):
 
 
 def _dead_client():
-    from gpuhook import labels
+    from gpuhook import kube
 
-    return labels.KubeAPI("http://127.0.0.1:9", "t", "node-1", timeout=1.0)  # discard port: nothing listens
+    return kube.KubeAPI("http://127.0.0.1:9", "t", "node-1", timeout=1.0)  # discard port: nothing listens
 
 
 def test_the_follower_reads_appended_lines_and_survives_rotation(tmp_path, logs):

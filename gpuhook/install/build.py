@@ -107,35 +107,55 @@ def _requirements(root: str) -> list[str]:
     return [r for r in reqs if "extra ==" not in r]
 
 
-def _wanted(req: str) -> str | None:
-    """The distribution a requirement names, or None when its marker excludes this Python."""
+def _wanted(req: str, extras: tuple[str, ...] = ()) -> tuple[str, tuple[str, ...]] | None:
+    """(the distribution a requirement names, the extras it asks of it), or None when its
+    marker excludes this Python. `extras`: those asked of the distribution that has this
+    requirement (a requirement under `extra == "http2"` counts when http2 was asked)."""
     try:
         from packaging.requirements import Requirement
     except ImportError:
+        try:  # pip's copy: a venv made by `python -m venv` has pip but not packaging
+            from pip._vendor.packaging.requirements import Requirement
+        except ImportError:
+            Requirement = None
+    if Requirement is None:  # no marker evaluation: only the extras are told apart
         name, _, marker = req.partition(";")
-        if "extra" in marker:
+        found = re.search(r"""extra\s*==\s*["']([^"']+)["']""", marker)
+        if found and found.group(1) not in extras or (not found and "extra" in marker):
             return None
-        return re.split(r"[<>=!~\[ (]", name.strip(), maxsplit=1)[0]
+        wanted = re.search(r"\[([^\]]*)\]", name)
+        return (re.split(r"[<>=!~\[ (;]", name.strip(), maxsplit=1)[0],
+                tuple(e.strip() for e in wanted.group(1).split(",") if e.strip()) if wanted else ())
     r = Requirement(req)
-    if r.marker is not None and not r.marker.evaluate({"extra": ""}):
+    if r.marker is not None and not any(r.marker.evaluate({"extra": e}) for e in ("", *extras)):
         return None
-    return r.name
+    return r.name, tuple(sorted(r.extras))
 
 
 def _distributions(reqs: list[str]) -> list[metadata.Distribution]:
     seen: dict[str, metadata.Distribution] = {}
-    todo = [n for n in map(_wanted, reqs) if n]
+    done: set[tuple[str, str]] = set()  # (distribution, extra or "") followed
+    # (name, extras, whether a marker was on it: one not installed is then taken as excluded,
+    # which matters only to the fallback parser, which cannot evaluate markers)
+    todo = [(*w, ";" in r) for r, w in ((r, _wanted(r)) for r in reqs) if w]
     while todo:
-        name = todo.pop()
+        name, extras, marked = todo.pop()
         key = re.sub(r"[-_.]+", "-", name).lower()
-        if key in seen:
+        asked = tuple(e for e in ("", *extras) if (key, e) not in done)
+        if not asked:
             continue
-        try:
-            dist = metadata.distribution(name)
-        except metadata.PackageNotFoundError:
-            raise InstallError(f"bundle build: {name} (a gpuhook dependency) is not installed for {sys.executable}") from None
-        seen[key] = dist
-        todo.extend(n for n in map(_wanted, dist.requires or []) if n)
+        done.update((key, e) for e in asked)
+        dist = seen.get(key)
+        if dist is None:
+            try:
+                dist = metadata.distribution(name)
+            except metadata.PackageNotFoundError:
+                if marked:
+                    continue
+                raise InstallError(f"bundle build: {name} (a gpuhook dependency) is not installed for "
+                                   f"{sys.executable}") from None
+            seen[key] = dist
+        todo.extend((*w, ";" in r) for r, w in ((r, _wanted(r, extras)) for r in dist.requires or []) if w)
     return list(seen.values())
 
 
