@@ -113,14 +113,14 @@ class KubeAPI:
 
     @classmethod
     def from_config(cls, config, node: str | None = None, timeout: float = TIMEOUT,
-                    namespace: str = NODE_EVENTS_NAMESPACE, token_file: str | None = None) -> "KubeAPI":
+                    namespace: str = NODE_EVENTS_NAMESPACE, token_file: str | None = None) -> KubeAPI:
         api = cls.__new__(cls)
         api._setup(config, node_name(node), timeout, namespace, token_file)
         return api
 
     @classmethod
     def from_kubeconfig(cls, path: str, context: str | None = None, node: str | None = None,
-                        timeout: float = TIMEOUT) -> "KubeAPI":
+                        timeout: float = TIMEOUT) -> KubeAPI:
         """The cluster and user of `context` (default: current-context) in a kubeconfig file.
         KubeError (kind "config") when the file cannot be used: one line that says why."""
         from lightkube.config.kubeconfig import KubeConfig
@@ -152,7 +152,7 @@ class KubeAPI:
 
     @classmethod
     def in_cluster(cls, env=None, sa_dir: str = SA_DIR, node: str | None = None,
-                   timeout: float = TIMEOUT) -> "KubeAPI | None":
+                   timeout: float = TIMEOUT) -> KubeAPI | None:
         """From KUBERNETES_SERVICE_HOST/PORT, the service account token (re-read as it
         rotates) and CA, and NODE_NAME (the downward API); None when not in a cluster."""
         env = os.environ if env is None else env
