@@ -17,7 +17,7 @@ import dataclasses
 import os
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from . import cdi, defaults, kube as kube_mod, labels as labels_mod
 
@@ -143,9 +143,9 @@ class UdevWatch:
         self.notify = notify
         self.log = log
         self.stop = stop
-        self.monitor = None
+        self.monitor: Any = None
         self.thread: threading.Thread | None = None
-        self.source = None
+        self.source: str | None = None
 
     def start(self) -> None:
         """Raises when pyudev or libudev cannot be used (the agent falls back to its timer)."""
@@ -216,12 +216,12 @@ class Agent:
         self._node_uid: str | None = None
         self._install_event_posted = False
         self.watch: UdevWatch | None = None
-        self.pod_reporter = None
-        self.metrics = None
-        self.follower = None
+        self.pod_reporter: Any = None
+        self.metrics: Any = None
+        self.follower: Any = None
         self.cdi_dir = opts.resolved_cdi_dir()
         self.nfd_dir = opts.resolved_nfd_dir()
-        ldconfig = opts.ldconfig
+        ldconfig: str | bool | None = opts.ldconfig
         if ldconfig is None:  # the node's own; none there: no ld-cache hook (not the agent image's)
             ldconfig = cdi.find_ldconfig(opts.root if opts.spec_root == "/" else "/") or False
         self.ldconfig = ldconfig
@@ -296,7 +296,7 @@ class Agent:
         self.last_probe = time.time()
         summary = summarize(inv)
         first = self.summary is None
-        change = None if first else diff(self.summary, summary)
+        change = {} if self.summary is None else diff(self.summary, summary)
         changed = first or any(change.values())
         self.summary = summary
         vendors = [v.vendor for v in inv.vendors if v.devices]
@@ -464,7 +464,7 @@ class Agent:
 
     def _start_creates(self) -> None:
         """Follow the runtime's log for pod Events and metrics (podevents.py, metrics.py)."""
-        consumers = []
+        consumers: list = []
         if self.opts.metrics_address:
             from .metrics import Metrics
 

@@ -136,11 +136,12 @@ class KubeAPI:
         except Exception as e:  # YAML that is not a kubeconfig: yaml/msgspec errors, a missing key
             what = f"no {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             raise KubeError(f"{where}: not a usable kubeconfig ({what})", kind="config") from None
+        assert config is not None  # from_file gives one, or raises
         if config.user is None:
             from lightkube.config.models import User
 
             config = config._replace(user=User())
-        token_file = config.user.token_file
+        token_file = config.user.token_file if config.user else None
         if token_file:
             token_file = str(config.abs_file(token_file))
         try:

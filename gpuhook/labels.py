@@ -60,7 +60,7 @@ def common_model(devices) -> str:
     for d in devices:
         if d.model:
             counts[d.model] = counts.get(d.model, 0) + 1
-    return max(counts, key=counts.get) if counts else ""
+    return max(counts, key=lambda m: counts[m]) if counts else ""
 
 
 def node_labels(inv, runtime_ready: bool = False) -> dict[str, str]:

@@ -232,7 +232,7 @@ class CreateFollower:
         self.consumers = consumers
         self.log = log
         self.poll = poll
-        self._ino = None
+        self._ino: tuple[int, int] | None = None
         self._pos = 0
         self._buf = b""
         self._from_start = from_start

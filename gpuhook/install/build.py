@@ -115,9 +115,9 @@ def _wanted(req: str, extras: tuple[str, ...] = ()) -> tuple[str, tuple[str, ...
         from packaging.requirements import Requirement
     except ImportError:
         try:  # pip's copy: a venv made by `python -m venv` has pip but not packaging
-            from pip._vendor.packaging.requirements import Requirement
+            from pip._vendor.packaging.requirements import Requirement  # type: ignore[assignment]
         except ImportError:
-            Requirement = None
+            Requirement = None  # type: ignore[assignment,misc]
     if Requirement is None:  # no marker evaluation: only the extras are told apart
         name, _, marker = req.partition(";")
         found = re.search(r"""extra\s*==\s*["']([^"']+)["']""", marker)
