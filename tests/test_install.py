@@ -670,9 +670,12 @@ def test_bundle_create_path_runs_with_an_empty_environment(tmp_path, node_with_b
                         "import sys; print(sys.prefix); print(open('/proc/self/maps').read())"],
                        env={}, capture_output=True, text=True, timeout=60)
     prefix, maps = r.stdout.split("\n", 1)
-    assert prefix == f"{node}/opt/gpuhook"
+    # one installed version, resolved once (/opt/gpuhook/bin is a link into .versions/<hash>)
+    version = os.path.realpath(f"{node}/opt/gpuhook/.current")
+    assert os.path.dirname(version) == f"{node}/opt/gpuhook/.versions"
+    assert prefix == version
     libc = {line.split()[-1] for line in maps.splitlines() if "libc.so" in line}
-    assert libc == {f"{node}/opt/gpuhook/lib/libc.so.6"}
+    assert libc == {f"{version}/lib/libc.so.6"}
 
 
 @pytest.mark.skipif(not is_root() or bundle.find_busybox() is None, reason="needs root (chroot) and busybox-static")

@@ -66,7 +66,8 @@ def test_pip_install_then_install_then_the_venv_is_gone(tmp_path, make_host, run
     assert any(line.startswith("bundle: compiling ") for line in steps), out
     built = next(line for line in steps if line.startswith("bundle: built in "))
     manifest = json.load(open(node / "opt/gpuhook/gpuhook-bundle.json"))
-    size = sum(os.lstat(node / "opt/gpuhook" / f).st_size for f in manifest["files"])
+    version = os.path.realpath(node / "opt/gpuhook/.current")  # the installed version's own files
+    size = sum(os.lstat(os.path.join(version, f)).st_size for f in manifest["files"])
     assert f"gpuhook {__version__}, Python " in built and f"{len(manifest['files'])} files, {size / 1e6:.1f} MB" in built
     assert {p.split("==")[0].lower() for p in manifest["packages"]} >= {"pydantic", "structlog", "pyudev", "tomlkit"}
     assert "site-packages/gpuhook/sh/gpuhook-runtime" in " ".join(manifest["files"])

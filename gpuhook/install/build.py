@@ -57,7 +57,8 @@ SKIP_DYNLOAD = re.compile(r"^(_test|_xxtest|xxlimited|_ctypes_test|_tkinter|_sql
 
 PYTHON_SH = """#!/bin/sh
 # The bundled Python, run by the bundled dynamic loader and libc: nothing comes from the host.
-here=${{0%/*}}
+# $here resolved once: loader, libraries and interpreter of one installed version.
+here=$(cd -P -- "${{0%/*}}" && pwd -P)
 exec "$here/../lib/{loader}" --library-path "$here/../lib" "$here/../libexec/python3" "$@"
 """
 

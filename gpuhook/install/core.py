@@ -1,7 +1,8 @@
 """`gpuhook install` and `gpuhook uninstall`: the steps, and what each leaves on the host.
 
 install (every step is skipped when its result is already there: a second run writes nothing)
-  1. the host bundle -> /opt/gpuhook (not when gpuhook runs from that very bundle: the .deb);
+  1. the host bundle -> /opt/gpuhook, as a new version switched in as a whole by one rename
+     (files.VERSIONS; not when gpuhook runs from that very bundle: the .deb);
      with no --bundle-dir from a pip install, one is built first (build.py) in a temporary
      directory, from the interpreter and the gpuhook package running this
   2. /etc/gpuhook/config.toml, only when absent: the operator's file is never overwritten
@@ -191,13 +192,19 @@ def _install_bundle(root: str, src: str, state: dict, dry_run: bool, say: Say) -
     files.manifest(src)
     dst = host(root, PREFIX)
     would = "would be " if dry_run else ""
-    if files.same_dir(src, dst):
+    if files.is_installed(src, dst):
         say(f"bundle: {PREFIX} is the bundle this gpuhook runs from: left as it is")
         state.setdefault("bundle", {"path": PREFIX, "copied": False})
     else:
-        total, written, removed = files.sync_bundle(src, dst, dry_run)
-        say(f"bundle: {PREFIX}: {total} files, {written} {would}written, {removed} {would}removed"
-            if written or removed else f"bundle: {PREFIX}: {total} files, all up to date")
+        r = files.sync_bundle(src, dst, dry_run)
+        if not (r.written or r.removed or r.previous):
+            say(f"bundle: {PREFIX}: {r.files} files, all up to date")
+        else:
+            now = f"; now {files.VERSIONS}/{r.version}" if r.version else ""
+            kept = f" ({r.previous} kept for creates still running from it)" if r.previous else ""
+            pruned = f"; older versions removed: {', '.join(r.pruned)}" if r.pruned else ""
+            say(f"bundle: {PREFIX}: {r.files} files, {r.written} {would}written, {r.removed} {would}removed, "
+                f"{r.linked} unchanged {'would be ' if dry_run else ''}linked{now}{kept}{pruned}")
         state["bundle"] = {"path": PREFIX, "copied": True}
 
 
@@ -391,11 +398,11 @@ def uninstall(opts: Options, say: Say) -> None:
     dst = host(root, PREFIX)
     if opts.keep_bundle:
         say(f"bundle: {PREFIX} kept (--keep-bundle)")
-    elif (running := files.running_bundle()) and files.same_dir(running, dst):
+    elif (running := files.running_bundle()) and files.is_installed(running, dst):
         say(f"bundle: {PREFIX} kept: it is the gpuhook running this uninstall (remove it afterwards)")
     elif bundle.get("copied") and os.path.exists(os.path.join(dst, files.MANIFEST)):
         n = files.remove_bundle(dst)
-        say(f"bundle: {PREFIX}: {n} files removed")
+        say(f"bundle: {PREFIX}: {n} files removed (every version)")
     elif os.path.exists(dst):
         say(f"bundle: {PREFIX} kept ({'installed by a package' if bundle else 'not copied by install'})")
     files.drop_state(root)

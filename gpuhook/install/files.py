@@ -1,20 +1,23 @@
-"""Files on the host: atomic writes, the state file, and the bundle copy.
+"""Files on the host: atomic writes, the state file, and the installed bundle.
 
 The bundle (see build.py) carries `gpuhook-bundle.json` listing its files. Installing it
-copies each file whose bytes or mode differ, each atomically (temp file + rename), so a
-container create that runs during an upgrade sees every file whole, old or new; files of the
-previous bundle that the new one lacks are removed afterwards. A second install with the same
-bundle writes nothing. Every other file (configs, backup, state) goes through
-gpuhook.spec.write_atomic.
+makes a new version directory beside the running one (unchanged files hard-linked, only what
+changed written) and switches the node to it with one rename of a symlink: a container
+create that runs during an upgrade sees the old bundle or the new one as a whole, never a mix
+(the layout: VERSIONS below). A second install with the same bundle writes nothing. Every
+other file (configs, backup, state) goes through gpuhook.spec.write_atomic.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import stat
 import sys
+import time
 
 from .. import defaults
 from ..spec import write_atomic
@@ -115,47 +118,259 @@ def same_dir(a: str, b: str) -> bool:
         return False
 
 
-def sync_bundle(src: str, dst: str, dry_run: bool) -> tuple[int, int, int]:
-    """Make `dst` hold exactly the bundle `src`: (files, written, removed).
+def is_installed(src: str, dst: str) -> bool:
+    """True when the bundle `src` is the installed `dst` itself: `dst` (a package's plain
+    directory, the .deb) or the version `dst` now runs (the bundled gpuhook runs from there)."""
+    return same_dir(src, dst) or (os.path.islink(os.path.join(dst, CURRENT)) and same_dir(src, os.path.join(dst, CURRENT)))
 
-    Each changed file is first written beside its target under a temporary name; one
-    syncfs then makes them all durable (instead of ~1500 fsyncs: seconds on a real disk)
-    before each is renamed over its target. The manifest goes last, with write_atomic."""
-    new = manifest(src)
-    old_files = []
-    if os.path.exists(os.path.join(dst, MANIFEST)):
-        try:
-            old_files = manifest(dst)["files"]
-        except InstallError:
-            old_files = []
-    staged: list[tuple[str, str]] = []
-    written = 0
+
+# The installed bundle is versioned, so that an upgrade is atomic as a whole:
+#
+#   /opt/gpuhook/.versions/<content hash>/   one bundle, never written once in place
+#   /opt/gpuhook/.current -> .versions/<h>   switched by one rename(2): the upgrade
+#   /opt/gpuhook/bin -> .current/bin         one per top-level name of the bundle (bin, lib,
+#   /opt/gpuhook/lib -> .current/lib         libexec, gpuhook-bundle.json); written once
+#
+# A new version's unchanged files are hard links to the previous version's (only what changed
+# is written); every link is relative, so the tree works under a host root and bind mounts.
+# The sh front and bin/python3 resolve their own directory once (cd -P), so one create runs
+# one version's interpreter, libc and gpuhook whatever is switched meanwhile. The previous
+# version stays (a create may still run from it); older ones go once retired RETIRE_GRACE s.
+VERSIONS = ".versions"
+CURRENT = ".current"
+RETIRE_GRACE = 60.0
+
+
+@dataclasses.dataclass
+class Synced:
+    files: int              # in the new bundle
+    written: int            # copied (changed or new), links fixed included
+    removed: int            # in the old bundle, not in the new one
+    linked: int = 0         # unchanged: hard links to the previous version
+    version: str = ""       # .versions/<this> is now current
+    previous: str = ""      # the one it replaced (kept), "" when none
+    pruned: tuple = ()      # older versions removed
+
+
+def current_version(dst: str) -> str | None:
+    """The directory of the version `dst` runs now (dst/.versions/<h>), None when `dst` is
+    not a versioned install."""
+    link = os.path.join(dst, CURRENT)
     try:
-        for rel in new["files"]:
-            if rel != MANIFEST and _differs(os.path.join(src, rel), os.path.join(dst, rel)):
-                written += 1
-                if not dry_run:
-                    staged.append((_stage(os.path.join(src, rel), os.path.join(dst, rel)), os.path.join(dst, rel)))
-        if staged:
-            _flush(dst)
-        for tmp, final in staged:
-            os.replace(tmp, final)
+        target = os.readlink(link)
+    except OSError:
+        return None
+    parts = target.split("/")
+    if len(parts) != 2 or parts[0] != VERSIONS or parts[1] in ("", ".", ".."):
+        return None
+    path = os.path.join(dst, target)
+    return path if os.path.isdir(path) and not os.path.islink(path) else None
+
+
+def _legacy(dst: str) -> bool:
+    """`dst` holds a bundle copied file by file (gpuhook before versions, or a package's)."""
+    m = os.path.join(dst, MANIFEST)
+    return os.path.isfile(m) and not os.path.islink(m)
+
+
+def _tops(names) -> set[str]:
+    return {rel.split("/", 1)[0] for rel in names}
+
+
+def tree_hash(src: str, names: list[str]) -> str:
+    """The bundle's content: every file's path, mode and bytes (or link target)."""
+    h = hashlib.sha256()
+    for rel in sorted(names):
+        path = os.path.join(src, rel)
+        st = os.lstat(path)
+        h.update(rel.encode() + b"\0" + oct(st.st_mode).encode() + b"\0")
+        if stat.S_ISLNK(st.st_mode):
+            h.update(os.readlink(path).encode())
+        else:
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def sync_bundle(src: str, dst: str, dry_run: bool, grace: float | None = None) -> Synced:
+    """Make `dst` run exactly the bundle `src`, switched as a whole (see VERSIONS above)."""
+    try:
+        return _sync(src, dst, dry_run, RETIRE_GRACE if grace is None else grace)
     except OSError as e:
         raise InstallError(f"{e.filename or dst}: cannot write it ({e.strerror or e})") from None
-    finally:
-        for tmp, _ in staged:
+
+
+def _sync(src: str, dst: str, dry_run: bool, grace: float) -> Synced:
+    names = manifest(src)["files"]
+    cur = current_version(dst)
+    base = cur or (dst if _legacy(dst) else None)
+    old_files: list[str] = []
+    if base:
+        try:
+            old_files = manifest(base)["files"]
+        except InstallError:
+            old_files = []
+    changed = {rel for rel in names if base is None or _differs(os.path.join(src, rel), os.path.join(base, rel))}
+    removed = len(set(old_files) - set(names))
+    tops = _tops(names)
+    if cur and not changed and not removed:
+        fixed = sum(1 for t in sorted(tops) if not _is_top_link(dst, t))
+        if fixed and not dry_run:
+            _top_links(dst, tops)
+        return Synced(len(names), fixed, 0, 0, os.path.basename(cur))
+    if dry_run:
+        return Synced(len(names), len(changed), removed, len(names) - len(changed))
+    versions = os.path.join(dst, VERSIONS)
+    os.makedirs(versions, mode=0o755, exist_ok=True)
+    name = tree_hash(src, names)[:16]
+    target = os.path.join(versions, name)
+    if os.path.lexists(target) and not (target != cur and not any(
+            _differs(os.path.join(src, rel), os.path.join(target, rel)) for rel in names)):
+        name = f"{name}-{time.time_ns()}"  # there but not this bundle (edited by hand?): a fresh one
+        target = os.path.join(versions, name)
+    written = linked = 0
+    if not os.path.lexists(target):
+        tmp = os.path.join(versions, f".tmp-{name}-{os.getpid()}")
+        if os.path.lexists(tmp):
+            shutil.rmtree(tmp)
+        try:
+            for rel in names:
+                out = os.path.join(tmp, rel)
+                os.makedirs(os.path.dirname(out), mode=0o755, exist_ok=True)
+                if rel in changed:
+                    _copy(os.path.join(src, rel), out)
+                    written += 1
+                else:  # unchanged: there is a base it is unchanged from
+                    os.link(os.path.join(base or src, rel), out, follow_symlinks=False)
+                    linked += 1
+            _flush(tmp)
+            os.rename(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    else:
+        linked = len(names)  # a version kept from before (a roll back): nothing to write
+    previous = os.path.basename(cur) if cur else ""
+    _top_links(dst, tops)  # new names first: they dangle until the switch
+    _replace_link(f"{VERSIONS}/{name}", os.path.join(dst, CURRENT))  # the upgrade
+    if cur:
+        os.utime(cur)  # its retirement time, for the grace period
+    if base == dst:
+        previous = _retire_legacy(dst, old_files, tops)
+    _drop_stale_links(dst, tops)
+    pruned = _prune(versions, keep={name, previous}, grace=grace)
+    return Synced(len(names), written, removed, linked, name, previous, tuple(pruned))
+
+
+def _is_top_link(dst: str, top: str) -> bool:
+    try:
+        return os.readlink(os.path.join(dst, top)) == f"{CURRENT}/{top}"
+    except OSError:
+        return False
+
+
+def _replace_link(target: str, path: str) -> None:
+    """`path` becomes a symlink to `target` in one rename (path must not be a directory)."""
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.gpuhook-{os.getpid()}.tmp")
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    os.symlink(target, tmp)
+    os.replace(tmp, path)
+
+
+def _top_links(dst: str, tops: set[str]) -> None:
+    """dst/<top> -> .current/<top> for each top-level name that is free (or already ours)."""
+    for top in sorted(tops):
+        path = os.path.join(dst, top)
+        if not _is_top_link(dst, top) and (not os.path.lexists(path) or os.path.islink(path)):
+            _replace_link(f"{CURRENT}/{top}", path)
+
+
+def _retire_legacy(dst: str, old_files: list[str], tops: set[str]) -> str:
+    """A bundle copied file by file into `dst` itself becomes an old version: each of its
+    top-level entries is swapped for our link (renameat2 RENAME_EXCHANGE: one step per
+    entry; this first move is atomic per top-level entry, not as a whole) and moved into
+    .versions/legacy-<ns>/. That version's name."""
+    name = f"legacy-{time.time_ns()}"
+    keep = os.path.join(dst, VERSIONS, name)
+    os.makedirs(keep, mode=0o755)
+    # the manifest first, bin/ last: an old front (bin/) then finds the new files throughout
+    order = sorted((_tops(old_files) | tops) - {VERSIONS, CURRENT}, key=lambda t: (t == "bin", t != MANIFEST, t))
+    for top in order:
+        path = os.path.join(dst, top)
+        if not os.path.lexists(path) or _is_top_link(dst, top):
+            continue
+        if top in tops:
+            tmp = os.path.join(dst, f".{top}.gpuhook-{os.getpid()}.tmp")
             if os.path.lexists(tmp):
                 os.unlink(tmp)
-    gone = sorted(set(old_files) - set(new["files"]))
-    if not dry_run:
-        for rel in gone:
-            remove(os.path.join(dst, rel))
-        _prune_dirs(dst, gone)
-    if _differs(os.path.join(src, MANIFEST), os.path.join(dst, MANIFEST)):  # last: the install is whole
-        written += 1
-        if not dry_run:
-            write(os.path.join(dst, MANIFEST), read(os.path.join(src, MANIFEST)) or b"", 0o644)
-    return len(new["files"]), written, len(gone)
+            os.symlink(f"{CURRENT}/{top}", tmp)
+            if _exchange(tmp, path):
+                os.rename(tmp, os.path.join(keep, top))
+                continue
+            os.unlink(tmp)
+            os.rename(path, os.path.join(keep, top))
+            _replace_link(f"{CURRENT}/{top}", path)
+        else:
+            os.rename(path, os.path.join(keep, top))
+    return name
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap two paths atomically (renameat2 RENAME_EXCHANGE); False where that cannot be done."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        at_fdcwd, rename_exchange = -100, 2
+        return libc.renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+    except (OSError, AttributeError, ImportError):
+        return False
+
+
+def _drop_stale_links(dst: str, tops: set[str]) -> None:
+    """Our top-level links to names the new version lacks (they dangle now)."""
+    for entry in os.listdir(dst):
+        if entry not in tops and _is_top_link(dst, entry):
+            os.unlink(os.path.join(dst, entry))
+
+
+def _prune(versions: str, keep: set[str], grace: float) -> list[str]:
+    """Remove the versions (and leftovers of an interrupted install) older than the previous
+    one, once retired `grace` seconds; their names."""
+    gone = []
+    now = time.time()
+    for entry in sorted(os.listdir(versions)):
+        path = os.path.join(versions, entry)
+        if entry in keep:
+            continue
+        try:
+            if now - os.lstat(path).st_mtime < grace:
+                continue
+        except FileNotFoundError:
+            continue
+        shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
+        gone.append(entry)
+    return gone
+
+
+def _copy(src: str, dst: str) -> None:
+    """`src`'s content (or link) as the new file `dst`, with its mode."""
+    st = os.lstat(src)
+    if stat.S_ISLNK(st.st_mode):
+        os.symlink(os.readlink(src), dst)
+        return
+    mode = stat.S_IMODE(st.st_mode)
+    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        view = memoryview(read(src) or b"")
+        while view:
+            view = view[os.write(fd, view):]
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
 
 
 def _flush(path: str) -> None:
@@ -193,28 +408,6 @@ def _differs(src: str, dst: str) -> bool:
                 and dst_st.st_size == st.st_size and read(dst) == read(src))
 
 
-def _stage(src: str, dst: str) -> str:
-    """Write `src`'s content (or link) beside `dst` under a temporary name; that name."""
-    os.makedirs(os.path.dirname(dst), mode=0o755, exist_ok=True)
-    tmp = os.path.join(os.path.dirname(dst), f".{os.path.basename(dst)}.gpuhook-{os.getpid()}.tmp")
-    if os.path.lexists(tmp):
-        os.unlink(tmp)
-    st = os.lstat(src)
-    if stat.S_ISLNK(st.st_mode):
-        os.symlink(os.readlink(src), tmp)
-        return tmp
-    mode = stat.S_IMODE(st.st_mode)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-    try:
-        view = memoryview(read(src) or b"")
-        while view:
-            view = view[os.write(fd, view):]
-        os.fchmod(fd, mode)
-    finally:
-        os.close(fd)
-    return tmp
-
-
 def _prune_dirs(dst: str, removed: list[str]) -> None:
     """Remove the directories that `removed` files left empty (never `dst` itself)."""
     dirs = {os.path.dirname(rel) for rel in removed}
@@ -232,7 +425,29 @@ def _parents(rel: str):
 
 
 def remove_bundle(dst: str) -> int:
-    """Remove an installed bundle's files (those its manifest lists) and then `dst` if empty."""
+    """Remove an installed bundle: every version, the .current link and our top-level links
+    (a bundle copied file by file: the files its manifest lists); then `dst` if empty. The
+    number of files of the bundle it ran."""
+    cur = current_version(dst)
+    if cur is None:
+        return _remove_files(dst)
+    n = len(manifest(cur)["files"]) if os.path.exists(os.path.join(cur, MANIFEST)) else 0
+    for entry in os.listdir(dst):
+        if _is_top_link(dst, entry):
+            remove(os.path.join(dst, entry))
+    remove(os.path.join(dst, CURRENT))
+    try:
+        shutil.rmtree(os.path.join(dst, VERSIONS))
+    except OSError as e:
+        raise InstallError(f"{e.filename or dst}: cannot remove it ({e.strerror or e})") from None
+    try:
+        os.rmdir(dst)
+    except OSError:
+        pass
+    return n
+
+
+def _remove_files(dst: str) -> int:
     files = manifest(dst)["files"]
     for rel in files:
         if rel != MANIFEST:
