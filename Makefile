@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 APT_PACKAGES := runc crun containerd podman docker.io docker-compose busybox-static gcc libc6-dev libc-bin python3-venv
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test deps venv bench image clean
+.PHONY: demo test deps venv lint bench image clean
 
 # System packages the end-to-end tests and the demo use; only as root, only what is missing.
 deps:
@@ -36,14 +36,19 @@ venv: $(HOOK) $(STAMP)
 demo: deps venv
 	@$(BIN)/python -m gpuhook.demo
 
-# As root the end-to-end tests (real runc, containerd, podman) must run, not skip.
-test: deps venv
+# The habits of the field first (lint, format, types over gpuhook/), then the suite. As root
+# the end-to-end tests (real runc, containerd, podman, dockerd) must run, not skip.
+test: deps venv lint
 	@GPUHOOK_REQUIRE_E2E=$$([ "$$(id -u)" = 0 ] && echo 1 || echo 0) $(BIN)/python -m pytest -q tests
 
 # The DaemonSet's image (daemonset/), with no registry: FROM scratch, the host bundle built
 # here from the venv (packaging/build-image.sh); tagged as daemonset/kustomization.yaml names it.
 image: venv
 	@PYTHON=$(BIN)/python packaging/build-image.sh
+
+lint: venv
+	@$(BIN)/ruff check gpuhook
+	@$(BIN)/mypy
 
 bench: deps venv
 	@$(BIN)/python tests/perf/bench.py

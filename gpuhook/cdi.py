@@ -1,6 +1,6 @@
 """CDI specs of the node's GPUs: `gpuhook cdi generate` and the agent.
 
-The same Edits as every other front end (plan.py decides, edits.py shapes), written as
+The same Edits as every other front end (gpuhook.plan decides, edits.py shapes), written as
 Container Device Interface specs so that CDI consumers (podman, containerd >= 1.7,
 CRI-O, DRA drivers) can ask for the node's GPUs by name.
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import tempfile
 
-from . import bundle, fakehost
+from .testing import bundle, fakehost
 from .cli import format_edits, format_inventory
 from .plan import plan, request_from_spec
 from .probe import probe

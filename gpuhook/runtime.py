@@ -151,7 +151,7 @@ def edit_bundle(bundle: str, config, out: Outcome) -> None:
     nothing to add. Raises on any problem; the caller applies the fail mode."""
     from . import fastjson
     from .plan import find_ldconfig, plan, request_from_spec
-    from .policy import pod_of
+    from .plan.policy import pod_of
     from .config import cache_dir
     from .probe.cache import probe_cached
     from .spec import apply, check, write_atomic

@@ -12,7 +12,7 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from gpuhook import bundle, fakehost  # noqa: E402
+from gpuhook.testing import bundle, fakehost  # noqa: E402
 
 FIXTURES = os.path.join(REPO, "tests", "fixtures")
 

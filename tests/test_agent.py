@@ -16,7 +16,10 @@ import time
 import pytest
 
 from conftest import REPO
-from gpuhook import agent as agent_mod, cdi, fakehost, labels, log
+from gpuhook.agent import core as agent_mod
+from gpuhook import cdi, log
+from gpuhook.testing import fakehost
+from gpuhook.agent import labels
 from test_cdi import load_yaml
 from test_labels import FakeAPI
 
@@ -587,19 +590,19 @@ def test_agent_from_a_workstation_with_a_kubeconfig(tmp_path, make_host):
 
 
 def test_the_runtime_never_imports_the_kubernetes_client():
-    """gpuhook.runtime (every container create) and gpuhook.labels stay off lightkube, httpx
-    and gpuhook.kube; gpuhook.kube itself imports lightkube only when a client is made."""
+    """gpuhook.runtime (every container create) and gpuhook.agent.labels stay off lightkube, httpx
+    and gpuhook.agent.kube; gpuhook.agent.kube itself imports lightkube only when a client is made."""
     code = ("import sys\n"
-            "import gpuhook.runtime, gpuhook.labels\n"
+            "import gpuhook.runtime, gpuhook.agent.labels\n"
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('lightkube', 'httpx2', 'httpcore2', 'msgspec',"
-            " 'anyio', 'yaml') or m == 'gpuhook.kube')\n"
-            "import gpuhook.kube\n"
+            " 'anyio', 'yaml') or m == 'gpuhook.agent.kube')\n"
+            "import gpuhook.agent.kube\n"
             "bad += sorted(m for m in sys.modules if m.split('.')[0] in ('lightkube', 'httpx2'))\n"
             "print(' '.join(bad))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert out.stdout.strip() == ""
     # and the client works when made (the import above was not a stub)
-    out = subprocess.run([sys.executable, "-c", "import sys, gpuhook.kube as k; "
+    out = subprocess.run([sys.executable, "-c", "import sys, gpuhook.agent.kube as k; "
                           "k.KubeAPI('http://127.0.0.1:9', 't', 'n'); print('lightkube' in sys.modules)"],
                          capture_output=True, text=True, cwd=REPO, check=True)
     assert out.stdout.strip() == "True"

@@ -13,7 +13,8 @@ import uuid
 import pytest
 
 from conftest import REPO, is_root, nodes_of, requires
-from gpuhook import bundle, cdi
+from gpuhook.testing import bundle
+from gpuhook import cdi
 from gpuhook.probe import ldcache
 
 pytestmark = requires(bool(is_root() and shutil.which("podman") and shutil.which("runc") and bundle.find_busybox()),

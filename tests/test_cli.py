@@ -112,7 +112,7 @@ def test_plan_describes_each_hook_kind(make_host, tmp_path, scenario, words):
 def test_plan_shows_the_gpus_held_back_and_why(make_host, tmp_path):
     """The default share = "unallocated": GPUs the kubelet's checkpoint gives other pods are
     held back, and `gpuhook plan` names each one; share = "all" gives them."""
-    from gpuhook import fakehost
+    from gpuhook.testing import fakehost
 
     root = make_host("nvidia", mknod=False, gpus=2)
     uuids = [d["id"] for d in json.loads(gpuhook("probe", "--root", root, "--json").stdout)["vendors"][0]["devices"]]

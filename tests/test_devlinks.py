@@ -1,4 +1,4 @@
-"""/dev/char/MAJ:MIN links of the nodes gpuhook injects (gpuhook/devlinks.py), under fake host
+"""/dev/char/MAJ:MIN links of the nodes gpuhook injects (gpuhook/install/devlinks.py), under fake host
 roots with real char nodes (root: mknod), made by `gpuhook install` and by the agent."""
 
 from __future__ import annotations
@@ -12,7 +12,10 @@ import sys
 import pytest
 
 from conftest import REPO, is_root
-from gpuhook import agent as agent_mod, devlinks, fakehost, log
+from gpuhook.agent import core as agent_mod
+from gpuhook import log
+from gpuhook.install import devlinks
+from gpuhook.testing import fakehost
 from gpuhook.probe import probe
 
 pytestmark = pytest.mark.skipif(not is_root(), reason="needs root: real char nodes (mknod)")

@@ -13,7 +13,10 @@ import sys
 import pytest
 
 from conftest import REPO
-from gpuhook import agent as agent_mod, cdi, config as cfg, fakehost, labels, log
+from gpuhook.agent import core as agent_mod
+from gpuhook import cdi, config as cfg, log
+from gpuhook.testing import fakehost
+from gpuhook.agent import labels
 from gpuhook.config_model import check
 from gpuhook.inventory import inventory_from_dict
 from gpuhook.plan import Request, plan, unusable

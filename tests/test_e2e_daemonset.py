@@ -7,7 +7,7 @@ is installed, else the reader in test_install.py), and the pod template's image,
 args, env, volumes with their mountPropagation, securityContext and readiness probe become CRI
 calls (tests/cri_client.py) against a containerd of the test's own: RunPodSandbox (host
 network, host PID), CreateContainer, StartContainer, and the readiness probe through ExecSync
-every periodSeconds. The node's `/` is a throwaway fake GPU host (gpuhook/fakehost.py) with its
+every periodSeconds. The node's `/` is a throwaway fake GPU host (gpuhook/testing/fakehost.py) with its
 own etc/containerd/config.toml; each hostPath is taken under it.
 
 One thing the template asks cannot be given here: `--install-restart systemd|signal` would
@@ -291,7 +291,7 @@ def test_image_is_small_labelled_and_runs_gpuhook_from_the_bundle(gpuhook_image,
 def test_daemonset_pod_installs_the_node_and_a_gpu_optional_pod_gets_the_gpus(
         shared_host, runtime, containerd, cri_stubs, gpuhook_image, tmp_path):
     import cri_client
-    from gpuhook import labels as labels_mod
+    from gpuhook.agent import labels as labels_mod
     from gpuhook.install import core
 
     host = shared_host

@@ -27,7 +27,7 @@ import time
 import pytest
 
 from conftest import REPO, is_root, nodes_of, requires
-from gpuhook import bundle
+from gpuhook.testing import bundle
 
 import docker_harness
 

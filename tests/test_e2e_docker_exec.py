@@ -21,7 +21,7 @@ import time
 import pytest
 
 from conftest import is_root, requires, wrapper_path
-from gpuhook import bundle
+from gpuhook.testing import bundle
 
 IMAGE = "localhost/gpuhook-exec-busybox:test"
 RUN_DIR = "/run/docker"

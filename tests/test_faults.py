@@ -15,7 +15,7 @@ import time
 import pytest
 
 from conftest import is_root, needs_runc, nodes_of, requires, wrapper_path
-from gpuhook import bundle
+from gpuhook.testing import bundle
 from gpuhook.spec import write_atomic
 
 SHOW = ("echo started; echo accel=${GPUHOOK_ACCELERATOR:-none}; "

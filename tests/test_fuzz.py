@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gpuhook import bundle, config as gconfig, fakehost, fastjson, runtime  # noqa: E402
+from gpuhook.testing import bundle, fakehost
+from gpuhook import config as gconfig, fastjson, runtime  # noqa: E402
 from gpuhook.edits import DeviceNode, Edits, Hook, Mount  # noqa: E402
 from gpuhook.probe import amd, common, drm, ldcache, nvidia  # noqa: E402
 from gpuhook.probe.host import Host  # noqa: E402

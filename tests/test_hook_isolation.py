@@ -25,7 +25,7 @@ import subprocess
 import pytest
 
 from conftest import needs_runc, requires
-from gpuhook import bundle as oci_bundle
+from gpuhook.testing import bundle as oci_bundle
 from gpuhook import hook, spec as ocispec
 from gpuhook.plan import find_ldconfig, plan, request_from_spec
 from gpuhook.probe import ldcache, probe

@@ -340,14 +340,14 @@ def test_hostile_annotations(make_host, runtime, tmp_path, case):
 # -- config.json that gpuhook cannot or must not edit ----------------------------------------
 
 def _spec_text(args=("/bin/busybox", "sh", "-c", "echo started; echo accel=${GPUHOOK_ACCELERATOR:-none}"), **kw) -> str:
-    from gpuhook import bundle
+    from gpuhook.testing import bundle
 
     return json.dumps(bundle.spec(list(args), **kw), indent=1)
 
 
 def _mutate(path: tuple, value):
     def make() -> bytes:
-        from gpuhook import bundle
+        from gpuhook.testing import bundle
 
         spec = bundle.spec(["/bin/busybox", "sh", "-c", "echo started"])
         node = spec

@@ -1,6 +1,6 @@
 """The package's import graph has no cycle (module-level and function-level imports alike):
 a step imports only the steps before it, front ends import steps, and command groups share
-cliargs.py instead of importing each other."""
+cli/args.py instead of importing each other."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def _graph() -> dict[str, set[str]]:
 
 def test_no_import_cycle():
     graph = _graph()
-    assert "gpuhook.cli" in graph and "gpuhook.cliargs" in graph["gpuhook.cli"]
+    assert "gpuhook.cli" in graph and "gpuhook.cli.args" in graph["gpuhook.cli"]
     state: dict[str, int] = {}
     cycles = []
 

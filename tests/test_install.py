@@ -31,7 +31,8 @@ import tomllib
 import pytest
 
 from conftest import REPO, fake_systemctl, is_root, run_as_pod
-from gpuhook import __version__, bundle, fakehost
+from gpuhook import __version__
+from gpuhook.testing import bundle, fakehost
 from gpuhook.install import containerd as ctd
 from gpuhook.install import core
 
@@ -872,7 +873,8 @@ def test_kustomization_builds_and_every_manifest_is_valid():
 def test_gpuhook_ready_is_the_readiness_probe(tmp_path):
     """`gpuhook ready` (the DaemonSet's probe: the image has no `test`) answers from the file the
     agent writes, without loading the agent (it runs every periodSeconds)."""
-    from gpuhook import agent, defaults
+    from gpuhook.agent import core as agent
+    from gpuhook import defaults
 
     assert agent.READY_FILE == defaults.READY_FILE  # the agent writes where the probe looks
     ready = tmp_path / "ready"
@@ -881,7 +883,7 @@ def test_gpuhook_ready_is_the_readiness_probe(tmp_path):
     ready.write_text("2026-01-01T00:00:00Z\n")
     assert gpuhook("ready", "--ready-file", ready).returncode == 0
     r = subprocess.run([sys.executable, "-c", "import sys; from gpuhook.cli import main; main(['ready']); "
-                        "print('gpuhook.agent' in sys.modules)"], cwd=REPO, capture_output=True, text=True)
+                        "print('gpuhook.agent.core' in sys.modules)"], cwd=REPO, capture_output=True, text=True)
     assert r.stdout.strip() == "False", r.stderr
 
 

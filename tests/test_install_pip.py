@@ -17,7 +17,8 @@ import sys
 import tomllib
 
 from conftest import REPO, is_root, nodes_of, requires
-from gpuhook import __version__, bundle
+from gpuhook import __version__
+from gpuhook.testing import bundle
 
 CONFIG = "etc/containerd/config.toml"
 V2_RUNTIMES = ("plugins", "io.containerd.grpc.v1.cri", "containerd", "runtimes")

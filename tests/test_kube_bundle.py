@@ -53,7 +53,7 @@ def test_the_bundle_has_the_client_and_it_works(tmp_path):
         shutil.copy(api.ca_file, sa / "ca.crt")
         site = out / "lib" / build.PY / "site-packages"
         code = ("import sys; sys.path.insert(0, sys.argv[1])\n"
-                "import json, gpuhook.kube as k, lightkube\n"
+                "import json, gpuhook.agent.kube as k, lightkube\n"
                 "api = k.KubeAPI.in_cluster(sa_dir=sys.argv[2])\n"
                 "print(json.dumps([lightkube.__file__, api.get_node()['metadata']['uid']]))")
         env = {"PATH": "/usr/bin:/bin", "KUBERNETES_SERVICE_HOST": "127.0.0.1",

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from gpuhook import kube, labels
+from gpuhook.agent import kube, labels
 from gpuhook.inventory import Device, Inventory, Library, Node, VendorInventory
 from gpuhook.probe import probe
 

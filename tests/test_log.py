@@ -146,7 +146,7 @@ def _quiet_structlog():
 def test_the_create_line_names_the_pod(tmp_path):
     """containerd's and CRI-O's annotations give the pod; missing, oversized or not text:
     no pod, nothing fails."""
-    from gpuhook.policy import pod_of
+    from gpuhook.plan.policy import pod_of
 
     containerd = {"io.kubernetes.cri.sandbox-namespace": "ml", "io.kubernetes.cri.sandbox-name": "trainer-0",
                   "io.kubernetes.cri.sandbox-uid": "0b7c-uid", "io.kubernetes.cri.container-name": "worker"}

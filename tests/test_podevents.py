@@ -16,7 +16,9 @@ import urllib.request
 import pytest
 
 from conftest import REPO, needs_cri, wrapper_path
-from gpuhook import agent as agent_mod, log, podevents
+from gpuhook.agent import core as agent_mod
+from gpuhook import log
+from gpuhook.agent import podevents
 from test_labels import fake_api  # noqa: F401 (fixture)
 
 
@@ -144,7 +146,7 @@ def test_api_errors_are_logged_once_and_retried_with_backoff(fake_api, logs):
 
 
 def _dead_client():
-    from gpuhook import kube
+    from gpuhook.agent import kube
 
     return kube.KubeAPI("http://127.0.0.1:9", "t", "node-1", timeout=1.0)  # discard port: nothing listens
 

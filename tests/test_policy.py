@@ -12,7 +12,8 @@ import sys
 import pytest
 
 from conftest import REPO
-from gpuhook import fakehost, policy
+from gpuhook.testing import fakehost
+from gpuhook.plan import policy
 from gpuhook.config import Config
 from gpuhook.inventory import Device, Inventory, Library, Node, VendorInventory
 from gpuhook.plan import Request, plan, request_from_spec
@@ -312,7 +313,7 @@ def test_round_robin_consistent_under_16_concurrent_processes(tmp_path):
 
 def test_policy_and_plan_stay_off_heavy_imports():
     code = ("import sys; before = set(sys.modules)\n"
-            "import gpuhook.plan, gpuhook.policy\n"
+            "import gpuhook.plan, gpuhook.plan.policy\n"
             "new = set(sys.modules) - before\n"
             "bad = {'re', 'typing', 'dataclasses', 'pydantic', 'json', 'fcntl', 'gpuhook.probe.nvidia'} & new\n"
             "print(' '.join(sorted(bad)))")

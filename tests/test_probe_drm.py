@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuhook import fakehost
-from gpuhook.fakehost import DRM_MAJOR, FakeHost
+from gpuhook.testing import fakehost
+from gpuhook.testing.fakehost import DRM_MAJOR, FakeHost
 from gpuhook.probe import accel, amd, common, drm, intel, probe, wsl
 from gpuhook.probe.host import Host
 

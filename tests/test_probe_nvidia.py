@@ -7,7 +7,7 @@ import os
 import pytest
 
 from conftest import FIXTURES
-from gpuhook import fakehost
+from gpuhook.testing import fakehost
 from gpuhook.probe import probe
 from gpuhook.probe.host import Host
 from gpuhook.probe.nvidia import parse_information, parse_version

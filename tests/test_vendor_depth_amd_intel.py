@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from conftest import is_root
-from gpuhook import fakehost
+from gpuhook.testing import fakehost
 from gpuhook.inventory import Device, Inventory, Node, VendorInventory
 from gpuhook import hook
 from gpuhook.plan import Request, plan

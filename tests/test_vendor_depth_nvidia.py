@@ -9,7 +9,7 @@ import pytest
 
 from conftest import FIXTURES
 from gpuhook import hook
-from gpuhook import fakehost
+from gpuhook.testing import fakehost
 from gpuhook.plan import Request, plan
 from gpuhook.probe import probe
 

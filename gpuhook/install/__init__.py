@@ -5,11 +5,12 @@
     containerd.py  containerd's config.toml (version 2 and 3), edited in place with tomlkit
     crio.py        CRI-O's drop-in, /etc/crio/crio.conf.d/99-gpuhook.toml
     docker.py      dockerd's /etc/docker/daemon.json: runtimes["gpu-optional"]
-    files.py       atomic writes, the host bundle copy (/opt/gpuhook), the state file
+    files.py       atomic writes, the host bundle's versions (/opt/gpuhook), the state file
     restart.py     making the runtime load its new config: SIGTERM + supervisor, SIGHUP, systemctl
     build.py       builds the host bundle (packaging/build-bundle.sh runs it; install runs it
                    when it has no bundle to copy: a pip install)
-    cli.py         argparse wiring
+    devlinks.py    /dev/char/MAJ:MIN links of the nodes gpuhook injects (install and the agent)
+    (the commands' argparse wiring is gpuhook/cli/install.py)
 
 Every path the installer writes is under --host-root; every path it writes *into* a config
 file (the handler's binary) is the host's own view of it, without the host root.

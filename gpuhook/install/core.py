@@ -27,7 +27,8 @@ import tempfile
 import time
 from typing import Callable
 
-from .. import defaults, devlinks
+from .. import defaults
+from . import devlinks
 from . import InstallError, containerd, crio, docker, files, restart
 from .files import host, sha256
 
@@ -369,7 +370,7 @@ def uninstall(opts: Options, say: Say) -> None:
     # What the agent wrote for this node: the NFD feature file (it says runtime-ready=true, and
     # NFD would put the label back) and the CDI specs. Host paths resolved inside the root.
     from ..cdi import DEFAULT_DIR as CDI_DIR, FILE_PREFIX as CDI_PREFIX
-    from ..labels import NFD_DIR, NFD_FILE
+    from ..agent.labels import NFD_DIR, NFD_FILE
     from ..probe.host import Host
 
     h = Host(root)

@@ -1,6 +1,6 @@
 """Probe: what GPUs the node has. One module per vendor, each `probe(host) -> VendorInventory | None`.
 
-Probing never decides what a container gets (that is plan.py); it only reports.
+Probing never decides what a container gets (that is gpuhook.plan); it only reports.
 A vendor module that fails is reported as a warning: the probe itself never raises.
 """
 

@@ -35,7 +35,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
-from gpuhook import bundle, fakehost  # noqa: E402
+from gpuhook.testing import bundle, fakehost  # noqa: E402
 
 BUDGETS = {"pass-through": 3.0, "cpu create": 15.0, "8-GPU create": 35.0, "exec plain": 1.0,
            "exec injected": 20.0}

@@ -37,7 +37,7 @@ def add_commands(sub) -> None:
 
 
 def _options(args):
-    from .core import Options
+    from ..install.core import Options
 
     return Options(host_root=args.host_root, runtime=args.runtime, restart=args.restart,
                    bundle_dir=getattr(args, "bundle_dir", None), dry_run=args.dry_run,
@@ -45,8 +45,8 @@ def _options(args):
 
 
 def _run(action, args) -> int:
-    from ..cliargs import UsageError
-    from . import InstallError
+    from .args import UsageError
+    from ..install import InstallError
 
     def say(line: str) -> None:
         print(line, flush=True)
@@ -65,12 +65,12 @@ def _run(action, args) -> int:
 
 
 def cmd_install(args) -> int:
-    from .core import install
+    from ..install.core import install
 
     return _run(install, args)
 
 
 def cmd_uninstall(args) -> int:
-    from .core import uninstall
+    from ..install.core import uninstall
 
     return _run(uninstall, args)

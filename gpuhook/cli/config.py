@@ -21,7 +21,7 @@ def add_commands(sub) -> None:
 
 
 def cmd_check(args) -> int:
-    from .config import config_path
+    from ..config import config_path
 
     path = args.config or config_path()
     try:
@@ -45,7 +45,7 @@ def cmd_check(args) -> int:
         print(f"{path}: not UTF-8 (byte {e.start})")
         return 1
     try:
-        from .config_model import check
+        from ..config_model import check
 
         errors = check(text)
     except Exception as e:  # never a traceback

@@ -1,7 +1,7 @@
 """The inputs of the planner's policy, read and validated: pod annotations, the NVIDIA env
 contract, the node's round-robin memory and the kubelet's device allocations.
 
-plan.py decides what a container gets; this module only turns untrusted text (annotations,
+gpuhook.plan decides what a container gets; this module only turns untrusted text (annotations,
 the image's env, the kubelet's checkpoint, gpuhook's own state file) into small values, and
 says in words what it refused. It is on the per-container path: stdlib only, and nothing is
 imported that is not used (fcntl and the JSON layer only when a state file is touched).
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-from .record import Record
+from ..record import Record
 
 PREFIX = "gpuhook.dev/"
 INJECT = "gpuhook.dev/inject"
@@ -216,8 +216,8 @@ def least_used(keys: list[str], n: int, state_dir: str | None, warn) -> list[str
     import fcntl
     import time
 
-    from . import fastjson
-    from .spec import write_atomic
+    from .. import fastjson
+    from ..spec import write_atomic
 
     path = os.path.join(state_dir, STATE_FILE)
     try:
@@ -277,7 +277,7 @@ def allocated_devices(root: str, own_pod: str | None) -> tuple[list[tuple[str, s
     "DeviceIDs": {"<NUMA node>": [ids]} (a plain list before Kubernetes 1.20), "AllocResp"}],
     "RegisteredDevices": {...}}, "Checksum": N}). No file: no allocations.
     Returns (triples, None), or (None, why) when the file exists but cannot be understood."""
-    from .probe.host import Host
+    from ..probe.host import Host
 
     host = Host(root)
     if host.lstat(CHECKPOINT) is None:
@@ -285,7 +285,7 @@ def allocated_devices(root: str, own_pod: str | None) -> tuple[list[tuple[str, s
     data = host.read_bytes(CHECKPOINT, limit=32 << 20, quiet=True)
     if data is None:
         return None, f"{CHECKPOINT} unreadable"
-    from . import fastjson
+    from .. import fastjson
 
     try:
         entries = fastjson.loads(data)["Data"]["PodDeviceEntries"] or []

@@ -1,4 +1,4 @@
-"""What the command groups share (cli.py, agent_cli.py, install/cli.py, policy_cli.py): the
+"""What the command groups share (cli/*.py): the
 usage error and the arguments several of them take. It imports no command module, so the
 command modules import it and not each other (no import cycle).
 """
@@ -13,7 +13,7 @@ class UsageError(Exception):
 def driver_root(args, root: str) -> str:
     """The NVIDIA driver root setting for a command: --nvidia-driver-root, else the node
     config's nvidia_driver_root (the config of the node whose / is `root`)."""
-    from .config import load, node_config_path, valid_driver_root
+    from ..config import load, node_config_path, valid_driver_root
 
     given = getattr(args, "nvidia_driver_root", None)
     if given is not None:
@@ -27,3 +27,12 @@ def add_driver_root_arg(sp) -> None:
     sp.add_argument("--nvidia-driver-root", metavar="DIR", help="where the NVIDIA driver's userspace is: auto "
                     "(the host, /run/nvidia/driver, /home/kubernetes/bin/nvidia) or a node path "
                     "(default: the node config's nvidia_driver_root, auto)")
+
+
+def usage(parser) -> int:
+    parser.print_help()
+    return 2
+
+
+def usage_error(msg: str):
+    return UsageError(msg)

@@ -21,8 +21,8 @@ import os
 import shutil
 import subprocess
 
-from . import defaults
-from .probe import driverroot
+from .. import defaults
+from ..probe import driverroot
 
 DRM_MAJOR = 226
 NVIDIA_MAJOR = 195

@@ -19,7 +19,8 @@ import threading
 import time
 from typing import Any, Callable
 
-from . import cdi, defaults, kube as kube_mod, labels as labels_mod
+from .. import cdi, defaults
+from . import kube as kube_mod, labels as labels_mod
 
 UDEV_SUBSYSTEMS = ("drm", "kfd", "accel", "module")
 UDEV_MODULES = frozenset({"nvidia", "nvidia_uvm", "nvidia_drm", "nvidia_modeset", "amdgpu", "i915", "xe"})
@@ -54,7 +55,7 @@ class Options:
     def resolved_runtime_log(self) -> str:
         if self.runtime_log is not None:
             return self.runtime_log
-        from .config import load, node_config_path
+        from ..config import load, node_config_path
 
         config, _ = load(node_config_path(self.root))
         if not config.log_file:
@@ -70,7 +71,7 @@ class Options:
     def _under_root(self, given: str | None, default: str) -> str:
         if given is not None:
             return given
-        from .probe.host import Host
+        from ..probe.host import Host
 
         # inside the root as if chrooted: /var/run -> /run on the node must not lead to the
         # agent container's own /run
@@ -80,7 +81,7 @@ class Options:
 def default_installer(opts: Options, log) -> Callable[[], None]:
     """`gpuhook install` for this node (gpuhook.install.core.install)."""
     def install() -> None:
-        from .install.core import Options as InstallOptions, install as run_install
+        from ..install.core import Options as InstallOptions, install as run_install
 
         run_install(InstallOptions(host_root=opts.root, restart=opts.install_restart),
                     lambda line: log.info("install.step", message=line))
@@ -90,7 +91,7 @@ def default_installer(opts: Options, log) -> Callable[[], None]:
 def summarize(inv) -> dict:
     """What the agent compares between probes: devices by vendor:id, driver versions, and
     the vendors whose devices cannot be used (plan.unusable: e.g. no driver userspace yet)."""
-    from .plan import unusable
+    from ..plan import unusable
 
     bad = {}
     for v in inv.vendors:
@@ -107,7 +108,7 @@ def summarize(inv) -> dict:
 def describe(inv) -> str:
     """One line for people: '2 GPUs: nvidia x2 (NVIDIA H100, driver 550.54.14)'; a vendor
     whose devices cannot be used is named with the reason."""
-    from .plan import unusable
+    from ..plan import unusable
 
     vendors = [v for v in inv.vendors if v.devices]
     if not vendors:
@@ -180,7 +181,7 @@ class UdevWatch:
 class Agent:
     def __init__(self, opts: Options, installer: Callable[[], None] | None = None, kube="auto",
                  log=None, probe: Callable | None = None, clock=time.monotonic):
-        from . import log as logmod
+        from .. import log as logmod
 
         self.opts = opts
         self.log = log or logmod.get()
@@ -192,7 +193,7 @@ class Agent:
         if probe is None:
             import functools
 
-            from .probe import probe as probe_fn
+            from ..probe import probe as probe_fn
 
             probe = functools.partial(probe_fn, nvidia_driver_root=opts.nvidia_driver_root)
         self.probe = probe
@@ -332,9 +333,9 @@ class Agent:
         return ok
 
     def _dev_links(self, inv) -> None:
-        """/dev/char links of the nodes gpuhook injects (devlinks.py); a failure is logged,
+        """/dev/char links of the nodes gpuhook injects (install/devlinks.py); a failure is logged,
         never "not ready": the links matter only to the systemd cgroup driver."""
-        from . import devlinks
+        from ..install import devlinks
 
         try:
             links = devlinks.ensure(self.opts.root, inv)
@@ -435,7 +436,7 @@ class Agent:
             return
         self.ready = True
         if self.opts.ready_file:
-            from .spec import write_atomic
+            from ..spec import write_atomic
 
             try:
                 os.makedirs(os.path.dirname(self.opts.ready_file) or ".", exist_ok=True)

@@ -10,8 +10,8 @@ import json
 import os
 import sys
 
-from . import __version__
-from .cliargs import UsageError, add_driver_root_arg, driver_root
+from .. import __version__
+from .args import UsageError, add_driver_root_arg, driver_root
 
 
 SAMPLE_SPEC = {
@@ -69,7 +69,7 @@ def _node(n) -> str:
 
 
 def format_inventory(inv) -> str:
-    from .plan import unusable
+    from ..plan import unusable
 
     lines = []
     if not inv.vendors:
@@ -111,12 +111,12 @@ def format_inventory(inv) -> str:
 
 
 def cmd_probe(args) -> int:
-    from .probe import probe
+    from ..probe import probe
 
     root = _root(args)
     inv = probe(root, nvidia_driver_root=driver_root(args, root))
     if args.json:
-        from .models import InventoryModel
+        from ..models import InventoryModel
 
         print(InventoryModel.model_validate(inv.to_dict()).model_dump_json(indent=2))
     else:
@@ -146,7 +146,7 @@ def format_edits(edits, root: str) -> str:
 
 def _describe_hook(h) -> str:
     """What a hook of plan() does, by its kind, in words."""
-    from . import hook
+    from .. import hook
 
     parsed = hook.parse(h.args)
     if h.kind is None or parsed is None:
@@ -164,7 +164,7 @@ def cmd_plan(args) -> int:
         return _plan(args, _root(args))
     import tempfile
 
-    from . import fakehost
+    from ..testing import fakehost
 
     if args.simulate not in fakehost.SCENARIOS:
         raise UsageError(f"--simulate {args.simulate}: unknown; choose from {', '.join(fakehost.SCENARIOS)}")
@@ -174,9 +174,9 @@ def cmd_plan(args) -> int:
 
 
 def _plan(args, root: str) -> int:
-    from .config import load
-    from .plan import plan, request_from_spec
-    from .probe import probe
+    from ..config import load
+    from ..plan import plan, request_from_spec
+    from ..probe import probe
 
     spec = _read_spec(args.spec)
     config, errors = load()
@@ -208,10 +208,10 @@ def _plan(args, root: str) -> int:
 
 def cmd_precreate(args) -> int:
     """podman's precreate hook: OCI spec on stdin, edited spec on stdout."""
-    from .config import cache_dir, load
-    from .plan import find_ldconfig, plan, request_from_spec
-    from .probe import probe
-    from .spec import apply, check
+    from ..config import cache_dir, load
+    from ..plan import find_ldconfig, plan, request_from_spec
+    from ..probe import probe
+    from ..spec import apply, check
 
     data = sys.stdin.buffer.read(64 << 20)
     spec = _parse_spec(data, "stdin")
@@ -264,14 +264,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("precreate", help="podman precreate hook: OCI spec on stdin, edited spec on stdout")
     sp.add_argument("--root", default=None, metavar="DIR", help="host root (default: the node config's host_root)")
     sp.set_defaults(func=cmd_precreate)
-    # Each feature package adds its own subcommands (module-level imports kept light).
-    from .install.cli import add_commands as add_install_commands
-    from .policy_cli import add_commands as add_policy_commands
-    from .agent_cli import add_commands as add_agent_commands
+    # One module per command group adds its subcommands (module-level imports kept light).
+    from . import agent, cdi, config, install, log
 
-    add_install_commands(sub)
-    add_policy_commands(sub)
-    add_agent_commands(sub)
+    for group in (install, config, cdi, agent, log):
+        group.add_commands(sub)
     return p
 
 

@@ -15,7 +15,7 @@ through the Kubernetes API when the agent has a service account.
 The primary vendor is the first of GPUHOOK_ACCELERATOR, i.e. the backend a gpu-optional
 container picks (probe order: nvidia, amd, intel, accel, dxg: discrete before integrated).
 
-The API calls are gpuhook.kube's (lightkube); this module only says what the labels are.
+The API calls are gpuhook.agent.kube's (lightkube); this module only says what the labels are.
 """
 
 
@@ -68,7 +68,7 @@ def node_labels(inv, runtime_ready: bool = False) -> dict[str, str]:
     devices a gpu-optional container would not get (plan.unusable: no driver userspace) is
     not advertised: only gpuhook.dev/<vendor>.unusable=<why>, and, when no vendor is left,
     gpuhook.dev/accelerator=none with gpuhook.dev/accelerator.reason=<vendor>-<why>."""
-    from .plan import unusable
+    from ..plan import unusable
 
     vendors, refused = [], []
     for v in inv.vendors:
@@ -123,7 +123,7 @@ def parse_nfd(text: str) -> dict[str, str]:
 def write_nfd(labels: dict[str, str], directory: str, name: str = NFD_FILE) -> bool:
     """Write the feature file atomically (a dotfile, which NFD skips, then rename); only
     when it changes. Labels gone from `labels` go from the file, and NFD removes them."""
-    from .spec import write_atomic
+    from ..spec import write_atomic
 
     data = nfd_text(labels).encode()
     path = os.path.join(directory, name)
@@ -138,7 +138,7 @@ def write_nfd(labels: dict[str, str], directory: str, name: str = NFD_FILE) -> b
     return True
 
 
-# -- the Node through the Kubernetes API (gpuhook.kube) --------------------------------
+# -- the Node through the Kubernetes API (gpuhook.agent.kube) --------------------------------
 
 def sync_node_labels(api, labels: dict[str, str]) -> tuple[dict, list[str], str | None]:
     """Make the Node's gpuhook.dev/ labels exactly `labels`: one GET, and one merge patch

@@ -150,9 +150,9 @@ class PodReporter:
         bundle = rec.get("bundle")
         if self.root is None or not isinstance(bundle, str) or not bundle.startswith("/") or ".." in bundle.split("/"):
             return None
-        from . import policy
-        from .plan import SANDBOX_ANNOTATIONS
-        from .probe.host import Host
+        from ..plan import policy
+        from ..plan import SANDBOX_ANNOTATIONS
+        from ..probe.host import Host
 
         data = Host(self.root).read_bytes(bundle.rstrip("/") + "/config.json", limit=16 << 20, quiet=True)
         if data is None:

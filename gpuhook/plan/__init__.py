@@ -1,7 +1,7 @@
 """Policy: (Inventory, Request) -> Edits. Every decision about what a container gets lives here.
 
 The probe only reports and the spec editor only applies; this module decides. Its inputs
-are validated by policy.py (annotations, env, state); the decisions, in order:
+are validated by plan/policy.py (annotations, env, state); the decisions, in order:
 
 1. Nothing for a sandbox (pause) container, a CPU-only node, or `gpuhook.dev/inject: "false"`.
 2. Vendors: every vendor of the node, narrowed by `gpuhook.dev/vendors`, without those whose
@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import os
 
-from . import defaults, hook, policy
-from .edits import DeviceNode, Edits, Hook, Mount
-from .inventory import Device, Inventory, Node, VendorInventory
-from .nvidia_tools import NVIDIA_TOOLS
-from .config import DEFAULT_SHARE
-from .record import Record
+from .. import defaults, hook
+from . import policy
+from ..edits import DeviceNode, Edits, Hook, Mount
+from ..inventory import Device, Inventory, Node, VendorInventory
+from ..nvidia_tools import NVIDIA_TOOLS
+from ..config import DEFAULT_SHARE
+from ..record import Record
 
 SANDBOX_ANNOTATIONS = (
     ("io.kubernetes.cri.container-type", "sandbox"),  # containerd CRI
@@ -150,7 +151,7 @@ class _Choice(Record):
 def unusable(v: VendorInventory, caps: frozenset | None = None) -> tuple[str, str] | None:
     """(code, reason) when the vendor's devices are there but what its userspace needs is
     not, for a container asking for `caps` (NVIDIA; None: the default capabilities); None
-    when it can work. code is short enough for a label value (labels.py)."""
+    when it can work. code is short enough for a label value (agent/labels.py)."""
     if v.vendor == "nvidia":
         for cap, soname in NVIDIA_NEEDS:
             if cap in (policy.DEFAULT_CAPS if caps is None else caps):
@@ -451,7 +452,7 @@ def _mps(inv: Inventory, req: Request, v: VendorInventory, config, mounts: list,
     if host_dir == defaults.MPS_PIPE_DIR:
         present = any(lib.capability == "mps" for lib in v.libraries)
     else:
-        from .probe.host import Host
+        from ..probe.host import Host
 
         h = Host(inv.root)
         present = h.is_dir(host_dir) and h.lstat(host_dir + "/control") is not None

@@ -44,7 +44,7 @@ def injected_paths(inv) -> list[str]:
     """The paths (as in the container, the same as on the node) of every device node gpuhook
     may inject on this node: the vendors' control nodes and devices' nodes, and what plan()
     gives a container that asks for every driver capability."""
-    from .plan import Request, plan
+    from ..plan import Request, plan
 
     paths = []
     for v in inv.vendors:
@@ -120,7 +120,7 @@ def summary(links: list[Link]) -> str:
 def install_step(root: str, dry_run: bool, say) -> None:
     """`gpuhook install`'s step: probe the node, make the links, one line. Never fails the
     install (a read-only /dev costs the links, not the handler)."""
-    from .probe import probe
+    from ..probe import probe
 
     try:
         links = ensure(root, probe(root), dry_run)

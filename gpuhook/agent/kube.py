@@ -19,7 +19,7 @@ exponential backoff: 0 s, then 0.5 s); everything else comes back as one KubeErr
 HTTP status (None: unreachable) and a `kind` for logging once per kind of error. The callers
 retry with backoff (podevents.PodReporter, Agent._sync_api); nothing here sleeps long.
 
-lightkube is imported when a client is made, never by `import gpuhook.kube`: the runtime
+lightkube is imported when a client is made, never by `import gpuhook.agent.kube`: the runtime
 (the per-container create path) never imports this module at all.
 """
 
@@ -284,7 +284,7 @@ class KubeAPI:
                       type_: str, now: str | None, action: str | None = None) -> dict:
         from lightkube.resources.core_v1 import Event
 
-        from .log import utc_now
+        from ..log import utc_now
 
         now = now or utc_now(ms=False)
         body = {
