@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from gpuhook import hook
 from gpuhook.inventory import Device, Inventory, Library, Node, VendorInventory
-from gpuhook.plan import Request, plan, request_from_spec
+from conftest import request as req
+from gpuhook.plan import plan, request_from_spec
 
 NV = VendorInventory(
     "nvidia",
@@ -19,10 +20,6 @@ INTEL = VendorInventory("intel", (Device("intel", "gpu", 0, "0000:00:02.0", (Nod
 INV = Inventory("/", (NV, INTEL))
 
 
-def req(**kw) -> Request:
-    base = {"env": {}, "annotations": {}, "rootfs": "/run/b/rootfs", "device_paths": frozenset()}
-    base.update(kw)
-    return Request(**base)
 
 
 def test_all_vendors_and_the_env_contract():

@@ -11,12 +11,12 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, request
 from gpuhook.testing import fakehost
 from gpuhook.plan import policy
 from gpuhook.config import Config
 from gpuhook.inventory import Device, Inventory, Library, Node, VendorInventory
-from gpuhook.plan import Request, plan, request_from_spec
+from gpuhook.plan import plan, request_from_spec
 from gpuhook.probe import probe
 
 CHECKPOINT = "var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
@@ -48,9 +48,9 @@ def intel() -> VendorInventory:
 INV = Inventory("/", (nv(), amd(), intel()))
 
 
-def req(annotations=None, env=None, spec_devices=None, rootfs=None) -> Request:
-    spec_devices = spec_devices or {}
-    return Request(dict(env or {}), dict(annotations or {}), rootfs, frozenset(spec_devices), spec_devices)
+def req(annotations=None, **kw):
+    """A container with no rootfs (no hooks), annotations first: what these tests vary."""
+    return request(annotations=annotations, **{"rootfs": None, **kw})
 
 
 def vendors(e) -> list[str]:

@@ -8,19 +8,16 @@ import subprocess
 import pytest
 
 from conftest import is_root
+from conftest import request as req
 from gpuhook.testing import fakehost
 from gpuhook.inventory import Device, Inventory, Node, VendorInventory
 from gpuhook import hook
-from gpuhook.plan import Request, plan
+from gpuhook.plan import plan
 from gpuhook.probe import probe
 
 needs_root = pytest.mark.skipif(not is_root(), reason="needs root: real device nodes with a group (mknod, chown)")
 
 
-def req(**kw) -> Request:
-    base = {"env": {}, "annotations": {}, "rootfs": "/run/b/rootfs", "device_paths": frozenset()}
-    base.update(kw)
-    return Request(**base)
 
 
 def build(tmp_path, scenario, mknod=False, **kw) -> str:

@@ -8,9 +8,10 @@ import os
 import pytest
 
 from conftest import FIXTURES
+from conftest import request as req
 from gpuhook import hook
 from gpuhook.testing import fakehost
-from gpuhook.plan import Request, plan
+from gpuhook.plan import plan
 from gpuhook.probe import probe
 
 LIB = "/usr/lib/x86_64-linux-gnu"
@@ -23,12 +24,10 @@ def host(tmp_path, name="host", **kw) -> str:
     return fh.root
 
 
-def req(env=None, annotations=None, **kw) -> Request:
-    return Request(dict(env or {}), dict(annotations or {}), "/run/b/rootfs", frozenset(), **kw)
 
 
 def edits_for(root, env=None, warnings=None, **kw):
-    return plan(probe(root), req(env, **kw), ldconfig="/sbin/ldconfig", warnings=warnings)
+    return plan(probe(root), req(env=env, **kw), ldconfig="/sbin/ldconfig", warnings=warnings)
 
 
 def mounted(e) -> set[str]:
@@ -163,7 +162,7 @@ def test_nvswitch_and_imex_nodes(tmp_path):
     assert [ctl[f"/dev/nvidia-caps-imex-channels/channel{i}"] for i in range(3)] == [(234, i) for i in range(3)]
     got = nodes(plan(probe(root), req()))
     assert "/dev/nvidia-nvswitch2" in got and "/dev/nvidia-caps-imex-channels/channel2" in got
-    got = nodes(plan(probe(root), req({"NVIDIA_IMEX_CHANNELS": "1"})))
+    got = nodes(plan(probe(root), req(env={"NVIDIA_IMEX_CHANNELS": "1"})))
     assert [p for p in got if "imex" in p] == ["/dev/nvidia-caps-imex-channels/channel1"]
 
 
