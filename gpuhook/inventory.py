@@ -8,6 +8,15 @@ from __future__ import annotations
 from .record import Record
 
 
+def node_number(name: str) -> tuple[str, int] | None:
+    """"card0" -> ("card", 0), "renderD128" -> ("render", 128); None for connectors and the rest."""
+    for prefix, kind in (("renderD", "render"), ("card", "card")):
+        num = name[len(prefix):]
+        if name.startswith(prefix) and num.isascii() and num.isdigit():
+            return kind, int(num)
+    return None
+
+
 class Node(Record):
     """A device node as the node sees it; the container gets the same path.
 

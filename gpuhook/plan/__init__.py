@@ -35,7 +35,7 @@ import os
 from .. import defaults, hook
 from . import policy
 from ..edits import DeviceNode, Edits, Hook, Mount
-from ..inventory import Device, Inventory, Node, VendorInventory
+from ..inventory import Device, Inventory, Node, VendorInventory, node_number
 from ..nvidia_tools import NVIDIA_TOOLS
 from ..config import DEFAULT_SHARE
 from ..record import Record
@@ -211,12 +211,20 @@ def _visible_nvidia(v: VendorInventory, vis: policy.Visible, warn) -> list[Devic
     return sorted(picked, key=lambda d: d.index)
 
 
+DRI_DIR = "/dev/dri/"
+
+
+def _dri_name(path: str) -> str | None:
+    """card1 of /dev/dri/card1; None for a node elsewhere."""
+    return path[len(DRI_DIR):] if path.startswith(DRI_DIR) else None
+
+
 def _allocated(d: Device, allocations: list[tuple[str, str, str]]) -> tuple[str, str, str] | None:
     """The kubelet's allocation of the device to another pod, (resource, id, pod uid), or
     None. Device plugins name NVIDIA GPUs by UUID (or index), AMD and others by PCI address
     (a partition is taken when its GPU is), Intel's by card name (card1, card1-0)."""
     keys = {x.lower() for x in (d.id, d.pci, d.parent) if x}
-    cards = {n.path[9:] for n in d.nodes if n.path.startswith("/dev/dri/card")}
+    cards = {name for n in d.nodes if (name := _dri_name(n.path)) and name.startswith("card")}
     for a in allocations:
         resource, ident = a[0], a[1]
         low = ident.lower()
@@ -355,10 +363,10 @@ def _edits(inv: Inventory, req: Request, choices: list[_Choice], ldconfig, confi
             nodes.extend(_node(n) for n in d.nodes)
             if v.vendor == "intel" and d.pci and set(d.pci) <= BYPATH_CHARS:
                 for n in d.nodes:
-                    name = n.path[9:]
-                    kind = "render" if name.startswith("renderD") else "card"
-                    if n.path.startswith("/dev/dri/") and name[len(kind) + (kind == "render"):].isdigit():
-                        bypath += [f"pci-{d.pci}-{kind}", f"../{name}"]
+                    name = _dri_name(n.path)
+                    numbered = node_number(name) if name else None
+                    if numbered is not None:  # (kind, N): a card or render node
+                        bypath += [f"pci-{d.pci}-{numbered[0]}", f"../{name}"]
         nodes.extend(_node(n) for n in v.control_nodes)
         for lib in v.libraries:
             mounts.append(Mount(_on_host(inv.root, lib.path), v.container_path(lib.path)))

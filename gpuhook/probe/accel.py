@@ -8,7 +8,7 @@ with present=False. id = PCI address when known, else the node name.
 
 
 from ..inventory import Device, VendorInventory
-from .common import char_majors, device_node, first_major, parse_dev, read_hex, uevent
+from .common import char_majors, device_node, first_major, numbered_names, parse_dev, read_hex, uevent
 
 from .host import Host
 
@@ -17,12 +17,7 @@ CLASS_DIR = "/sys/class/accel"
 
 
 def _numbers(host: Host, path: str) -> list[int]:
-    out = []
-    for name in host.listdir(path):
-        num = name[5:]
-        if name.startswith("accel") and num.isascii() and num.isdigit():
-            out.append(int(num))
-    return out
+    return [n for n, _ in numbered_names(host.listdir(path), "accel")]
 
 
 def probe(host: Host) -> VendorInventory | None:

@@ -13,6 +13,18 @@ def is_uint(s: str) -> bool:
     return s.isascii() and s.isdigit()
 
 
+def numbered(name: str, prefix: str) -> int | None:
+    """N of a name that is `prefix` then the digits of N ("nvidia3", "nvidia" -> 3); else None."""
+    if name.startswith(prefix) and is_uint(name[len(prefix):]):
+        return int(name[len(prefix):])
+    return None
+
+
+def numbered_names(names, prefix: str) -> list[tuple[int, str]]:
+    """(N, name) of the names that are `prefix` then N, in the order of N."""
+    return sorted((n, name) for name in names if (n := numbered(name, prefix)) is not None)
+
+
 def char_majors(host: Host) -> dict[str, list[int]]:
     """/proc/devices character section: driver name -> majors (a name may repeat)."""
     cached = host.memo.get("char_majors")

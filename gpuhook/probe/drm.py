@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from ..record import Record
 
-from ..inventory import Node
-from .common import device_node, is_uint, parse_dev, read_hex, uevent
+from ..inventory import Node, node_number
+from .common import device_node, parse_dev, read_hex, uevent
 from .host import Host
 
 DRM_MAJOR = 226
@@ -35,15 +35,6 @@ class DrmDevice(Record):
     render: Node | None
 
     __slots__ = ()
-
-
-def node_number(name: str) -> tuple[str, int] | None:
-    """"card0" -> ("card", 0), "renderD128" -> ("render", 128); None for connectors and the rest."""
-    for prefix, kind in (("renderD", "render"), ("card", "card")):
-        num = name[len(prefix):]
-        if name.startswith(prefix) and is_uint(num):
-            return kind, int(num)
-    return None
 
 
 def _pci_ids(host: Host, sysfs: str, ev: dict[str, str]) -> tuple[int | None, int | None]:

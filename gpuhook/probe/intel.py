@@ -12,7 +12,7 @@ nodes: that GPU then gives containers nothing, and a warning says so.
 
 
 from ..inventory import Device, VendorInventory
-from .common import char_majors, first_major, is_uint
+from .common import char_majors, first_major, is_uint, numbered_names
 from .drm import DRM_MAJOR, drm_devices
 from .host import Host
 
@@ -27,8 +27,7 @@ def _numvfs(host: Host, sysfs: str) -> int:
 
 def _virtfns(host: Host, sysfs: str) -> list[str]:
     """The PF's VFs, as node paths of their sysfs directories, in VF order."""
-    names = [n for n in host.listdir(sysfs) if n.startswith("virtfn") and is_uint(n[6:])]
-    return [host.realpath(f"{sysfs}/{n}") for n in sorted(names, key=lambda n: int(n[6:]))]
+    return [host.realpath(f"{sysfs}/{name}") for _, name in numbered_names(host.listdir(sysfs), "virtfn")]
 
 
 def probe(host: Host) -> VendorInventory | None:

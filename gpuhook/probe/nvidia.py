@@ -43,7 +43,7 @@ from ..inventory import Device, Library, Node, VendorInventory
 from ..nvidia_tools import NVIDIA_TOOLS
 from ..record import Record
 from . import driverroot
-from .common import char_majors, device_node, first_major, is_uint
+from .common import char_majors, device_node, first_major, is_uint, numbered_names
 from .host import Host
 
 FRONTEND_MAJOR = 195
@@ -189,7 +189,7 @@ def _gpus_from_proc(host: Host, major: int) -> list[Device]:
 
 
 def _gpus_from_dev(host: Host, major: int) -> list[Device]:
-    minors = sorted(int(n[6:]) for n in host.listdir("/dev") if n.startswith("nvidia") and is_uint(n[6:]))
+    minors = [n for n, _ in numbered_names(host.listdir("/dev"), "nvidia")]
     out = []
     for index, minor in enumerate(minors):
         node = device_node(host, f"/dev/nvidia{minor}", major, minor)
@@ -215,17 +215,16 @@ def _mig_nodes(host: Host, gpu_minor: int, table: dict[str, int], caps_major: in
     needs, besides /dev/nvidia<minor>, to use them. Never config/monitor (MIG management)."""
     names: list[tuple[str, str | None]] = []
     base = f"{CAPS_DIR}/gpu{gpu_minor}/mig"
-    gis = [g for g in host.listdir(base) if g.startswith("gi") and is_uint(g[2:])]
+    gis = numbered_names(host.listdir(base), "gi")
     if gis:
-        for gi in sorted(gis, key=lambda g: int(g[2:])):
+        for _, gi in gis:
             names.append((f"gpu{gpu_minor}/{gi}/access", f"{base}/{gi}/access"))
-            for ci in sorted((c for c in host.listdir(f"{base}/{gi}") if c.startswith("ci") and is_uint(c[2:])),
-                             key=lambda c: int(c[2:])):
+            for _, ci in numbered_names(host.listdir(f"{base}/{gi}"), "ci"):
                 names.append((f"gpu{gpu_minor}/{gi}/{ci}/access", f"{base}/{gi}/{ci}/access"))
     elif table and not host.is_dir(CAPS_DIR):
         # no capabilities in /proc (a partial capture): the cap nodes that exist for this GPU
         prefix = f"gpu{gpu_minor}/"
-        present = {int(n[10:]) for n in host.listdir(CAPS_DEV_DIR) if n.startswith("nvidia-cap") and is_uint(n[10:])}
+        present = {n for n, _ in numbered_names(host.listdir(CAPS_DEV_DIR), "nvidia-cap")}
         names = [(name, None) for name, minor in sorted(table.items(), key=lambda x: x[1])
                  if name.startswith(prefix) and minor in present]
     out = []
@@ -282,12 +281,12 @@ def _control_nodes(host: Host, majors: dict[str, list[int]], major: int) -> tupl
     dev = host.listdir("/dev")
     if "nvidia-nvswitchctl" in dev:
         wanted.append(("/dev/nvidia-nvswitchctl", nvswitch, NVSWITCH_CTL_MINOR, False))
-    for n in sorted((n for n in dev if n.startswith("nvidia-nvswitch") and is_uint(n[15:])), key=lambda n: int(n[15:])):
-        wanted.append((f"/dev/{n}", nvswitch, int(n[15:]), False))
+    for minor, name in numbered_names(dev, "nvidia-nvswitch"):
+        wanted.append((f"/dev/{name}", nvswitch, minor, False))
     imex = first_major(majors, "nvidia-caps-imex-channels")
-    channels = [n for n in host.listdir(IMEX_DIR) if n.startswith("channel") and is_uint(n[7:]) and len(n) < 15]
-    for n in sorted(channels, key=lambda n: int(n[7:])):
-        wanted.append((f"{IMEX_DIR}/{n}", imex, int(n[7:]), False))
+    for minor, name in numbered_names(host.listdir(IMEX_DIR), "channel"):
+        if len(name) < 15:  # at most 8 digits: a minor number
+            wanted.append((f"{IMEX_DIR}/{name}", imex, minor, False))
     nodes = (device_node(host, path, maj, mi, lazy=lazy) for path, maj, mi, lazy in wanted)
     return tuple(n for n in nodes if n is not None)
 
