@@ -28,6 +28,27 @@ def nodes_of(out: str) -> dict[str, tuple[int, int]]:
     return found
 
 
+def log_records(path: str, settle: float = 0.05, timeout: float = 3.0) -> list[dict]:
+    """The JSON lines of a gpuhook log. The sh front writes a no-GPU create's line from a
+    background subshell (the runtime does not wait for it): read once the file has stopped
+    growing for `settle` seconds (up to `timeout`)."""
+    import json
+    import time
+
+    deadline = time.monotonic() + timeout
+    size = -1
+    while True:
+        now = os.path.getsize(path) if os.path.exists(path) else 0
+        if now == size or time.monotonic() > deadline:
+            break
+        size = now
+        time.sleep(settle)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
 def is_root() -> bool:
     return os.geteuid() == 0
 
@@ -96,12 +117,7 @@ class Runtime:
                               stdin=subprocess.DEVNULL)
 
     def log_records(self) -> list[dict]:
-        import json
-
-        if not os.path.exists(self.log):
-            return []
-        with open(self.log) as f:
-            return [json.loads(line) for line in f if line.strip()]
+        return log_records(self.log)
 
     def cleanup(self) -> None:
         for cid in self.ids:

@@ -27,11 +27,13 @@ import os
 import time
 
 from ..inventory import Inventory, inventory_from_dict
+from . import sign_dirs
 from .driverroot import AUTO, watched
 
-WATCHED = ("/dev", "/dev/dri", "/dev/accel", "/dev/nvidia-caps", "/sys/class/drm", "/sys/class/accel",
-           "/sys/class/kfd/kfd/topology/nodes", "/proc/driver/nvidia/gpus", "/etc/ld.so.cache",
-           "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib/aarch64-linux-gnu", "/usr/lib/wsl/lib")
+# the directories where a GPU shows up (probe.SIGNS), then what the vendor modules read
+WATCHED = tuple(sorted(sign_dirs())) + (
+    "/dev/nvidia-caps", "/sys/class/kfd/kfd/topology/nodes", "/etc/ld.so.cache", "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib/wsl/lib")
 VERSION_FILE = "/proc/driver/nvidia/version"
 
 
