@@ -262,11 +262,17 @@ class Agent:
         True when the probe and the node's files worked (what readiness means)."""
         t0 = time.monotonic()
         self.syncs += 1
+        from .config import cache_dir
+        from .probe import cache as probe_cache
+
+        key = probe_cache.fingerprint(self.opts.root, self.opts.nvidia_driver_root)  # before: a change meanwhile invalidates
         try:
             inv = self.probe(self.opts.root)
         except Exception as e:  # the probe never raises by design; if it does, change nothing
             self.log.error("probe.error", reason=reason, error=f"{type(e).__name__}: {e}")
             return False
+        # creates on this node use it until the next probe is due (probe/cache.py): never a cold probe
+        probe_cache.store(self.opts.root, cache_dir(), inv, key, valid_for=2 * self.opts.interval + self.opts.debounce)
         summary = summarize(inv)
         first = self.summary is None
         change = None if first else diff(self.summary, summary)

@@ -232,3 +232,11 @@ def real_bundle(tmp_path_factory) -> str:
                        env=dict(os.environ, PYTHON=sys.executable), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     return str(out)
+
+
+@pytest.fixture(autouse=True)
+def _own_cache_dir(tmp_path, monkeypatch):
+    """gpuhook's caches (probe, config, exec records) in the test's own directory, unless
+    the test sets one: an agent or a create in a test never writes the node's /run/gpuhook."""
+    if not os.environ.get("GPUHOOK_CACHE_DIR"):
+        monkeypatch.setenv("GPUHOOK_CACHE_DIR", str(tmp_path / "gpuhook-cache"))
