@@ -40,8 +40,10 @@ demo: deps venv
 test: deps venv
 	@GPUHOOK_REQUIRE_E2E=$$([ "$$(id -u)" = 0 ] && echo 1 || echo 0) $(BIN)/python -m pytest -q tests
 
+# NVIDIA's runtime beside gpuhook when its binaries are at hand (../shared/peer, or PEER_DIR)
+PEER_DIR ?= $(wildcard ../shared/peer/nvidia-container-toolkit)
 bench: deps venv
-	@$(BIN)/python tests/perf/bench.py
+	@PEER_DIR=$(PEER_DIR) $(BIN)/python tests/perf/bench.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -34,6 +34,14 @@ EDITING_COMMANDS = frozenset({"create", "run"})
 VALUE_FLAGS = {"create": CREATE_VALUE_FLAGS, "run": CREATE_VALUE_FLAGS, "exec": EXEC_VALUE_FLAGS,
                "delete": frozenset()}
 MAX_SPEC_BYTES = 16 << 20
+# GPUHOOK_STAGES set in the runtime's environment (the node's, never a tenant's): the log line
+# gets the milliseconds of each create stage since the interpreter started (tests/perf/bench.py)
+STAGES: list | None = None
+
+
+def stage(name: str) -> None:
+    if STAGES is not None:
+        STAGES.append((name, time.perf_counter()))
 
 
 class Invocation:
@@ -162,6 +170,7 @@ def edit_bundle(bundle: str, config, out: Outcome) -> None:
         raw = os.read(fd, MAX_SPEC_BYTES + 1)
     finally:
         os.close(fd)
+    stage("imported+read")
     try:
         spec = fastjson.loads(raw)
     except ValueError as e:
@@ -173,14 +182,19 @@ def edit_bundle(bundle: str, config, out: Outcome) -> None:
     if request.is_sandbox:
         out.decision = "sandbox"
         return
+    stage("parsed")
     inventory = probe_cached(config.host_root, cache_dir(), config.probe_cache_ttl, config.nvidia_driver_root)
+    stage("probed")
     out.warnings = list(inventory.warnings)
     edits = plan(inventory, request, config.ldconfig or find_ldconfig(), config, cache_dir(), out.warnings)
+    stage("planned")
     if not edits:
         out.decision = "no-gpu" if not inventory.vendors else "declined"
         return
     spec = apply(spec, edits)
+    stage("applied")
     write_atomic(path, fastjson.dumps(spec).encode(), st.st_mode & 0o7777, sync_dir=False)
+    stage("written")
     out.decision = "injected"
     out.env = list(edits.env)
     out.vendors = next((e[20:].split(",") for e in edits.env if e.startswith("GPUHOOK_ACCELERATOR=")), [])
@@ -212,6 +226,10 @@ def log_line(config, inv: Invocation, out: Outcome, started: float) -> None:
         record["error"] = out.error[:1000]
     if out.warnings:
         record["warnings"] = [str(w)[:500] for w in out.warnings[:20]]
+    if STAGES:
+        stage("logged")
+        t0 = STAGES[0][1]
+        record["stages_ms"] = {name: round((t - t0) * 1000, 3) for name, t in STAGES}
     append_line(config.log_file, fastjson.dumps(record))
 
 
@@ -307,12 +325,16 @@ def _runtime_error(inv: Invocation, msg: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    global STAGES
     started = time.monotonic()
+    if "GPUHOOK_STAGES" in os.environ:
+        STAGES = [("start", time.perf_counter())]
     args = list(sys.argv[1:] if argv is None else argv)
     inv = parse_args(args)
     from .config import find_runtime, load
 
     config, config_errors = load()
+    stage("config")
     real = find_runtime(config.runtime)
     if real is None or os.path.basename(real) == "gpuhook-runtime":
         _runtime_error(inv, f"no real OCI runtime: {config.runtime or 'runc or crun'} not found "
@@ -326,6 +348,7 @@ def main(argv: list[str] | None = None) -> None:
             out.decision = "error"
             out.error = f"{type(e).__name__}: {e}" if not isinstance(e, (ValueError, OSError)) else str(e)
         record_exec_env(inv, out, real)
+        stage("exec record")
         if config_errors:
             out.warnings = config_errors + out.warnings
         log_line(config, inv, out, started)
