@@ -6,7 +6,11 @@ A vendor module that fails is reported as a warning: the probe itself never rais
 
 
 from ..inventory import Inventory
-from .host import Host
+
+# .host (Host) is imported by probe() itself: a create whose probe result is cached never needs it
+TYPE_CHECKING = False  # mypy reads this name as typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from .host import Host
 
 # Where a GPU can show up: for each vendor, the signs (paths under the host root, a name may
 # end in `*` or `[0-9]*` as in sh) that it may be present. This one list gates both the sh
@@ -30,7 +34,7 @@ def sign_dirs() -> set[str]:
     return {p.rpartition("/")[0] for signs in SIGNS.values() for p in signs}
 
 
-def _sign_there(host: Host, sign: str) -> bool:
+def _sign_there(host: "Host", sign: str) -> bool:
     if not sign.endswith("*"):
         return host.lstat(sign) is not None
     parent, _, name = sign.rpartition("/")
@@ -40,7 +44,7 @@ def _sign_there(host: Host, sign: str) -> bool:
                for n in host.listdir(parent))
 
 
-def present(host: Host, vendors: tuple[str, ...] | None = None) -> list[str]:
+def present(host: "Host", vendors: tuple[str, ...] | None = None) -> list[str]:
     """The vendors (of `vendors`, default all) whose signs are there."""
     return [name for name in vendors or VENDORS if any(_sign_there(host, s) for s in SIGNS[name])]
 
@@ -50,6 +54,8 @@ def probe(root: str = "/", vendors: tuple[str, ...] | None = None, *,
     """nvidia_driver_root: the node config's setting (None: "auto", see driverroot.py).
     signs=False runs every vendor module, signs or not (a sysfs capture with no device node:
     a report of what is there, though no container could be given any of it)."""
+    from .host import Host
+
     host = Host(root, {"nvidia_driver_root": nvidia_driver_root} if nvidia_driver_root else None)
     found = []
     for name in present(host, vendors) if signs else vendors or VENDORS:
