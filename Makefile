@@ -50,8 +50,10 @@ lint: venv
 	@$(BIN)/ruff check gpuhook
 	@$(BIN)/mypy
 
+# NVIDIA's runtime beside gpuhook when its binaries are at hand (../shared/peer, or PEER_DIR)
+PEER_DIR ?= $(wildcard ../shared/peer/nvidia-container-toolkit)
 bench: deps venv
-	@$(BIN)/python tests/perf/bench.py
+	@PEER_DIR=$(PEER_DIR) $(BIN)/python tests/perf/bench.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

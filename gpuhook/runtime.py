@@ -21,7 +21,8 @@ import sys
 import time
 
 # runc's and crun's global flags that take a value (both "--flag value" and "--flag=value";
-# Go's flag parsing also accepts a single dash).
+# Go's flag parsing also accepts a single dash). The sh front's global_value_flag and operands
+# list these and the two below again, in sh: tests/test_sh_front.py holds them equal.
 GLOBAL_VALUE_FLAGS = frozenset({"root", "log", "log-format", "criu", "rootless", "cgroup-manager"})
 # create/run flags that take a value
 CREATE_VALUE_FLAGS = frozenset({"bundle", "b", "console-socket", "pid-file", "preserve-fds", "pidfd-socket"})
@@ -34,6 +35,14 @@ EDITING_COMMANDS = frozenset({"create", "run"})
 VALUE_FLAGS = {"create": CREATE_VALUE_FLAGS, "run": CREATE_VALUE_FLAGS, "exec": EXEC_VALUE_FLAGS,
                "delete": frozenset()}
 MAX_SPEC_BYTES = 16 << 20
+# GPUHOOK_STAGES set in the runtime's environment (the node's, never a tenant's): the log line
+# gets the milliseconds of each create stage since the interpreter started (tests/perf/bench.py)
+STAGES: list | None = None
+
+
+def stage(name: str) -> None:
+    if STAGES is not None:
+        STAGES.append((name, time.perf_counter()))
 
 
 class Invocation:
@@ -94,7 +103,7 @@ def parse_args(argv: list[str]) -> Invocation:
         exec_at = i
         i += 1
     bundle = container_id = None
-    value_flags = VALUE_FLAGS.get(command)
+    value_flags = VALUE_FLAGS.get(command) if command is not None else None
     if value_flags is not None:
         rest_positional = []
         while i < n:
@@ -165,6 +174,7 @@ def edit_bundle(bundle: str, config, out: Outcome) -> None:
         raw = os.read(fd, MAX_SPEC_BYTES + 1)
     finally:
         os.close(fd)
+    stage("imported+read")
     try:
         spec = fastjson.loads(raw)
     except ValueError as e:
@@ -177,15 +187,20 @@ def edit_bundle(bundle: str, config, out: Outcome) -> None:
     if request.is_sandbox:
         out.decision = "sandbox"
         return
+    stage("parsed")
     inventory = probe_cached(config.host_root, cache_dir(), config.probe_cache_ttl, config.nvidia_driver_root)
+    stage("probed")
     out.warnings = list(inventory.warnings)
     edits = plan(inventory, request, config.ldconfig or find_ldconfig(), config, cache_dir(), out.warnings,
                  explain=out.explain)
+    stage("planned")
     if not edits:
         out.decision = "no-gpu" if not inventory.vendors else "declined"
         return
     spec = apply(spec, edits)
+    stage("applied")
     write_atomic(path, fastjson.dumps(spec).encode(), st.st_mode & 0o7777, sync_dir=False)
+    stage("written")
     out.decision = "injected"
     out.env = list(edits.env)
     out.vendors = next((e[20:].split(",") for e in edits.env if e.startswith("GPUHOOK_ACCELERATOR=")), [])
@@ -224,6 +239,10 @@ def log_line(config, inv: Invocation, out: Outcome, started: float) -> None:
         record["error"] = out.error[:1000]
     if out.warnings:
         record["warnings"] = [str(w)[:500] for w in out.warnings[:20]]
+    if STAGES:
+        stage("logged")
+        t0 = STAGES[0][1]
+        record["stages_ms"] = {name: round((t - t0) * 1000, 3) for name, t in STAGES}
     append_line(config.log_file, fastjson.dumps(record))
 
 
@@ -319,12 +338,16 @@ def _runtime_error(inv: Invocation, msg: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    global STAGES
     started = time.monotonic()
+    if "GPUHOOK_STAGES" in os.environ:
+        STAGES = [("start", time.perf_counter())]
     args = list(sys.argv[1:] if argv is None else argv)
     inv = parse_args(args)
     from .config import find_runtime, load
 
     config, config_errors = load()
+    stage("config")
     real = find_runtime(config.runtime)
     if real is None or os.path.basename(real) == "gpuhook-runtime":
         _runtime_error(inv, f"no real OCI runtime: {config.runtime or 'runc or crun'} not found "
@@ -338,6 +361,7 @@ def main(argv: list[str] | None = None) -> None:
             out.decision = "error"
             out.error = f"{type(e).__name__}: {e}" if not isinstance(e, (ValueError, OSError)) else str(e)
         record_exec_env(inv, out, real)
+        stage("exec record")
         if config_errors:
             out.warnings = config_errors + out.warnings
         log_line(config, inv, out, started)

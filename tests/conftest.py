@@ -38,6 +38,27 @@ def request(*, env: dict | None = None, annotations: dict | None = None, rootfs:
     return Request(dict(env or {}), dict(annotations or {}), rootfs, paths, spec_devices, mounts, userns)
 
 
+def log_records(path: str, settle: float = 0.05, timeout: float = 3.0) -> list[dict]:
+    """The JSON lines of a gpuhook log. The sh front writes a no-GPU create's line from a
+    background subshell (the runtime does not wait for it): read once the file has stopped
+    growing for `settle` seconds (up to `timeout`)."""
+    import json
+    import time
+
+    deadline = time.monotonic() + timeout
+    size = -1
+    while True:
+        now = os.path.getsize(path) if os.path.exists(path) else 0
+        if now == size or time.monotonic() > deadline:
+            break
+        size = now
+        time.sleep(settle)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
 def is_root() -> bool:
     return os.geteuid() == 0
 
@@ -106,12 +127,7 @@ class Runtime:
                               stdin=subprocess.DEVNULL)
 
     def log_records(self) -> list[dict]:
-        import json
-
-        if not os.path.exists(self.log):
-            return []
-        with open(self.log) as f:
-            return [json.loads(line) for line in f if line.strip()]
+        return log_records(self.log)
 
     def cleanup(self) -> None:
         for cid in self.ids:
@@ -252,3 +268,11 @@ def run_as_pod(argv: list[str], pid1_ns_file, env=None, timeout: float = 120) ->
     return subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", script, str(pid1_ns_file),
                            *map(str, argv)], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture(autouse=True)
+def _own_cache_dir(tmp_path, monkeypatch):
+    """gpuhook's caches (probe, config, exec records) in the test's own directory, unless
+    the test sets one: an agent or a create in a test never writes the node's /run/gpuhook."""
+    if not os.environ.get("GPUHOOK_CACHE_DIR"):
+        monkeypatch.setenv("GPUHOOK_CACHE_DIR", str(tmp_path / "gpuhook-cache"))

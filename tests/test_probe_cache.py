@@ -69,3 +69,43 @@ def test_unwritable_cache_dir_still_probes(tmp_path):
     fh = build(tmp_path, gpus=1)
     (tmp_path / "cache").write_text("a file, not a directory")
     assert len(cached(fh, tmp_path).devices) == 1
+
+
+def test_the_agent_keeps_the_cache_current_past_the_ttl(tmp_path, monkeypatch):
+    """On a node where the agent runs, a lone create after a quiet spell longer than the TTL
+    still finds the agent's last probe: no cold probe on the create path. Once the host
+    changes, the fingerprint sends the create to a probe at once."""
+    from test_agent import make_agent
+
+    from gpuhook import probe as probe_pkg
+    from gpuhook.config import cache_dir
+    from gpuhook.probe import cache
+
+    root = str(tmp_path / "host")
+    fakehost.build(root, "nvidia", mknod=False)
+    agent = make_agent(tmp_path, root, opts={"interval": 30.0})
+    assert agent.sync("start")
+    real_probe = probe_pkg.probe
+    calls = []
+
+    def counting(*a, **kw):
+        calls.append(a)
+        return real_probe(*a, **kw)
+
+    monkeypatch.setattr(probe_pkg, "probe", counting)
+    later = time.time() + 45  # past the 10 s TTL, within two agent intervals
+    monkeypatch.setattr(cache.time, "time", lambda: later)
+    inv = cache.probe_cached(root, cache_dir(), 10.0)
+    assert calls == [] and [v.vendor for v in inv.vendors] == ["nvidia"]
+    # without the agent's mark the TTL holds: a probe, then a plain record of it
+    os.unlink(cache._file(cache_dir(), root))
+    cache.probe_cached(root, cache_dir(), 10.0)
+    assert len(calls) == 1
+    later += 11
+    cache.probe_cached(root, cache_dir(), 10.0)
+    assert len(calls) == 2
+    # the agent's record, and then a GPU appears: the fingerprint differs, a probe at once
+    assert agent.sync("periodic")
+    fakehost.FakeHost(root).chardev("/dev/nvidia8", 195, 8)
+    cache.probe_cached(root, cache_dir(), 10.0)
+    assert len(calls) == 3

@@ -288,6 +288,10 @@ class Agent:
         True when the probe and the node's files worked (what readiness means)."""
         t0 = time.monotonic()
         self.syncs += 1
+        from ..config import cache_dir
+        from ..probe import cache as probe_cache
+
+        key = probe_cache.fingerprint(self.opts.root, self.opts.nvidia_driver_root)  # before: a change meanwhile invalidates
         try:
             inv = self.probe(self.opts.root)
         except Exception as e:  # the probe never raises by design; if it does, change nothing
@@ -295,6 +299,8 @@ class Agent:
             self.probe_errors += 1
             return False
         self.last_probe = time.time()
+        # creates on this node use it until the next probe is due (probe/cache.py): never a cold probe
+        probe_cache.store(self.opts.root, cache_dir(), inv, key, valid_for=2 * self.opts.interval + self.opts.debounce)
         summary = summarize(inv)
         first = self.summary is None
         change = {} if self.summary is None else diff(self.summary, summary)

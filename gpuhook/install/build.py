@@ -5,6 +5,7 @@ dependencies, and every shared library they load, glibc's dynamic loader and lib
 
     bin/gpuhook-runtime      the sh front (containerd's BinaryName, CRI-O's runtime_path)
     bin/python3              sh: the bundled loader runs the bundled interpreter
+    libexec/ld.so            the bundled loader (lib/ld-linux-*.so.*) under one name on every arch
     bin/gpuhook              sh: the gpuhook CLI (install, uninstall, probe...)
     libexec/python3          the interpreter (ELF)
     lib/ld-linux-*.so.*, lib/libc.so.6, ...
@@ -18,7 +19,8 @@ whatever its glibc version, and the library path does not leak into the runtime 
 gpuhook-runtime execs next. Python finds its stdlib next to itself (lib/python3.X/os.py above
 libexec/), so the bundle can live anywhere; it is installed as /opt/gpuhook.
 
-The sh front finds it unchanged: it runs `$here/python3` and puts
+The sh front runs `$here/../libexec/ld.so --library-path $here/../lib $here/../libexec/python3`
+itself (what bin/python3 does, one exec sooner: LOADER, INTERPRETER) and puts
 `$here/../lib/python3*/site-packages` first on sys.path. Modules are compiled ahead
 (unchecked-hash .pyc): a container create never compiles, and copying keeps them valid.
 """
@@ -55,11 +57,16 @@ SKIP_STDLIB_PREFIX = ("config-",)
 SKIP_DYNLOAD = re.compile(r"^(_test|_xxtest|xxlimited|_ctypes_test|_tkinter|_sqlite3|readline|_curses"
                           r"|_dbm|_gdbm|nis|ossaudiodev|_crypt)")
 
-PYTHON_SH = """#!/bin/sh
+# the bundle's loader and interpreter, as the sh front (gpuhook/sh/gpuhook-runtime: run_python)
+# and bin/python3 run them
+LOADER = "libexec/ld.so"
+INTERPRETER = "libexec/python3"
+
+PYTHON_SH = f"""#!/bin/sh
 # The bundled Python, run by the bundled dynamic loader and libc: nothing comes from the host.
 # $here resolved once: loader, libraries and interpreter of one installed version.
 here=$(cd -P -- "${{0%/*}}" && pwd -P)
-exec "$here/../lib/{loader}" --library-path "$here/../lib" "$here/../libexec/python3" "$@"
+exec "$here/../{LOADER}" --library-path "$here/../lib" "$here/../{INTERPRETER}" "$@"
 """
 
 GPUHOOK_SH = """#!/bin/sh
@@ -224,15 +231,16 @@ def build(out: str, progress: Callable[[str], None] | None = None) -> dict:
 
     # the interpreter and every shared library anything here loads, glibc's included
     os.makedirs(os.path.join(out, "libexec"), exist_ok=True)
-    shutil.copy2(exe, os.path.join(out, "libexec", "python3"))
+    shutil.copy2(exe, os.path.join(out, INTERPRETER))
     objects = [exe] + [os.path.join(d, n) for d, _, names in os.walk(lib) for n in names if ".so" in n]
     say(f"copying the interpreter ({exe}) and the shared libraries of {len(objects)} objects, glibc's loader included")
     libs, loader = _libs(objects)
     for soname, path in sorted(libs.items()):
         shutil.copy2(path, os.path.join(lib, soname))  # follows links: the real file, named as asked
+    shutil.copy2(os.path.join(lib, loader), os.path.join(out, LOADER))  # a copy: install copies files, not links
 
     os.makedirs(os.path.join(out, "bin"))
-    for name, text in (("python3", PYTHON_SH.format(loader=loader)), ("gpuhook", GPUHOOK_SH.format(py=PY))):
+    for name, text in (("python3", PYTHON_SH), ("gpuhook", GPUHOOK_SH.format(py=PY))):
         with open(os.path.join(out, "bin", name), "w") as f:
             f.write(text)
         os.chmod(os.path.join(out, "bin", name), 0o755)

@@ -6,28 +6,59 @@ A vendor module that fails is reported as a warning: the probe itself never rais
 
 
 from ..inventory import Inventory
-from .host import Host
 
-# Order matters only for display; a new vendor is one new module and one line here.
-# The paths are cheap signs that a vendor may be present: a vendor module is imported and
-# run only when one exists (this runs on every GPU container start).
-VENDORS = {
-    "nvidia": ("/proc/driver/nvidia/gpus", "/dev/nvidiactl", "/dev/nvidia0"),
-    "amd": ("/dev/kfd", "/sys/class/kfd/kfd/topology/nodes", "/sys/class/drm"),
-    "intel": ("/sys/class/drm",),
-    "accel": ("/dev/accel", "/sys/class/accel"),
+# .host (Host) is imported by probe() itself: a create whose probe result is cached never needs it
+TYPE_CHECKING = False  # mypy reads this name as typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from .host import Host
+
+# Where a GPU can show up: for each vendor, the signs (paths under the host root, a name may
+# end in `*` or `[0-9]*` as in sh) that it may be present. This one list gates both the sh
+# front (gpuhook/sh/gpuhook-runtime: gpu_present, which starts Python only when a sign is
+# there; tests/test_sh_front.py holds the two equal) and probe(), which imports and runs a
+# vendor module only when one of its signs is there (this runs on every GPU container start).
+# probe/cache.py watches the directories they are in. Order matters only for display; a new
+# vendor is one new module and one line here.
+SIGNS = {
+    "nvidia": ("/dev/nvidiactl", "/dev/nvidia[0-9]*", "/proc/driver/nvidia/gpus/*"),
+    "amd": ("/dev/kfd", "/sys/class/kfd/kfd/topology/nodes", "/dev/dri/renderD*", "/sys/class/drm/renderD*"),
+    "intel": ("/dev/dri/renderD*", "/sys/class/drm/renderD*"),
+    "accel": ("/dev/accel/accel*", "/sys/class/accel/accel*"),
     "wsl": ("/dev/dxg",),
 }
+VENDORS = tuple(SIGNS)
+
+
+def sign_dirs() -> set[str]:
+    """The directories the signs are in (what a new GPU changes)."""
+    return {p.rpartition("/")[0] for signs in SIGNS.values() for p in signs}
+
+
+def _sign_there(host: "Host", sign: str) -> bool:
+    if not sign.endswith("*"):
+        return host.lstat(sign) is not None
+    parent, _, name = sign.rpartition("/")
+    digit = name.endswith("[0-9]*")
+    prefix = name[:-6] if digit else name[:-1]
+    return any(n.startswith(prefix) and (not digit or n[len(prefix):len(prefix) + 1].isdigit())
+               for n in host.listdir(parent))
+
+
+def present(host: "Host", vendors: tuple[str, ...] | None = None) -> list[str]:
+    """The vendors (of `vendors`, default all) whose signs are there."""
+    return [name for name in vendors or VENDORS if any(_sign_there(host, s) for s in SIGNS[name])]
 
 
 def probe(root: str = "/", vendors: tuple[str, ...] | None = None, *,
-          nvidia_driver_root: str | None = None) -> Inventory:
-    """nvidia_driver_root: the node config's setting (None: "auto", see driverroot.py)."""
+          nvidia_driver_root: str | None = None, signs: bool = True) -> Inventory:
+    """nvidia_driver_root: the node config's setting (None: "auto", see driverroot.py).
+    signs=False runs every vendor module, signs or not (a sysfs capture with no device node:
+    a report of what is there, though no container could be given any of it)."""
+    from .host import Host
+
     host = Host(root, {"nvidia_driver_root": nvidia_driver_root} if nvidia_driver_root else None)
     found = []
-    for name in vendors or VENDORS:
-        if not any(host.lstat(p) is not None for p in VENDORS[name]) and not _nvidia_dev(host, name):
-            continue
+    for name in present(host, vendors) if signs else vendors or VENDORS:
         try:
             module = __import__(f"{__name__}.{name}", fromlist=["probe"])
             inv = module.probe(host)
@@ -38,7 +69,3 @@ def probe(root: str = "/", vendors: tuple[str, ...] | None = None, *,
             found.append(inv)
     return Inventory(host.root, tuple(found), tuple(host.warnings))
 
-
-def _nvidia_dev(host: Host, name: str) -> bool:
-    """NVIDIA GPUs can show only as /dev/nvidia<N> (a host root without procfs)."""
-    return name == "nvidia" and any(n[6:].isdigit() for n in host.listdir("/dev") if n.startswith("nvidia"))

@@ -16,6 +16,11 @@ a node rebooted) on a node whose GPUs did not change, so the Inventory is kept i
   so that a driver root mounted or filled in later is seen at the next create;
 - it was probed with the same nvidia_driver_root setting.
 
+The agent (agent.py) stores each of its probes here too (store), marked valid for as long
+as it takes to probe again (two of its intervals): on a node where it runs, a create finds
+a current result even after a quiet spell longer than the TTL, and never probes cold; the
+fingerprint still invalidates it at once, and without the agent the TTL holds.
+
 A node created lazily by the NVIDIA driver, a GPU appearing, a driver upgrade, or a driver
 container that finished installing thus invalidates it at once: a "no driver userspace"
 answer is never kept once the driver is there. A cache that cannot be read or written only
@@ -27,11 +32,13 @@ import os
 import time
 
 from ..inventory import Inventory, inventory_from_dict
+from . import sign_dirs
 from .driverroot import AUTO, watched
 
-WATCHED = ("/dev", "/dev/dri", "/dev/accel", "/dev/nvidia-caps", "/sys/class/drm", "/sys/class/accel",
-           "/sys/class/kfd/kfd/topology/nodes", "/proc/driver/nvidia/gpus", "/etc/ld.so.cache",
-           "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib/aarch64-linux-gnu", "/usr/lib/wsl/lib")
+# the directories where a GPU shows up (probe.SIGNS), then what the vendor modules read
+WATCHED = tuple(sorted(sign_dirs())) + (
+    "/dev/nvidia-caps", "/sys/class/kfd/kfd/topology/nodes", "/etc/ld.so.cache", "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib/wsl/lib")
 VERSION_FILE = "/proc/driver/nvidia/version"
 
 
@@ -71,17 +78,30 @@ def probe_cached(root: str, cache_dir: str, ttl: float, nvidia_driver_root: str 
             if st.st_uid != os.geteuid() or st.st_mode & 0o022:
                 raise ValueError("not written by gpuhook")  # never trusted (SECURITY.md)
             record = fastjson.loads(f.read(1 << 22))
-        if record["fingerprint"] == key and 0 <= time.time() - record["time"] < ttl:
+        valid = max(ttl, record.get("valid_for") or 0)
+        if record["fingerprint"] == key and 0 <= time.time() - record["time"] < valid:
             return inventory_from_dict(record["inventory"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
     inv = probe(root, nvidia_driver_root=nvidia_driver_root)
+    store(root, cache_dir, inv, key)
+    return inv
+
+
+def store(root: str, cache_dir: str, inv: Inventory, key: list, valid_for: float | None = None) -> None:
+    """Keep `inv`, probed from `root` when its fingerprint was `key` (taken before probing,
+    so that a change during the probe invalidates it). valid_for: seconds it may be used
+    whatever the TTL (the agent's). Never raises: a cache that cannot be written only costs
+    a probe."""
+    from .. import fastjson
+
     try:
         from ..spec import write_atomic
 
         os.makedirs(cache_dir, mode=0o700, exist_ok=True)
-        data = fastjson.dumps({"fingerprint": key, "time": time.time(), "inventory": inv.to_dict()})
-        write_atomic(path, data.encode(), 0o600, sync_dir=False)
+        record = {"fingerprint": key, "time": time.time(), "inventory": inv.to_dict()}
+        if valid_for:
+            record["valid_for"] = float(valid_for)
+        write_atomic(_file(cache_dir, root), fastjson.dumps(record).encode(), 0o600, sync_dir=False)
     except (OSError, ValueError, TypeError):
         pass
-    return inv
