@@ -39,7 +39,7 @@ def test_no_module_spells_a_default_again():
 
 
 def _sh_front() -> str:
-    with open(os.path.join(PKG, "sh", "gpuhook-runtime")) as f:
+    with open(os.path.join(PKG, "runtime", "gpuhook-runtime")) as f:
         return f.read()
 
 

@@ -143,7 +143,7 @@ def fake_bundle(tmp_path) -> str:
     """A two-file bundle (the sh front and the manifest): enough for the config tests."""
     b = tmp_path / "bundle"
     (b / "bin").mkdir(parents=True)
-    shutil.copy2(os.path.join(REPO, "gpuhook", "sh", "gpuhook-runtime"), b / "bin" / "gpuhook-runtime")
+    shutil.copy2(os.path.join(REPO, "gpuhook", "runtime", "gpuhook-runtime"), b / "bin" / "gpuhook-runtime")
     (b / "gpuhook-bundle.json").write_text(json.dumps({"files": ["bin/gpuhook-runtime", "gpuhook-bundle.json"]}))
     return str(b)
 

@@ -71,7 +71,7 @@ def test_pip_install_then_install_then_the_venv_is_gone(tmp_path, make_host, run
     size = sum(os.lstat(os.path.join(version, f)).st_size for f in manifest["files"])
     assert f"gpuhook {__version__}, Python " in built and f"{len(manifest['files'])} files, {size / 1e6:.1f} MB" in built
     assert {p.split("==")[0].lower() for p in manifest["packages"]} >= {"pydantic", "structlog", "pyudev", "tomlkit"}
-    assert "site-packages/gpuhook/sh/gpuhook-runtime" in " ".join(manifest["files"])
+    assert "site-packages/gpuhook/runtime/gpuhook-runtime" in " ".join(manifest["files"])
     assert f"bundle: /opt/gpuhook: {len(manifest['files'])} files, {len(manifest['files'])} written" in out
     assert not [n for n in os.listdir(tmp_path) if n.startswith("gpuhook-bundle-")]
 

@@ -1,4 +1,4 @@
-"""The sh front (gpuhook/sh/gpuhook-runtime) and Python say each fact once, and agree.
+"""The sh front (gpuhook/runtime/gpuhook-runtime) and Python say each fact once, and agree.
 
 Its lists are compared with Python's (the global flags with runtime.GLOBAL_VALUE_FLAGS, the
 create/exec value flags, where a GPU can show up with probe.SIGNS, the bundle's loader with
@@ -22,7 +22,7 @@ from gpuhook.install import build
 from gpuhook.probe import cache
 from gpuhook.probe.host import Host
 
-SH_FRONT = os.path.join(REPO, "gpuhook", "sh", "gpuhook-runtime")
+SH_FRONT = os.path.join(REPO, "gpuhook", "runtime", "gpuhook-runtime")
 TEXT = open(SH_FRONT).read()
 
 

@@ -55,7 +55,7 @@ def tree(root) -> dict:
 
 def small_bundle(path, extra: dict[str, str] | None = None) -> str:
     """The sh front, a module and the manifest."""
-    contents = {"bin/gpuhook-runtime": open(os.path.join(REPO, "gpuhook/sh/gpuhook-runtime")).read(),
+    contents = {"bin/gpuhook-runtime": open(os.path.join(REPO, "gpuhook/runtime/gpuhook-runtime")).read(),
                 "lib/mod.py": "x = 1\n", **(extra or {})}
     for rel, text in contents.items():
         os.makedirs(os.path.join(path, os.path.dirname(rel)), exist_ok=True)

@@ -57,7 +57,7 @@ SKIP_STDLIB_PREFIX = ("config-",)
 SKIP_DYNLOAD = re.compile(r"^(_test|_xxtest|xxlimited|_ctypes_test|_tkinter|_sqlite3|readline|_curses"
                           r"|_dbm|_gdbm|nis|ossaudiodev|_crypt)")
 
-# the bundle's loader and interpreter, as the sh front (gpuhook/sh/gpuhook-runtime: run_python)
+# the bundle's loader and interpreter, as the sh front (gpuhook/runtime/gpuhook-runtime: run_python)
 # and bin/python3 run them
 LOADER = "libexec/ld.so"
 INTERPRETER = "libexec/python3"
@@ -244,7 +244,7 @@ def build(out: str, progress: Callable[[str], None] | None = None) -> dict:
         with open(os.path.join(out, "bin", name), "w") as f:
             f.write(text)
         os.chmod(os.path.join(out, "bin", name), 0o755)
-    shutil.copy2(os.path.join(pkg, "sh", "gpuhook-runtime"), os.path.join(out, "bin", "gpuhook-runtime"))
+    shutil.copy2(os.path.join(pkg, "runtime", "gpuhook-runtime"), os.path.join(out, "bin", "gpuhook-runtime"))
     os.chmod(os.path.join(out, "bin", "gpuhook-runtime"), 0o755)
 
     # compiled ahead, with the paths they will have on the node (for tracebacks)

@@ -13,7 +13,7 @@ nodes but not GPUHOOK_ACCELERATOR / GPUHOOK_DEVICES. So:
   --env flags;
 - at `delete`, once the runtime has no state for the container any more, the record goes.
 
-The sh front (sh/gpuhook-runtime) computes the same path and starts Python for exec and delete
+The sh front (runtime/gpuhook-runtime) computes the same path and starts Python for exec and delete
 only when the record exists: a container gpuhook did not inject pays one file check. The key
 holds the runtime's --root (a containerd namespace has its own), so the same id under another
 root is another container; without --root it is the runtime's default, /run/<runtime name>.
@@ -28,7 +28,7 @@ line says why. Stdlib only (the per-container path).
 
 import os
 
-from .config import is_clean_abspath
+from ..config import is_clean_abspath
 
 RECORD_DIR = "exec"
 MAX_PROCESS_BYTES = 4 << 20
@@ -73,8 +73,8 @@ def state_exists(root: str | None, container_id: str, runtime: str) -> bool:
 
 
 def write_record(path: str, env: list[str], bundle: str | None) -> None:
-    from . import fastjson
-    from .spec import write_atomic
+    from .. import fastjson
+    from ..spec import write_atomic
 
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     write_atomic(path, fastjson.dumps({"env": list(env), "bundle": bundle}).encode(), 0o600,
@@ -91,7 +91,7 @@ def remove_record(path: str) -> None:
 def read_record(path: str) -> list[str] | None:
     """The recorded env; None when there is none, or when it is not gpuhook's own (another
     owner, writable by others, a link: never trusted, as the caches)."""
-    from . import fastjson
+    from .. import fastjson
 
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -133,8 +133,8 @@ def set_env(env: list, added: list[str]) -> bool:
 def edit_process_file(path: str, added: list[str]) -> str | None:
     """Add the env to runc's --process file, atomically. None when done (or nothing to do);
     else why the file was left alone."""
-    from . import fastjson
-    from .spec import write_atomic
+    from .. import fastjson
+    from ..spec import write_atomic
 
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)

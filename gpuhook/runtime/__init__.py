@@ -158,12 +158,12 @@ class Outcome:
 def edit_bundle(bundle: str, config, out: Outcome) -> None:
     """Edit <bundle>/config.json in place (atomically); leave it untouched when there is
     nothing to add. Raises on any problem; the caller applies the fail mode."""
-    from . import fastjson
-    from .plan import find_ldconfig, plan, request_from_spec
-    from .plan.policy import pod_of
-    from .config import cache_dir
-    from .probe.cache import probe_cached
-    from .spec import apply, check, write_atomic
+    from .. import fastjson
+    from ..plan import find_ldconfig, plan, request_from_spec
+    from ..plan.policy import pod_of
+    from ..config import cache_dir
+    from ..probe.cache import probe_cached
+    from ..spec import apply, check, write_atomic
 
     path = os.path.join(bundle, "config.json")
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -212,8 +212,8 @@ def edit_bundle(bundle: str, config, out: Outcome) -> None:
 def log_line(config, inv: Invocation, out: Outcome, started: float) -> None:
     if not config.log_file:
         return
-    from . import fastjson
-    from .log import utc_now
+    from .. import fastjson
+    from ..log import utc_now
 
     record = {
         "time": utc_now(),
@@ -249,7 +249,7 @@ def log_line(config, inv: Invocation, out: Outcome, started: float) -> None:
 def record_exec_env(inv: Invocation, out: Outcome, real: str) -> None:
     """After a create: what exec will add (execenv.py); a warning, never a failure."""
     from . import execenv
-    from .config import cache_dir
+    from ..config import cache_dir
 
     try:
         path = execenv.record_path(cache_dir(), inv.root, inv.container_id, real)
@@ -271,15 +271,15 @@ def record_exec_env(inv: Invocation, out: Outcome, real: str) -> None:
 def exec_env(inv: Invocation, args: list[str], real: str, config) -> list[str]:
     """Before an exec: the recorded env into its process; anything odd leaves it unchanged."""
     from . import execenv
-    from .config import cache_dir
+    from ..config import cache_dir
 
     try:
         args, why = execenv.on_exec(inv, args, real, cache_dir())
     except Exception as e:  # the exec goes on, whatever happened here
         why = f"{type(e).__name__}: {e}"
     if why and config.log_file:
-        from . import fastjson
-        from .log import utc_now
+        from .. import fastjson
+        from ..log import utc_now
 
         append_line(config.log_file, fastjson.dumps({"time": utc_now(), "event": "exec",
                                                      "container_id": inv.container_id,
@@ -291,7 +291,7 @@ def delete_and_forget(inv: Invocation, args: list[str], real: str) -> None:
     """`delete` of a container with an exec record: the runtime first, then the record once
     the runtime has no state for the container any more. Exits with the runtime's status."""
     from . import execenv
-    from .config import cache_dir
+    from ..config import cache_dir
 
     path = execenv.record_path(cache_dir(), inv.root, inv.container_id, real)
     if path is None or not os.path.exists(path):
@@ -326,8 +326,8 @@ def _runtime_error(inv: Invocation, msg: str) -> None:
     """Tell the caller why the create failed: stderr, and runc's own --log in its format."""
     sys.stderr.write(f"gpuhook-runtime: {msg}\n")
     if inv.log:
-        from . import fastjson
-        from .log import utc_now
+        from .. import fastjson
+        from ..log import utc_now
 
         if inv.log_format == "json":
             line = fastjson.dumps({"level": "error", "msg": f"gpuhook-runtime: {msg}",
@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> None:
         STAGES = [("start", time.perf_counter())]
     args = list(sys.argv[1:] if argv is None else argv)
     inv = parse_args(args)
-    from .config import find_runtime, load
+    from ..config import find_runtime, load
 
     config, config_errors = load()
     stage("config")
@@ -377,7 +377,3 @@ def main(argv: list[str] | None = None) -> None:
     except OSError as e:  # e.g. a script whose interpreter is missing, a noexec mount
         _runtime_error(inv, f"cannot run the real OCI runtime {real}: {e.strerror or e}")
         sys.exit(127)
-
-
-if __name__ == "__main__":
-    main()
