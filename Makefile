@@ -48,6 +48,7 @@ image: venv
 
 lint: venv
 	@$(BIN)/ruff check gpuhook
+	@$(BIN)/ruff format --check gpuhook
 	@$(BIN)/mypy
 
 # NVIDIA's runtime beside gpuhook when its binaries are at hand (../shared/peer, or PEER_DIR)

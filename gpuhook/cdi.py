@@ -36,7 +36,6 @@ Stdlib only, no YAML library: the YAML is block style with every string double-q
 (JSON string syntax, which YAML shares), which any YAML 1.1/1.2 reader parses.
 """
 
-
 import json
 import os
 import re
@@ -78,7 +77,8 @@ CDI_ROOTFS_SCRIPT = (
     'if [ -z "$r" ] || [ ! -d "$r" ]; then '
     'echo "gpuhook: $0: the container root is not in the OCI state; skipped" >&2; exit 0; fi; '
     f'for a; do shift; if [ "$a" = {ROOTFS_PLACEHOLDER} ]; then set -- "$@" "$r"; else set -- "$@" "$a"; fi; done; '
-    'p=$1; shift 2; exec "$p" "$@"')
+    'p=$1; shift 2; exec "$p" "$@"'
+)
 
 
 class CDIError(ValueError):
@@ -101,6 +101,7 @@ def safe_name(text: str) -> str:
 
 # -- building specs from plan()'s edits -----------------------------------------------
 
+
 def _request():
     from .plan import Request
 
@@ -115,11 +116,14 @@ def _plan(inv: Inventory, ldconfig: str | None | bool, helper: str | None | bool
     no hooks at all."""
     from .plan import plan
 
-    edits = plan(inv, _request(), ldconfig if isinstance(ldconfig, str) else None,
-                 helper=helper if isinstance(helper, str) else None)
+    edits = plan(
+        inv,
+        _request(),
+        ldconfig if isinstance(ldconfig, str) else None,
+        helper=helper if isinstance(helper, str) else None,
+    )
     if edits.hooks and (ldconfig is False or helper is False):
-        edits = edits._replace(hooks=tuple(h for h in edits.hooks
-                                           if helper is not False and h.kind != hook.LDCACHE))
+        edits = edits._replace(hooks=tuple(h for h in edits.hooks if helper is not False and h.kind != hook.LDCACHE))
     return edits
 
 
@@ -142,23 +146,29 @@ def _cdi_hook(h: dict) -> dict:
         return h
     # plan()'s hooks are gpuhook-hook's (hook.argv()): the rootfs one whole argument
     parsed = hook.parse(args)
-    if (parsed is None or parsed[1] != ROOTFS_PLACEHOLDER
-            or any(ROOTFS_PLACEHOLDER in a for a in parsed[2])):
+    if parsed is None or parsed[1] != ROOTFS_PLACEHOLDER or any(ROOTFS_PLACEHOLDER in a for a in parsed[2]):
         raise CDIError(f"a hook from plan() that takes the rootfs in a way CDI cannot give: {args[:3]}")
     return dict(h, path="/bin/sh", args=["sh", "-c", CDI_ROOTFS_SCRIPT, f"gpuhook-{parsed[0]}", h["path"], *args])
 
 
 def _without(edits: Edits, nodes: set, env_keys: set) -> Edits:
-    return edits._replace(device_nodes=tuple(n for n in edits.device_nodes if n not in nodes),
-                          env=tuple(e for e in edits.env if e.partition("=")[0] not in env_keys))
+    return edits._replace(
+        device_nodes=tuple(n for n in edits.device_nodes if n not in nodes),
+        env=tuple(e for e in edits.env if e.partition("=")[0] not in env_keys),
+    )
 
 
 def _only(nodes: tuple, env: tuple = ()) -> Edits:
     return Edits(env=env, device_nodes=nodes)
 
 
-def vendor_spec(inv: Inventory, v: VendorInventory, spec_root: str = "/", ldconfig: str | None | bool = None,
-                helper: str | None | bool = None) -> dict:
+def vendor_spec(
+    inv: Inventory,
+    v: VendorInventory,
+    spec_root: str = "/",
+    ldconfig: str | None | bool = None,
+    helper: str | None | bool = None,
+) -> dict:
     """gpuhook.dev/<vendor>: a device per GPU (by index and by id) and `all`; the vendor's
     node-wide edits (control nodes, libraries, binaries, hook, GPUHOOK_ACCELERATOR) at the
     top level. GPUHOOK_DEVICES is set by `all` only: CDI keeps one value per variable, so a
@@ -172,8 +182,9 @@ def vendor_spec(inv: Inventory, v: VendorInventory, spec_root: str = "/", ldconf
     for d in v.devices:
         # the device's own nodes (the libraries stay: plan() gives no device of a vendor
         # whose userspace is missing, and only device_nodes are taken from this plan)
-        one = _plan(inv._replace(root=spec_root, vendors=(v._replace(devices=(d,), control_nodes=(),
-                                                                         binaries=()),)), False)
+        one = _plan(
+            inv._replace(root=spec_root, vendors=(v._replace(devices=(d,), control_nodes=(), binaries=()),)), False
+        )
         own = tuple(one.device_nodes)
         dev_nodes.update(own)
         per_device.append((d, own))
@@ -197,21 +208,30 @@ def vendor_spec(inv: Inventory, v: VendorInventory, spec_root: str = "/", ldconf
     return spec
 
 
-def generic_spec(inv: Inventory, spec_root: str = "/", ldconfig: str | None | bool = None,
-                 helper: str | None | bool = None) -> dict | None:
+def generic_spec(
+    inv: Inventory, spec_root: str = "/", ldconfig: str | None | bool = None, helper: str | None | bool = None
+) -> dict | None:
     """gpuhook.dev/gpu=all: everything the runtime class would inject, every vendor."""
     full = _plan(inv._replace(root=spec_root), ldconfig, helper)
     if not full:
         return None
-    spec = {"cdiVersion": "", "kind": kind_of(GENERIC_CLASS),
-            "devices": [{"name": ALL, "containerEdits": _cdi_edits(full, spec_root)}]}
+    spec = {
+        "cdiVersion": "",
+        "kind": kind_of(GENERIC_CLASS),
+        "devices": [{"name": ALL, "containerEdits": _cdi_edits(full, spec_root)}],
+    }
     spec["cdiVersion"] = required_version(spec)
     return spec
 
 
-def specs(inv: Inventory, spec_root: str = "/", ldconfig: str | None | bool = None,
-          max_version: str | None = None, dropped: list | None = None,
-          helper: str | None | bool = None) -> list[dict]:
+def specs(
+    inv: Inventory,
+    spec_root: str = "/",
+    ldconfig: str | None | bool = None,
+    max_version: str | None = None,
+    dropped: list | None = None,
+    helper: str | None | bool = None,
+) -> list[dict]:
     """Every spec of this node: one per vendor with devices, then gpuhook.dev/gpu. None at
     all on a CPU-only node (a CDI spec must have a device). CDIError if one would break
     CDI's rules (never written)."""
@@ -280,6 +300,7 @@ def find_ldconfig(consumer_root: str = "/") -> str | None:
 
 
 # -- versions and validation ----------------------------------------------------------
+
 
 def _v(s: str) -> tuple[int, ...]:
     return tuple(int(x) for x in s.split("."))
@@ -368,8 +389,11 @@ def _yaml_scalar(value) -> str:
 
 
 def _yaml_key(key: str) -> str:
-    return key if _PLAIN_KEY.match(key) and key not in ("true", "false", "null", "yes", "no", "on", "off", "y", "n") \
+    return (
+        key
+        if _PLAIN_KEY.match(key) and key not in ("true", "false", "null", "yes", "no", "on", "off", "y", "n")
         else _yaml_scalar(key)
+    )
 
 
 def _yaml(value, indent: int, lines: list[str], prefix: str) -> None:
@@ -426,13 +450,15 @@ def dumps(spec: dict, fmt: str = "yaml") -> str:
 
 # -- writing --------------------------------------------------------------------------
 
+
 def ours(name: str) -> bool:
     """A file name gpuhook writes in a CDI directory."""
     return name.startswith(FILE_PREFIX) and name.rpartition(".")[2] in FORMATS
 
 
-def write_dir(all_specs: list[dict], directory: str, fmt: str = "yaml",
-              prune: bool = True) -> tuple[list[str], list[str]]:
+def write_dir(
+    all_specs: list[dict], directory: str, fmt: str = "yaml", prune: bool = True
+) -> tuple[list[str], list[str]]:
     """Write each spec to `directory` atomically, only when its bytes change; remove the
     gpuhook specs the node no longer has (and those of the other format) when `prune`. Returns (written,
     removed) file names."""

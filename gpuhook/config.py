@@ -55,8 +55,17 @@ class Config(Record):
     __slots__ = ()
 
 
-_TYPES: dict[str, type | tuple[type, ...]] = {"runtime": str, "host_root": str, "log_file": str, "fail_mode": str, "ldconfig": str,
-          "probe_cache_ttl": (int, float), "share": str, "mps_pipe_dir": str, "nvidia_driver_root": str}
+_TYPES: dict[str, type | tuple[type, ...]] = {
+    "runtime": str,
+    "host_root": str,
+    "log_file": str,
+    "fail_mode": str,
+    "ldconfig": str,
+    "probe_cache_ttl": (int, float),
+    "share": str,
+    "mps_pipe_dir": str,
+    "nvidia_driver_root": str,
+}
 
 
 def config_path() -> str:
@@ -98,11 +107,14 @@ def from_dict(data: dict) -> tuple[Config, list[str]]:
     if values.get("share", DEFAULT_SHARE) not in SHARE_MODES:
         errors.append(f"share: {values.pop('share')!r} is not one of {', '.join(SHARE_MODES)}; {DEFAULT_SHARE!r} used")
     if "mps_pipe_dir" in values and not is_clean_abspath(values["mps_pipe_dir"]):
-        errors.append(f"mps_pipe_dir: {values.pop('mps_pipe_dir')!r} is not a normal absolute path; "
-                      f"{MPS_PIPE_DIR!r} used")
+        errors.append(
+            f"mps_pipe_dir: {values.pop('mps_pipe_dir')!r} is not a normal absolute path; {MPS_PIPE_DIR!r} used"
+        )
     if "nvidia_driver_root" in values and not valid_driver_root(values["nvidia_driver_root"]):
-        errors.append(f"nvidia_driver_root: {values.pop('nvidia_driver_root')!r} is not "
-                      f"{NVIDIA_DRIVER_ROOT_AUTO!r} or a normal absolute path; {NVIDIA_DRIVER_ROOT_AUTO!r} used")
+        errors.append(
+            f"nvidia_driver_root: {values.pop('nvidia_driver_root')!r} is not "
+            f"{NVIDIA_DRIVER_ROOT_AUTO!r} or a normal absolute path; {NVIDIA_DRIVER_ROOT_AUTO!r} used"
+        )
     return Config(**values), errors
 
 
@@ -123,8 +135,12 @@ def node_config_path(root: str) -> str:
 
 def is_clean_abspath(path: str) -> bool:
     """Absolute, normal (no '.', '..', '//' or trailing '/'), not '/' itself."""
-    return (path.startswith("/") and path != "/" and "\0" not in path
-            and all(p not in ("", ".", "..") for p in path[1:].split("/")))
+    return (
+        path.startswith("/")
+        and path != "/"
+        and "\0" not in path
+        and all(p not in ("", ".", "..") for p in path[1:].split("/"))
+    )
 
 
 def cache_dir() -> str:

@@ -26,17 +26,23 @@ class ConfigModel(BaseModel):
     host_root: StrictStr = Field(_D["host_root"], description="where the node's / is")
     log_file: StrictStr = Field(_D["log_file"], description='one JSON line per create; "" turns it off')
     fail_mode: Literal[FAIL_MODES] = Field(  # type: ignore[valid-type]
-        _D["fail_mode"], description="what a gpuhook error does to the create")
+        _D["fail_mode"], description="what a gpuhook error does to the create"
+    )
     ldconfig: StrictStr | None = Field(_D["ldconfig"], description="the node's ldconfig for the ld-cache hook")
-    probe_cache_ttl: StrictInt | StrictFloat = Field(_D["probe_cache_ttl"], ge=0,
-                                                     description="seconds a probe result is reused; 0 disables")
+    probe_cache_ttl: StrictInt | StrictFloat = Field(
+        _D["probe_cache_ttl"], ge=0, description="seconds a probe result is reused; 0 disables"
+    )
     share: Literal[SHARE_MODES] = Field(  # type: ignore[valid-type]
-        _D["share"], description="unallocated: GPUs the kubelet allocated to other pods are never given; "
-        "all: every GPU, allocated or not")
+        _D["share"],
+        description="unallocated: GPUs the kubelet allocated to other pods are never given; "
+        "all: every GPU, allocated or not",
+    )
     mps_pipe_dir: StrictStr = Field(_D["mps_pipe_dir"], description="the NVIDIA MPS control daemon's pipe directory")
     nvidia_driver_root: StrictStr = Field(
-        _D["nvidia_driver_root"], description='where the NVIDIA driver\'s userspace is: "auto" (the host, '
-        '/run/nvidia/driver, /home/kubernetes/bin/nvidia) or one node path')
+        _D["nvidia_driver_root"],
+        description='where the NVIDIA driver\'s userspace is: "auto" (the host, '
+        "/run/nvidia/driver, /home/kubernetes/bin/nvidia) or one node path",
+    )
 
     @field_validator("*")
     @classmethod
@@ -58,8 +64,10 @@ class ConfigModel(BaseModel):
     @classmethod
     def _driver_root(cls, v: str) -> str:
         if not valid_driver_root(v):
-            raise ValueError(f'must be "{NVIDIA_DRIVER_ROOT_AUTO}", "/" or a normal absolute path '
-                             "(no '.', '..', '//' or trailing '/')")
+            raise ValueError(
+                f'must be "{NVIDIA_DRIVER_ROOT_AUTO}", "/" or a normal absolute path '
+                "(no '.', '..', '//' or trailing '/')"
+            )
         return v
 
     @field_validator("mps_pipe_dir")

@@ -15,15 +15,17 @@ from .cli import format_edits, format_inventory
 from .plan import plan, request_from_spec
 from .probe import probe
 
-SHOW = ("echo \"GPUHOOK_ACCELERATOR=${GPUHOOK_ACCELERATOR:-<unset: run on CPU>}\"; "
-        "echo \"GPUHOOK_DEVICES=${GPUHOOK_DEVICES:-<unset>}\" | cut -c1-110; "
-        "echo 'device nodes (type major, minor):'; "
-        "ls -l /dev/nvidia* /dev/kfd /dev/dri/* 2>/dev/null | while read m l u g maj min rest; do "
-        "echo \"  ${rest##* }  $m $maj $min\"; done; "
-        "[ -e /dev/nvidia0 ] && { echo 'open /dev/nvidia0 (no driver behind the fake node, but the cgroup allows it):'; "
-        "cat /dev/nvidia0 2>&1 | sed 's/^/  /'; }; "
-        "echo 'driver libraries in the container ld cache:'; "
-        "tr '\\000' '\\n' < /etc/ld.so.cache | grep -aE '/lib(cuda|nvidia-[a-z]+)[.]so[.][0-9]+$' | sort -u | sed 's/^/  /'; true")
+SHOW = (
+    'echo "GPUHOOK_ACCELERATOR=${GPUHOOK_ACCELERATOR:-<unset: run on CPU>}"; '
+    'echo "GPUHOOK_DEVICES=${GPUHOOK_DEVICES:-<unset>}" | cut -c1-110; '
+    "echo 'device nodes (type major, minor):'; "
+    "ls -l /dev/nvidia* /dev/kfd /dev/dri/* 2>/dev/null | while read m l u g maj min rest; do "
+    'echo "  ${rest##* }  $m $maj $min"; done; '
+    "[ -e /dev/nvidia0 ] && { echo 'open /dev/nvidia0 (no driver behind the fake node, but the cgroup allows it):'; "
+    "cat /dev/nvidia0 2>&1 | sed 's/^/  /'; }; "
+    "echo 'driver libraries in the container ld cache:'; "
+    "tr '\\000' '\\n' < /etc/ld.so.cache | grep -aE '/lib(cuda|nvidia-[a-z]+)[.]so[.][0-9]+$' | sort -u | sed 's/^/  /'; true"
+)
 
 
 def title(text: str) -> None:
@@ -39,8 +41,14 @@ def run_container(wrapper: str, host_root: str, tmp: str, name: str) -> None:
     env = dict(os.environ, GPUHOOK_CONFIG=conf, GPUHOOK_CACHE_DIR=os.path.join(tmp, "cache"))
     state = os.path.join(tmp, "state")
     print(f"$ gpuhook-runtime run --bundle {b} demo-{name}    (host_root = {host_root})")
-    r = subprocess.run([wrapper, "--root", state, "run", "--bundle", b, f"demo-{name}"], env=env,
-                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [wrapper, "--root", state, "run", "--bundle", b, f"demo-{name}"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     sys.stdout.write(r.stdout)
     if r.returncode != 0:
         print(f"(container exited {r.returncode}: {r.stderr.strip()})")
@@ -62,8 +70,12 @@ def main() -> int:
     tmp = tempfile.mkdtemp(prefix="gpuhook-demo-")
     try:
         root = os.path.join(tmp, "gpu-node")
-        can_run = (os.geteuid() == 0 and shutil.which("runc") and bundle.find_busybox()
-                   and os.path.exists(os.path.join(os.path.dirname(sys.executable), "gpuhook-runtime")))
+        can_run = (
+            os.geteuid() == 0
+            and shutil.which("runc")
+            and bundle.find_busybox()
+            and os.path.exists(os.path.join(os.path.dirname(sys.executable), "gpuhook-runtime"))
+        )
         fakehost.build(root, "nvidia", mknod=bool(can_run))
         title("2. gpuhook probe --root <simulated 8-GPU NVIDIA node>")
         print(format_inventory(probe(root)))
@@ -72,8 +84,7 @@ def main() -> int:
         print(format_edits(plan(probe(root), request_from_spec(spec)), root))
 
         if not can_run:
-            print("\n(As root with runc and busybox-static, the demo also starts real containers: "
-                  "sudo make demo.)")
+            print("\n(As root with runc and busybox-static, the demo also starts real containers: sudo make demo.)")
             return 0
         wrapper = os.path.join(os.path.dirname(sys.executable), "gpuhook-runtime")
         title("4. a real container through gpuhook-runtime + runc, on the simulated GPU node")

@@ -27,8 +27,13 @@ class DeviceNode(Record):
     __slots__ = ()
 
     def to_cdi(self) -> dict:
-        d = {"path": self.path, "type": self.type, "major": self.major, "minor": self.minor,
-             "permissions": self.permissions}
+        d = {
+            "path": self.path,
+            "type": self.type,
+            "major": self.major,
+            "minor": self.minor,
+            "permissions": self.permissions,
+        }
         if self.file_mode is not None:
             d["fileMode"] = self.file_mode
         if self.uid is not None:
@@ -47,8 +52,12 @@ class Mount(Record):
     __slots__ = ()
 
     def to_cdi(self) -> dict:
-        return {"hostPath": self.host_path, "containerPath": self.container_path,
-                "type": self.type, "options": list(self.options)}
+        return {
+            "hostPath": self.host_path,
+            "containerPath": self.container_path,
+            "type": self.type,
+            "options": list(self.options),
+        }
 
 
 class Hook(Record):
@@ -66,8 +75,7 @@ class Hook(Record):
     __slots__ = ()
 
     def to_cdi(self) -> dict:
-        d: dict = {"hookName": self.hook_name, "path": self.path, "args": list(self.args),
-                   "env": list(self.env)}
+        d: dict = {"hookName": self.hook_name, "path": self.path, "args": list(self.args), "env": list(self.env)}
         if self.timeout is not None:
             d["timeout"] = self.timeout
         return d

@@ -121,10 +121,12 @@ def _accelerated() -> bool:
     global _scan, _encode
     try:
         _scan = _json.make_scanner(_Context())  # type: ignore[arg-type]
-        _encode = _json.make_encoder(None, _default, _json.encode_basestring_ascii, None, ":", ",",
-                                     False, False, False)
-        return (_fast_loads(_SAMPLE) == _SAMPLE_VALUE and _fast_dumps(_SAMPLE_VALUE) == _SAMPLE
-                and _fast_loads(" [1] ") == [1])
+        _encode = _json.make_encoder(None, _default, _json.encode_basestring_ascii, None, ":", ",", False, False, False)
+        return (
+            _fast_loads(_SAMPLE) == _SAMPLE_VALUE
+            and _fast_dumps(_SAMPLE_VALUE) == _SAMPLE
+            and _fast_loads(" [1] ") == [1]
+        )
     except Exception:  # noqa: BLE001 (any failure of a private API means: do not use it)
         return False
 

@@ -9,9 +9,9 @@ from .record import Record
 
 
 def node_number(name: str) -> tuple[str, int] | None:
-    """"card0" -> ("card", 0), "renderD128" -> ("render", 128); None for connectors and the rest."""
+    """ "card0" -> ("card", 0), "renderD128" -> ("render", 128); None for connectors and the rest."""
     for prefix, kind in (("renderD", "render"), ("card", "card")):
-        num = name[len(prefix):]
+        num = name[len(prefix) :]
         if name.startswith(prefix) and num.isascii() and num.isdigit():
             return kind, int(num)
     return None
@@ -94,8 +94,8 @@ class VendorInventory(Record):
         """Where a library, tool or file of this vendor goes in the container: its node path,
         except under a mount_map directory (the first that holds it)."""
         for src, dst in self.mount_map:
-            if path.startswith(src) and path[len(src):len(src) + 1] in ("", "/"):
-                return (dst.rstrip("/") + path[len(src):]) or "/"
+            if path.startswith(src) and path[len(src) : len(src) + 1] in ("", "/"):
+                return (dst.rstrip("/") + path[len(src) :]) or "/"
         return path
 
 
@@ -126,8 +126,10 @@ class Inventory(Record):
                     "vendor": v.vendor,
                     "driver_version": v.driver_version,
                     "devices": [
-                        {**{k: getattr(d, k) for k in d._fields if k != "nodes"},
-                         "nodes": [n._asdict() for n in d.nodes]}
+                        {
+                            **{k: getattr(d, k) for k in d._fields if k != "nodes"},
+                            "nodes": [n._asdict() for n in d.nodes],
+                        }
                         for d in v.devices
                     ],
                     "control_nodes": [n._asdict() for n in v.control_nodes],
@@ -144,6 +146,7 @@ class Inventory(Record):
 
 def inventory_from_dict(d: dict) -> Inventory:
     """The inverse of Inventory.to_dict (for the probe cache); KeyError/TypeError on bad input."""
+
     def nodes(items) -> tuple[Node, ...]:
         return tuple(Node(**n) for n in items)
 

@@ -57,11 +57,13 @@ def configure(stream=None, fmt: str = "auto", level: str = "info") -> None:
     if fmt == "console":
         renderer = structlog.dev.ConsoleRenderer(timestamp_key="time", colors=_colors(stream))
     else:
-        renderer = structlog.processors.JSONRenderer(serializer=lambda o, **kw: json.dumps(  # type: ignore[assignment]
-            o, separators=(",", ":"), default=str, ensure_ascii=False))
+        renderer = structlog.processors.JSONRenderer(
+            serializer=lambda o, **kw: json.dumps(  # type: ignore[assignment]
+                o, separators=(",", ":"), default=str, ensure_ascii=False
+            )
+        )
     structlog.configure(
-        processors=[structlog.contextvars.merge_contextvars, structlog.processors.format_exc_info,
-                    _stamp, renderer],  # type: ignore[list-item]
+        processors=[structlog.contextvars.merge_contextvars, structlog.processors.format_exc_info, _stamp, renderer],  # type: ignore[list-item]
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper(), logging.INFO)),
         logger_factory=structlog.WriteLoggerFactory(file=stream),
         cache_logger_on_first_use=False,
@@ -83,6 +85,7 @@ def get(**context):
 
 
 # -- the runtime's log file: `gpuhook log` ---------------------------------------------
+
 
 def tail_records(path: str, n: int, event: str | None = "create", max_bytes: int = 64 << 20) -> tuple[list[dict], int]:
     """The last `n` records of a JSON-lines log (of `event`, when given), reading backwards
@@ -151,16 +154,18 @@ def format_records(records: list[dict], wide: bool = False) -> str:
         nodes, mounts = r.get("nodes"), r.get("mounts")
         cid = str(r.get("container_id") or "-")
         pod = pod_column(r)
-        rows.append((
-            str(r.get("time") or "-"),
-            cid if wide else _short(cid, 16),
-            pod if wide else _short(pod, 48),
-            str(r.get("decision") or "-"),
-            ",".join(map(str, vendors)) if isinstance(vendors, list) and vendors else "-",
-            str(len(nodes)) if isinstance(nodes, list) else "-",
-            str(len(mounts)) if isinstance(mounts, list) else "-",
-            _short(r.get("duration_ms"), 8),
-            _short(r.get("error"), 200 if wide else 60),
-        ))
+        rows.append(
+            (
+                str(r.get("time") or "-"),
+                cid if wide else _short(cid, 16),
+                pod if wide else _short(pod, 48),
+                str(r.get("decision") or "-"),
+                ",".join(map(str, vendors)) if isinstance(vendors, list) and vendors else "-",
+                str(len(nodes)) if isinstance(nodes, list) else "-",
+                str(len(mounts)) if isinstance(mounts, list) else "-",
+                _short(r.get("duration_ms"), 8),
+                _short(r.get("error"), 200 if wide else 60),
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1] for row in rows)

@@ -43,7 +43,7 @@ class Record(tuple):
         if len(args) > len(fields):
             raise TypeError(f"{cls.__name__} takes {len(fields)} fields, got {len(args)}")
         values = list(args)
-        for name in fields[len(args):]:
+        for name in fields[len(args) :]:
             if name in kwargs:
                 values.append(kwargs.pop(name))
             elif name in cls._defaults:

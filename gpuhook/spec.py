@@ -6,7 +6,6 @@ gets both a `linux.devices` entry and a `linux.resources.devices` allow rule: ru
 node listed in linux.devices but does not let the container open it without the rule.
 """
 
-
 import os
 
 from .edits import Edits
@@ -38,11 +37,18 @@ def _list(parent: dict, key: str, where: str = "") -> list:
 # their items. A spec where one has another type is not edited at all: gpuhook would read it
 # otherwise than runc does, and runc refuses it anyway, in its own words.
 _SHAPE: tuple[tuple[tuple[str, ...], type, type | None], ...] = (
-    (("process",), dict, None), (("process", "env"), list, str), (("process", "user"), dict, None),
-    (("process", "user", "additionalGids"), list, int), (("root",), dict, None),
-    (("annotations",), dict, str), (("linux",), dict, None), (("linux", "devices"), list, dict),
-    (("linux", "resources"), dict, None), (("linux", "resources", "devices"), list, dict),
-    (("mounts",), list, dict), (("hooks",), dict, list),
+    (("process",), dict, None),
+    (("process", "env"), list, str),
+    (("process", "user"), dict, None),
+    (("process", "user", "additionalGids"), list, int),
+    (("root",), dict, None),
+    (("annotations",), dict, str),
+    (("linux",), dict, None),
+    (("linux", "devices"), list, dict),
+    (("linux", "resources"), dict, None),
+    (("linux", "resources", "devices"), list, dict),
+    (("mounts",), list, dict),
+    (("hooks",), dict, list),
 )
 
 
@@ -106,8 +112,7 @@ def apply(spec: dict, edits: Edits) -> dict:
                 by_path[n.path] = entry
             elif (have.get("type"), have.get("major"), have.get("minor")) != (n.type, n.major, n.minor):
                 continue  # the path is taken by another device (a device plugin's): leave it
-            rule = {"allow": True, "type": n.type, "major": n.major, "minor": n.minor,
-                    "access": n.permissions}
+            rule = {"allow": True, "type": n.type, "major": n.major, "minor": n.minor, "access": n.permissions}
             if rule not in rules:
                 rules.append(rule)
     if edits.mounts:
@@ -115,8 +120,9 @@ def apply(spec: dict, edits: Edits) -> dict:
         taken = {m.get("destination") for m in mounts if isinstance(m, dict)}
         for m in edits.mounts:
             if m.container_path not in taken:
-                mounts.append({"destination": m.container_path, "type": m.type,
-                               "source": m.host_path, "options": list(m.options)})
+                mounts.append(
+                    {"destination": m.container_path, "type": m.type, "source": m.host_path, "options": list(m.options)}
+                )
                 taken.add(m.container_path)
     if edits.hooks:
         hooks = _dict(spec, "hooks")
@@ -143,8 +149,7 @@ def _copy(value):
     return value
 
 
-def write_atomic(path: str, data: bytes, mode: int | None = None, sync_dir: bool = True,
-                 sync: bool = True) -> None:
+def write_atomic(path: str, data: bytes, mode: int | None = None, sync_dir: bool = True, sync: bool = True) -> None:
     """Write a whole file or nothing: temp file beside it, fsync, rename, and fsync the
     directory too when the rename itself must survive a crash (node config, not a bundle:
     a bundle does not outlive a node crash). sync=False: no fsync at all, for a file that
@@ -170,7 +175,7 @@ def write_atomic(path: str, data: bytes, mode: int | None = None, sync_dir: bool
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             os.fchmod(fd, mode)
             if sync:
                 os.fsync(fd)

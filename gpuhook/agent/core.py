@@ -29,28 +29,28 @@ READY_FILE = defaults.READY_FILE
 
 @dataclasses.dataclass
 class Options:
-    root: str = "/"                  # where the node's / is (/host in the DaemonSet)
-    spec_root: str = "/"             # the node's / as the container runtime sees it (in CDI paths)
-    interval: float = 30.0           # periodic re-probe, seconds
-    debounce: float = 1.0            # quiet time after a udev event before re-probing
-    cdi_dir: str | None = None       # default <root>/var/run/cdi (resolved inside root); "" = off
-    nfd_dir: str | None = None       # default <root>/etc/kubernetes/node-feature-discovery/features.d; "" = off
+    root: str = "/"  # where the node's / is (/host in the DaemonSet)
+    spec_root: str = "/"  # the node's / as the container runtime sees it (in CDI paths)
+    interval: float = 30.0  # periodic re-probe, seconds
+    debounce: float = 1.0  # quiet time after a udev event before re-probing
+    cdi_dir: str | None = None  # default <root>/var/run/cdi (resolved inside root); "" = off
+    nfd_dir: str | None = None  # default <root>/etc/kubernetes/node-feature-discovery/features.d; "" = off
     cdi_format: str = "yaml"
     cdi_max_version: str | None = None  # the newest cdiVersion the node's runtimes read (None: any)
     install: bool = True
     once: bool = False
-    ready_file: str = READY_FILE     # "" = none
-    ldconfig: str | None = None      # the node's ldconfig for the CDI ld-cache hook (found when None)
-    install_restart: str = "none"    # passed to gpuhook install: signal | systemd | none
-    api_resync: float = 300.0        # re-check the Node's labels at least this often
+    ready_file: str = READY_FILE  # "" = none
+    ldconfig: str | None = None  # the node's ldconfig for the CDI ld-cache hook (found when None)
+    install_restart: str = "none"  # passed to gpuhook install: signal | systemd | none
+    api_resync: float = 300.0  # re-check the Node's labels at least this often
     udev: bool = True
     nvidia_driver_root: str | None = None  # the node config's nvidia_driver_root (None: auto)
-    runtime_log: str | None = None   # the runtime's log to follow (None: the node config's log_file in root; "" = off)
-    pod_events: bool = True          # Events and the gpuhook.dev/accelerator label on gpu-optional pods
+    runtime_log: str | None = None  # the runtime's log to follow (None: the node config's log_file in root; "" = off)
+    pod_events: bool = True  # Events and the gpuhook.dev/accelerator label on gpu-optional pods
     metrics_address: str | None = None  # host:port for Prometheus metrics (None: off)
-    kubeconfig: str | None = None    # the API from a kubeconfig file (None: in-cluster, when in a pod)
+    kubeconfig: str | None = None  # the API from a kubeconfig file (None: in-cluster, when in a pod)
     kube_context: str | None = None  # its context (None: current-context)
-    node_name: str | None = None     # this node's name in the API (None: NODE_NAME, else the host name)
+    node_name: str | None = None  # this node's name in the API (None: NODE_NAME, else the host name)
 
     def resolved_runtime_log(self) -> str:
         if self.runtime_log is not None:
@@ -80,11 +80,15 @@ class Options:
 
 def default_installer(opts: Options, log) -> Callable[[], None]:
     """`gpuhook install` for this node (gpuhook.install.core.install)."""
+
     def install() -> None:
         from ..install.core import Options as InstallOptions, install as run_install
 
-        run_install(InstallOptions(host_root=opts.root, restart=opts.install_restart),
-                    lambda line: log.info("install.step", message=line))
+        run_install(
+            InstallOptions(host_root=opts.root, restart=opts.install_restart),
+            lambda line: log.info("install.step", message=line),
+        )
+
     return install
 
 
@@ -116,7 +120,9 @@ def describe(inv) -> str:
     parts, n = [], 0
     for v in vendors:
         why = unusable(v)
-        extra = [x for x in (labels_mod.common_model(v.devices), v.driver_version and f"driver {v.driver_version}") if x]
+        extra = [
+            x for x in (labels_mod.common_model(v.devices), v.driver_version and f"driver {v.driver_version}") if x
+        ]
         if why:
             extra.append(f"not usable: {why[1]}")
         else:
@@ -129,11 +135,15 @@ def describe(inv) -> str:
 def diff(old: dict, new: dict) -> dict:
     added = sorted(set(new["devices"]) - set(old["devices"]))
     removed = sorted(set(old["devices"]) - set(new["devices"]))
-    drivers = {v: [old["drivers"].get(v), new["drivers"].get(v)]
-               for v in sorted(set(old["drivers"]) | set(new["drivers"]))
-               if old["drivers"].get(v) != new["drivers"].get(v)}
+    drivers = {
+        v: [old["drivers"].get(v), new["drivers"].get(v)]
+        for v in sorted(set(old["drivers"]) | set(new["drivers"]))
+        if old["drivers"].get(v) != new["drivers"].get(v)
+    }
     before, after = old.get("unusable", {}), new.get("unusable", {})
-    usable = {v: [before.get(v), after.get(v)] for v in sorted(set(before) | set(after)) if before.get(v) != after.get(v)}
+    usable = {
+        v: [before.get(v), after.get(v)] for v in sorted(set(before) | set(after)) if before.get(v) != after.get(v)
+    }
     return {"added": added, "removed": removed, "driver_version": drivers, "unusable": usable}
 
 
@@ -179,16 +189,26 @@ class UdevWatch:
 
 
 class Agent:
-    def __init__(self, opts: Options, installer: Callable[[], None] | None = None, kube="auto",
-                 log=None, probe: Callable | None = None, clock=time.monotonic):
+    def __init__(
+        self,
+        opts: Options,
+        installer: Callable[[], None] | None = None,
+        kube="auto",
+        log=None,
+        probe: Callable | None = None,
+        clock=time.monotonic,
+    ):
         from .. import log as logmod
 
         self.opts = opts
         self.log = log or logmod.get()
         self.installer = installer if installer is not None else default_installer(opts, self.log)
         if kube == "auto":  # KubeError (a kubeconfig that cannot be used) goes to the caller
-            kube = (kube_mod.KubeAPI.from_kubeconfig(opts.kubeconfig, opts.kube_context, opts.node_name)
-                    if opts.kubeconfig else kube_mod.KubeAPI.in_cluster(node=opts.node_name))
+            kube = (
+                kube_mod.KubeAPI.from_kubeconfig(opts.kubeconfig, opts.kube_context, opts.node_name)
+                if opts.kubeconfig
+                else kube_mod.KubeAPI.in_cluster(node=opts.node_name)
+            )
         self.kube = kube
         if probe is None:
             import functools
@@ -207,11 +227,11 @@ class Agent:
         self.ready = False
         self.syncs = 0
         self.summary: dict | None = None
-        self.probe_errors = 0      # metrics.py
-        self.last_probe = 0.0      # Unix time of the last successful probe
+        self.probe_errors = 0  # metrics.py
+        self.last_probe = 0.0  # Unix time of the last successful probe
         self._api_labels: dict | None = None
         self._api_synced = 0.0
-        self._api_failures = 0      # consecutive: the next try waits 2**n s (at most api_resync)
+        self._api_failures = 0  # consecutive: the next try waits 2**n s (at most api_resync)
         self._api_retry_at = 0.0
         self._api_said: set[str] = set()  # kinds of API error logged since the API last worked
         self._node_uid: str | None = None
@@ -274,8 +294,12 @@ class Agent:
         except Exception as e:
             worded = isinstance(e, (OSError, ValueError)) or type(e).__name__ == "InstallError"
             self.install_error = str(e) if worded else f"{type(e).__name__}: {e}"
-            self.log.error("install", decision="error", error=self.install_error,
-                           duration_ms=round((time.monotonic() - t0) * 1000, 1))
+            self.log.error(
+                "install",
+                decision="error",
+                error=self.install_error,
+                duration_ms=round((time.monotonic() - t0) * 1000, 1),
+            )
             self._post("RuntimeInstallFailed", f"gpuhook install failed: {self.install_error}", "Warning")
             return False
         self.install_error = None
@@ -291,7 +315,9 @@ class Agent:
         from ..config import cache_dir
         from ..probe import cache as probe_cache
 
-        key = probe_cache.fingerprint(self.opts.root, self.opts.nvidia_driver_root)  # before: a change meanwhile invalidates
+        key = probe_cache.fingerprint(
+            self.opts.root, self.opts.nvidia_driver_root
+        )  # before: a change meanwhile invalidates
         try:
             inv = self.probe(self.opts.root)
         except Exception as e:  # the probe never raises by design; if it does, change nothing
@@ -307,15 +333,27 @@ class Agent:
         changed = first or any(change.values())
         self.summary = summary
         vendors = [v.vendor for v in inv.vendors if v.devices]
-        common = {"vendors": vendors, "devices": sorted(summary["devices"]),
-                  "driver_version": summary["drivers"]}
+        common = {"vendors": vendors, "devices": sorted(summary["devices"]), "driver_version": summary["drivers"]}
         if first:
-            self.log.info("inventory", reason=reason, message=describe(inv), **common,
-                          warnings=list(inv.warnings)[:20], duration_ms=round((time.monotonic() - t0) * 1000, 1))
+            self.log.info(
+                "inventory",
+                reason=reason,
+                message=describe(inv),
+                **common,
+                warnings=list(inv.warnings)[:20],
+                duration_ms=round((time.monotonic() - t0) * 1000, 1),
+            )
         elif changed:
-            self.log.info("inventory.changed", reason=reason, message=describe(inv), **common,
-                          added=change["added"], removed=change["removed"],
-                          driver_changes=change["driver_version"], warnings=list(inv.warnings)[:20])
+            self.log.info(
+                "inventory.changed",
+                reason=reason,
+                message=describe(inv),
+                **common,
+                added=change["added"],
+                removed=change["removed"],
+                driver_changes=change["driver_version"],
+                warnings=list(inv.warnings)[:20],
+            )
         else:
             self.log.debug("inventory.same", reason=reason)
         self._dev_links(inv)
@@ -329,13 +367,21 @@ class Agent:
             else:
                 parts = [f"+{d}" for d in change["added"]] + [f"-{d}" for d in change["removed"]]
                 parts += [f"{v} driver {a or '-'} -> {b or '-'}" for v, (a, b) in change["driver_version"].items()]
-                parts += [f"{v} {'not usable' if a else 'usable'} -> {'not usable: ' + b if b else 'usable'}"
-                          for v, (a, b) in change["unusable"].items()]
+                parts += [
+                    f"{v} {'not usable' if a else 'usable'} -> {'not usable: ' + b if b else 'usable'}"
+                    for v, (a, b) in change["unusable"].items()
+                ]
                 self._post("GPUInventoryChanged", f"{describe(inv)} ({'; '.join(parts)})")
             if summary["unusable"] and (first or change["unusable"]):
                 self.log.warning("inventory.unusable", vendors=summary["unusable"])
-                self._post("GPUUnusable", "; ".join(f"{v}: {why}: gpu-optional containers get none of its devices"
-                                                    for v, why in summary["unusable"].items()), "Warning")
+                self._post(
+                    "GPUUnusable",
+                    "; ".join(
+                        f"{v}: {why}: gpu-optional containers get none of its devices"
+                        for v, why in summary["unusable"].items()
+                    ),
+                    "Warning",
+                )
         return ok
 
     def _dev_links(self, inv) -> None:
@@ -369,11 +415,20 @@ class Agent:
             self.log.error("cdi.error", error=str(e), dir=self.cdi_dir)
             return False
         if written or removed:
-            self.log.info("cdi.written", dir=self.cdi_dir, files=written, removed=removed,
-                          kinds=[s["kind"] for s in specs], cdi_versions=[s["cdiVersion"] for s in specs])
+            self.log.info(
+                "cdi.written",
+                dir=self.cdi_dir,
+                files=written,
+                removed=removed,
+                kinds=[s["kind"] for s in specs],
+                cdi_versions=[s["cdiVersion"] for s in specs],
+            )
             if dropped:
-                self.log.warning("cdi.capped", max_version=self.opts.cdi_max_version,
-                                 left_out={kind: fields for kind, fields in dropped})
+                self.log.warning(
+                    "cdi.capped",
+                    max_version=self.opts.cdi_max_version,
+                    left_out={kind: fields for kind, fields in dropped},
+                )
         return True
 
     def _write_nfd(self, node_labels: dict) -> bool:
@@ -381,8 +436,9 @@ class Agent:
             return True
         try:
             if labels_mod.write_nfd(node_labels, self.nfd_dir):
-                self.log.info("labels.written", file=os.path.join(self.nfd_dir, labels_mod.NFD_FILE),
-                              labels=node_labels)
+                self.log.info(
+                    "labels.written", file=os.path.join(self.nfd_dir, labels_mod.NFD_FILE), labels=node_labels
+                )
         except OSError as e:
             self.log.error("labels.error", error=str(e), dir=self.nfd_dir)
             return False
@@ -412,8 +468,12 @@ class Agent:
         self._api_labels = dict(node_labels)
         self._api_synced = self.clock()
         if patch:
-            self.log.info("labels.patched", node=self.kube.node,
-                          labels={k: v for k, v in patch.items() if v is not None}, removed=removed)
+            self.log.info(
+                "labels.patched",
+                node=self.kube.node,
+                labels={k: v for k, v in patch.items() if v is not None},
+                removed=removed,
+            )
         return True
 
     def _post(self, reason: str, message: str, type_: str = "Normal") -> None:
@@ -434,8 +494,14 @@ class Agent:
         if e.kind in self._api_said:
             return
         self._api_said.add(e.kind)
-        self.log.warning("kube.error", error=str(e), kind=e.kind, node=self.kube.node,
-                         note="the node's files do not wait for the API: said once, retried with backoff", **kw)
+        self.log.warning(
+            "kube.error",
+            error=str(e),
+            kind=e.kind,
+            node=self.kube.node,
+            note="the node's files do not wait for the API: said once, retried with backoff",
+            **kw,
+        )
 
     def _mark_ready(self) -> None:
         if self.ready or not self.runtime_ready:
@@ -446,8 +512,12 @@ class Agent:
 
             try:
                 os.makedirs(os.path.dirname(self.opts.ready_file) or ".", exist_ok=True)
-                write_atomic(self.opts.ready_file, (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n").encode(),
-                             0o644, sync_dir=False)
+                write_atomic(
+                    self.opts.ready_file,
+                    (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n").encode(),
+                    0o644,
+                    sync_dir=False,
+                )
             except OSError as e:
                 self.log.error("ready.error", error=str(e), file=self.opts.ready_file)
                 self.ready = False
@@ -462,12 +532,17 @@ class Agent:
         try:
             watch.start()
         except Exception as e:  # no pyudev, no libudev, no netlink: the timer does it all
-            self.log.warning("udev.unavailable", error=f"{type(e).__name__}: {e}".strip(),
-                             fallback="periodic", interval=self.opts.interval)
+            self.log.warning(
+                "udev.unavailable",
+                error=f"{type(e).__name__}: {e}".strip(),
+                fallback="periodic",
+                interval=self.opts.interval,
+            )
             return
         self.watch = watch
-        self.log.info("udev.watching", source=watch.source, subsystems=list(UDEV_SUBSYSTEMS),
-                      modules=sorted(UDEV_MODULES))
+        self.log.info(
+            "udev.watching", source=watch.source, subsystems=list(UDEV_SUBSYSTEMS), modules=sorted(UDEV_MODULES)
+        )
 
     def _start_creates(self) -> None:
         """Follow the runtime's log for pod Events and metrics (podevents.py, metrics.py)."""
@@ -500,10 +575,18 @@ class Agent:
     # -- the loop ----------------------------------------------------------------------
     def run(self) -> int:
         o = self.opts
-        self.log.info("agent.start", root=o.root, spec_root=o.spec_root, interval=o.interval, debounce=o.debounce,
-                      cdi_dir=self.cdi_dir or None, nfd_dir=self.nfd_dir or None, install=o.install,
-                      api=self.kube.base_url if self.kube else None,
-                      node=self.kube.node if self.kube else None)
+        self.log.info(
+            "agent.start",
+            root=o.root,
+            spec_root=o.spec_root,
+            interval=o.interval,
+            debounce=o.debounce,
+            cdi_dir=self.cdi_dir or None,
+            nfd_dir=self.nfd_dir or None,
+            install=o.install,
+            api=self.kube.base_url if self.kube else None,
+            node=self.kube.node if self.kube else None,
+        )
         if o.install:
             self.install()
         if o.once:
@@ -544,5 +627,9 @@ class Agent:
                 os.unlink(self.opts.ready_file)
             except OSError:
                 pass
-        self.log.info("agent.stop", reason=getattr(self, "_stop_reason", "stop"), syncs=self.syncs,
-                      note="gpuhook stays installed: gpu-optional pods keep starting")
+        self.log.info(
+            "agent.stop",
+            reason=getattr(self, "_stop_reason", "stop"),
+            syncs=self.syncs,
+            note="gpuhook stays installed: gpu-optional pods keep starting",
+        )

@@ -102,8 +102,16 @@ class KubeAPI:
     """The calls the agent makes. Every method returns the object as a dict or raises
     KubeError; `node` is the agent's Node."""
 
-    def __init__(self, base_url: str, token: str | None = None, node: str | None = None, ca_file: str | None = None,
-                 timeout: float = TIMEOUT, namespace: str = NODE_EVENTS_NAMESPACE, token_file: str | None = None):
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        node: str | None = None,
+        ca_file: str | None = None,
+        timeout: float = TIMEOUT,
+        namespace: str = NODE_EVENTS_NAMESPACE,
+        token_file: str | None = None,
+    ):
         from lightkube.config.kubeconfig import KubeConfig
         from lightkube.config.models import Cluster, User
 
@@ -112,15 +120,22 @@ class KubeAPI:
         self._setup(config, node_name(node), timeout, namespace, token_file)
 
     @classmethod
-    def from_config(cls, config, node: str | None = None, timeout: float = TIMEOUT,
-                    namespace: str = NODE_EVENTS_NAMESPACE, token_file: str | None = None) -> KubeAPI:
+    def from_config(
+        cls,
+        config,
+        node: str | None = None,
+        timeout: float = TIMEOUT,
+        namespace: str = NODE_EVENTS_NAMESPACE,
+        token_file: str | None = None,
+    ) -> KubeAPI:
         api = cls.__new__(cls)
         api._setup(config, node_name(node), timeout, namespace, token_file)
         return api
 
     @classmethod
-    def from_kubeconfig(cls, path: str, context: str | None = None, node: str | None = None,
-                        timeout: float = TIMEOUT) -> KubeAPI:
+    def from_kubeconfig(
+        cls, path: str, context: str | None = None, node: str | None = None, timeout: float = TIMEOUT
+    ) -> KubeAPI:
         """The cluster and user of `context` (default: current-context) in a kubeconfig file.
         KubeError (kind "config") when the file cannot be used: one line that says why."""
         from lightkube.config.kubeconfig import KubeConfig
@@ -134,7 +149,11 @@ class KubeAPI:
         except OSError as e:
             raise KubeError(f"{where}: {e.strerror or e}", kind="config") from None
         except Exception as e:  # YAML that is not a kubeconfig: yaml/msgspec errors, a missing key
-            what = f"no {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            what = (
+                f"no {e}"
+                if isinstance(e, KeyError)
+                else f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            )
             raise KubeError(f"{where}: not a usable kubeconfig ({what})", kind="config") from None
         assert config is not None  # from_file gives one, or raises
         if config.user is None:
@@ -152,8 +171,9 @@ class KubeAPI:
             raise KubeError(f"{where}: {type(e).__name__}: {e}", kind="config") from None
 
     @classmethod
-    def in_cluster(cls, env=None, sa_dir: str = SA_DIR, node: str | None = None,
-                   timeout: float = TIMEOUT) -> KubeAPI | None:
+    def in_cluster(
+        cls, env=None, sa_dir: str = SA_DIR, node: str | None = None, timeout: float = TIMEOUT
+    ) -> KubeAPI | None:
         """From KUBERNETES_SERVICE_HOST/PORT, the service account token (re-read as it
         rotates) and CA, and NODE_NAME (the downward API); None when not in a cluster."""
         env = os.environ if env is None else env
@@ -165,8 +185,14 @@ class KubeAPI:
         if ":" in host and not host.startswith("["):
             host = f"[{host}]"
         ca = os.path.join(sa_dir, "ca.crt")
-        return cls(f"https://{host}:{port}", None, node_name(node, env), ca if os.path.exists(ca) else None,
-                   timeout=timeout, token_file=token_file)
+        return cls(
+            f"https://{host}:{port}",
+            None,
+            node_name(node, env),
+            ca if os.path.exists(ca) else None,
+            timeout=timeout,
+            token_file=token_file,
+        )
 
     def _setup(self, config, node: str, timeout: float, namespace: str, token_file: str | None) -> None:
         import httpx2 as httpx
@@ -184,11 +210,20 @@ class KubeAPI:
             user = msgspec.structs.replace(user, token_file=None)
         # the kubeconfig's TLS settings (CA, client certificate) in the transport that also
         # retries connections; env proxies are not used (the API is the cluster's)
-        verify = verify_cluster(config.cluster, user, config.abs_file, trust_env=False) \
-            if self.base_url.startswith("https:") else False
+        verify = (
+            verify_cluster(config.cluster, user, config.abs_file, trust_env=False)
+            if self.base_url.startswith("https:")
+            else False
+        )
         transport = httpx.HTTPTransport(verify=verify, retries=CONNECT_RETRIES, trust_env=False)
-        self._client = Client(config._replace(user=user), namespace=namespace, timeout=httpx.Timeout(timeout),
-                              trust_env=False, transport=transport, field_manager="gpuhook-agent")
+        self._client = Client(
+            config._replace(user=user),
+            namespace=namespace,
+            timeout=httpx.Timeout(timeout),
+            trust_env=False,
+            transport=transport,
+            field_manager="gpuhook-agent",
+        )
         self.token_auth = None
         if token_file:
             self.token_auth = _token_file_auth(token_file)
@@ -225,7 +260,9 @@ class KubeAPI:
         except KubeError as e:  # the token file (from the auth flow)
             raise KubeError(f"{what}: {e}", kind=e.kind) from None
         except ValueError as e:  # msgspec: an answer that is not JSON, or not the object
-            raise KubeError(f"{what}: the answer is not a Kubernetes object ({str(e)[:200]})", kind="bad-answer") from None
+            raise KubeError(
+                f"{what}: the answer is not a Kubernetes object ({str(e)[:200]})", kind="bad-answer"
+            ) from None
         return obj.to_dict() if hasattr(obj, "to_dict") else (obj or {})
 
     # -- the Node ------------------------------------------------------------------------
@@ -239,11 +276,18 @@ class KubeAPI:
         from lightkube.resources.core_v1 import Node
         from lightkube.types import PatchType
 
-        return self._call(f"PATCH /api/v1/nodes/{self.node}", self._client.patch, Node, self.node,
-                          {"metadata": {"labels": labels}}, patch_type=PatchType.MERGE)
+        return self._call(
+            f"PATCH /api/v1/nodes/{self.node}",
+            self._client.patch,
+            Node,
+            self.node,
+            {"metadata": {"labels": labels}},
+            patch_type=PatchType.MERGE,
+        )
 
-    def post_event(self, reason: str, message: str, type_: str = "Normal", node_uid: str | None = None,
-                   now: str | None = None) -> dict:
+    def post_event(
+        self, reason: str, message: str, type_: str = "Normal", node_uid: str | None = None, now: str | None = None
+    ) -> dict:
         """A core/v1 Event on the Node (what `kubectl describe node` shows)."""
         involved = {"apiVersion": "v1", "kind": "Node", "name": self.node}
         if node_uid:
@@ -254,49 +298,93 @@ class KubeAPI:
     def get_pod(self, namespace: str, name: str) -> dict:
         from lightkube.resources.core_v1 import Pod
 
-        return self._call(f"GET /api/v1/namespaces/{namespace}/pods/{name}", self._client.get, Pod, name,
-                          namespace=namespace)
+        return self._call(
+            f"GET /api/v1/namespaces/{namespace}/pods/{name}", self._client.get, Pod, name, namespace=namespace
+        )
 
     def patch_pod_labels(self, namespace: str, name: str, labels: dict[str, str | None]) -> dict:
         from lightkube.resources.core_v1 import Pod
         from lightkube.types import PatchType
 
-        return self._call(f"PATCH /api/v1/namespaces/{namespace}/pods/{name}", self._client.patch, Pod, name,
-                          {"metadata": {"labels": labels}}, namespace=namespace, patch_type=PatchType.MERGE)
+        return self._call(
+            f"PATCH /api/v1/namespaces/{namespace}/pods/{name}",
+            self._client.patch,
+            Pod,
+            name,
+            {"metadata": {"labels": labels}},
+            namespace=namespace,
+            patch_type=PatchType.MERGE,
+        )
 
-    def post_pod_event(self, namespace: str, name: str, uid: str, container: str | None, reason: str,
-                       message: str, type_: str = "Normal", now: str | None = None) -> dict:
+    def post_pod_event(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        container: str | None,
+        reason: str,
+        message: str,
+        type_: str = "Normal",
+        now: str | None = None,
+    ) -> dict:
         """A core/v1 Event on a pod (what `kubectl describe pod` shows), about one container."""
         involved = {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name, "uid": uid}
         if container:
             involved["fieldPath"] = f"spec.containers{{{container}}}"
-        return self._create_event(namespace, f"{name[:200]}.gpuhook-", involved, reason, message, type_, now,
-                                  action="CreateContainer")
+        return self._create_event(
+            namespace, f"{name[:200]}.gpuhook-", involved, reason, message, type_, now, action="CreateContainer"
+        )
 
     def patch_event(self, namespace: str, name: str, patch: dict) -> dict:
         from lightkube.resources.core_v1 import Event
         from lightkube.types import PatchType
 
-        return self._call(f"PATCH /api/v1/namespaces/{namespace}/events/{name}", self._client.patch, Event, name,
-                          patch, namespace=namespace, patch_type=PatchType.MERGE)
+        return self._call(
+            f"PATCH /api/v1/namespaces/{namespace}/events/{name}",
+            self._client.patch,
+            Event,
+            name,
+            patch,
+            namespace=namespace,
+            patch_type=PatchType.MERGE,
+        )
 
-    def _create_event(self, namespace: str, generate_name: str, involved: dict, reason: str, message: str,
-                      type_: str, now: str | None, action: str | None = None) -> dict:
+    def _create_event(
+        self,
+        namespace: str,
+        generate_name: str,
+        involved: dict,
+        reason: str,
+        message: str,
+        type_: str,
+        now: str | None,
+        action: str | None = None,
+    ) -> dict:
         from lightkube.resources.core_v1 import Event
 
         from ..log import utc_now
 
         now = now or utc_now(ms=False)
         body = {
-            "apiVersion": "v1", "kind": "Event",
+            "apiVersion": "v1",
+            "kind": "Event",
             "metadata": {"generateName": generate_name, "namespace": namespace},
             "involvedObject": involved,
-            "reason": reason, "message": message[:1024], "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "type": type_,
             "source": {"component": "gpuhook-agent", "host": self.node},
-            "reportingComponent": "gpuhook.dev/agent", "reportingInstance": self.node,
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+            "reportingComponent": "gpuhook.dev/agent",
+            "reportingInstance": self.node,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
         }
         if action:
             body["action"] = action
-        return self._call(f"POST /api/v1/namespaces/{namespace}/events", self._client.create, Event.from_dict(body),
-                          namespace=namespace)
+        return self._call(
+            f"POST /api/v1/namespaces/{namespace}/events",
+            self._client.create,
+            Event.from_dict(body),
+            namespace=namespace,
+        )

@@ -18,7 +18,6 @@ container picks (probe order: nvidia, amd, intel, accel, dxg: discrete before in
 The API calls are gpuhook.agent.kube's (lightkube); this module only says what the labels are.
 """
 
-
 import os
 import re
 
@@ -77,8 +76,10 @@ def node_labels(inv, runtime_ready: bool = False) -> dict[str, str]:
             refused.append((v.vendor, why[0]))
         elif v.devices:
             vendors.append(v)
-    labels = {ACCELERATOR: vendors[0].vendor if vendors else "none",
-              PREFIX + "gpu.count": str(sum(len(v.devices) for v in vendors))}
+    labels = {
+        ACCELERATOR: vendors[0].vendor if vendors else "none",
+        PREFIX + "gpu.count": str(sum(len(v.devices) for v in vendors)),
+    }
     for vendor, code in refused:
         labels[f"{PREFIX}{label_value(vendor)}.unusable"] = label_value(code)
     if refused and not vendors:
@@ -103,6 +104,7 @@ def node_labels(inv, runtime_ready: bool = False) -> dict[str, str]:
 
 
 # -- Node Feature Discovery -----------------------------------------------------------
+
 
 def nfd_text(labels: dict[str, str]) -> str:
     lines = ["# Written by gpuhook agent: this node's GPUs. Rewritten whole on every change."]
@@ -139,6 +141,7 @@ def write_nfd(labels: dict[str, str], directory: str, name: str = NFD_FILE) -> b
 
 
 # -- the Node through the Kubernetes API (gpuhook.agent.kube) --------------------------------
+
 
 def sync_node_labels(api, labels: dict[str, str]) -> tuple[dict, list[str], str | None]:
     """Make the Node's gpuhook.dev/ labels exactly `labels`: one GET, and one merge patch

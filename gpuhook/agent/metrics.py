@@ -40,10 +40,19 @@ class Metrics:
 
         self.agent = agent
         self.registry = CollectorRegistry(auto_describe=True)
-        self.creates = Counter("gpuhook_container_creates", "Container creates gpuhook-runtime logged",
-                               ["decision", "vendor"], registry=self.registry)
-        self.duration = Histogram("gpuhook_create_duration_seconds", "gpuhook-runtime's own time per create",
-                                  ["decision"], buckets=BUCKETS, registry=self.registry)
+        self.creates = Counter(
+            "gpuhook_container_creates",
+            "Container creates gpuhook-runtime logged",
+            ["decision", "vendor"],
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "gpuhook_create_duration_seconds",
+            "gpuhook-runtime's own time per create",
+            ["decision"],
+            buckets=BUCKETS,
+            registry=self.registry,
+        )
         self.registry.register(_AgentState(agent))
         self.server = None
         self.address = None
@@ -93,16 +102,24 @@ class _AgentState:
         for v, n in sorted(per.items()):
             devices.add_metric([v], n)
         yield devices
-        unusable = GaugeMetricFamily("gpuhook_vendor_unusable", "1: the vendor's devices are there, its userspace "
-                                     "is not (gpu-optional containers get none of them)", labels=["vendor"])
+        unusable = GaugeMetricFamily(
+            "gpuhook_vendor_unusable",
+            "1: the vendor's devices are there, its userspace is not (gpu-optional containers get none of them)",
+            labels=["vendor"],
+        )
         for v in sorted(summary.get("unusable") or {}):
             unusable.add_metric([v], 1)
         yield unusable
-        yield GaugeMetricFamily("gpuhook_runtime_installed", "1 when the gpu-optional runtime handler is installed",
-                                value=1 if a.runtime_ready else 0)
-        yield GaugeMetricFamily("gpuhook_install_errors", "1 while the last gpuhook install failed",
-                                value=1 if a.install_error else 0)
+        yield GaugeMetricFamily(
+            "gpuhook_runtime_installed",
+            "1 when the gpu-optional runtime handler is installed",
+            value=1 if a.runtime_ready else 0,
+        )
+        yield GaugeMetricFamily(
+            "gpuhook_install_errors", "1 while the last gpuhook install failed", value=1 if a.install_error else 0
+        )
         yield CounterMetricFamily("gpuhook_probe_errors", "Probes that failed", value=a.probe_errors)
         if a.last_probe:
-            yield GaugeMetricFamily("gpuhook_last_probe_timestamp_seconds", "Unix time of the last successful probe",
-                                    value=a.last_probe)
+            yield GaugeMetricFamily(
+                "gpuhook_last_probe_timestamp_seconds", "Unix time of the last successful probe", value=a.last_probe
+            )

@@ -61,8 +61,11 @@ def event_for(rec: dict) -> tuple[str, str, str, str] | None:
         if vendors:
             per = ", ".join(f"{v} x{sum(1 for d in ids if d.startswith(v + ':'))}" for v in vendors)
             shown = ", ".join(ids[:MAX_IDS]) + (f" (+{len(ids) - MAX_IDS})" if len(ids) > MAX_IDS else "")
-            msg = (f"{where} got {len(ids)} GPU device(s): {per}: {shown}" if ids
-                   else f"{where} got GPUs: {', '.join(vendors)}")  # a line of a gpuhook before device ids
+            msg = (
+                f"{where} got {len(ids)} GPU device(s): {per}: {shown}"
+                if ids
+                else f"{where} got GPUs: {', '.join(vendors)}"
+            )  # a line of a gpuhook before device ids
             held = rec.get("held_back") or []
             if held:
                 msg += f"; {len(held)} held back (allocated by the kubelet to other pods)"
@@ -96,8 +99,18 @@ class _Bucket:
 class PodReporter:
     """Create records -> pod Events and the pod label (see the module's doc)."""
 
-    def __init__(self, kube, log, clock: Callable[[], float] = time.monotonic, burst: int = 25, rate: float = 1.0,
-                 retries: int = 4, backoff: float = 1.0, set_label: bool = True, root: str | None = None):
+    def __init__(
+        self,
+        kube,
+        log,
+        clock: Callable[[], float] = time.monotonic,
+        burst: int = 25,
+        rate: float = 1.0,
+        retries: int = 4,
+        backoff: float = 1.0,
+        set_label: bool = True,
+        root: str | None = None,
+    ):
         self.kube = kube
         self.root = root  # the node's / (bundle paths of the runtime's lines are under it)
         self.node = kube.node
@@ -108,8 +121,8 @@ class PodReporter:
         self.backoff = backoff
         self.set_label = set_label
         self.events: dict[tuple, dict] = {}  # (pod uid, reason, message) -> {"name", "namespace", "count"}
-        self.labelled: dict[str, str] = {}   # pod uid -> the label value it has
-        self.pods: dict[str, float] = {}     # pod uid -> when it was checked to be this node's
+        self.labelled: dict[str, str] = {}  # pod uid -> the label value it has
+        self.pods: dict[str, float] = {}  # pod uid -> when it was checked to be this node's
         self.retry: list[tuple[float, int, dict]] = []  # (due, attempt, record)
         self.dropped = 0
         self.posted = 0
@@ -138,10 +151,17 @@ class PodReporter:
             self._report(rec)
         except kube_mod.KubeError as e:
             transient = e.transient
-            self._once(e.kind, "warning", "kube.error", error=str(e), what="pod event",
-                       note="retried with backoff" if transient else "not retried", once=True)
+            self._once(
+                e.kind,
+                "warning",
+                "kube.error",
+                error=str(e),
+                what="pod event",
+                note="retried with backoff" if transient else "not retried",
+                once=True,
+            )
             if transient and attempt < self.retries:
-                self.retry.append((self.clock() + self.backoff * (2 ** attempt), attempt + 1, rec))
+                self.retry.append((self.clock() + self.backoff * (2**attempt), attempt + 1, rec))
 
     def _from_bundle(self, rec: dict) -> dict | None:
         """The sh front's line on a node with no GPU node (it forks no Python) has no pod:
@@ -177,16 +197,28 @@ class PodReporter:
         if what is None:
             return
         if not (_NAME.match(ns) and _NAME.match(name) and _UID.match(uid)):
-            self._once("bad-name", "warning", "pod.skipped", why="the log line's pod is not a valid name",
-                       namespace=ns[:80], pod=name[:80])
+            self._once(
+                "bad-name",
+                "warning",
+                "pod.skipped",
+                why="the log line's pod is not a valid name",
+                namespace=ns[:80],
+                pod=name[:80],
+            )
             return
         reason, type_, message, accel = what
         if uid not in self.pods:
             pod = self.kube.get_pod(ns, name)
             meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
             if meta.get("uid") != uid or spec.get("nodeName") != self.node:
-                self._once(f"not-ours:{ns}/{name}", "warning", "pod.skipped", namespace=ns, pod=name,
-                           why="not this node's pod (another uid or node): the line is not trusted")
+                self._once(
+                    f"not-ours:{ns}/{name}",
+                    "warning",
+                    "pod.skipped",
+                    namespace=ns,
+                    pod=name,
+                    why="not this node's pod (another uid or node): the line is not trusted",
+                )
                 return
             self.pods[uid] = self.clock()
             if len(self.pods) > 4096:
@@ -195,25 +227,38 @@ class PodReporter:
         seen = self.events.get(key)
         if not self.bucket.take():
             self.dropped += 1
-            self._once("rate", "warning", "event.ratelimited", burst=self.bucket.burst, rate=self.bucket.rate,
-                       note="further events are dropped and counted until the rate allows")
+            self._once(
+                "rate",
+                "warning",
+                "event.ratelimited",
+                burst=self.bucket.burst,
+                rate=self.bucket.rate,
+                note="further events are dropped and counted until the rate allows",
+            )
         else:
             now = micro_time()
             if seen is None:
-                body = self.kube.post_pod_event(ns, name, uid, rec.get("container_name"), reason, message, type_,
-                                                now[:19] + "Z")
+                body = self.kube.post_pod_event(
+                    ns, name, uid, rec.get("container_name"), reason, message, type_, now[:19] + "Z"
+                )
                 self.events[key] = {"name": (body.get("metadata") or {}).get("name"), "namespace": ns, "count": 1}
                 if len(self.events) > 4096:
                     self.events.pop(next(iter(self.events)))
             else:
                 count = seen["count"] + 1
                 if seen["name"]:
-                    self.kube.patch_event(ns, seen["name"], {"count": count, "lastTimestamp": now[:19] + "Z",
-                                                             "series": {"count": count, "lastObservedTime": now}})
+                    self.kube.patch_event(
+                        ns,
+                        seen["name"],
+                        {
+                            "count": count,
+                            "lastTimestamp": now[:19] + "Z",
+                            "series": {"count": count, "lastObservedTime": now},
+                        },
+                    )
                 seen["count"] = count
             self.posted += 1
-            self.log.info("event.posted", reason=reason, namespace=ns, pod=name,
-                          count=self.events[key]["count"])
+            self.log.info("event.posted", reason=reason, namespace=ns, pod=name, count=self.events[key]["count"])
         if self.set_label and self.labelled.get(uid) != accel:
             self.kube.patch_pod_labels(ns, name, {POD_LABEL: accel})
             self.labelled[uid] = accel
@@ -287,7 +332,7 @@ class CreateFollower:
             os.close(fd)
         self._pos += len(data)
         lines = (self._buf + data).split(b"\n")
-        self._buf = lines.pop()[-(1 << 20):]  # a line still being written
+        self._buf = lines.pop()[-(1 << 20) :]  # a line still being written
         fed = 0
         for raw in lines:
             try:

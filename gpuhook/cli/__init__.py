@@ -63,6 +63,7 @@ def _parse_spec(data: bytes, what: str) -> dict:
 
 # -- probe ---------------------------------------------------------------------------
 
+
 def _node(n) -> str:
     state = "" if n.present else ", not created yet"
     return f"{n.path} ({n.type} {n.major}:{n.minor}{state})"
@@ -73,8 +74,10 @@ def format_inventory(inv) -> str:
 
     lines = []
     if not inv.vendors:
-        lines.append(f"No GPU found under {inv.root}: this is a CPU-only node. "
-                     "gpu-optional containers run here on CPU, unchanged.")
+        lines.append(
+            f"No GPU found under {inv.root}: this is a CPU-only node. "
+            "gpu-optional containers run here on CPU, unchanged."
+        )
     for v in inv.vendors:
         head = f"{v.vendor}: {len(v.devices)} device(s)"
         if v.driver_version:
@@ -82,16 +85,21 @@ def format_inventory(inv) -> str:
         lines.append(head)
         if v.vendor == "nvidia":
             where = {"/": "the host"}.get(v.driver_root or "", v.driver_root)
-            lines.append(f"  driver userspace: {'from ' + where if where else 'not found'}"
-                         + (f" (mounted at: {', '.join(f'{a} -> {b}' for a, b in v.mount_map)})" if v.mount_map else ""))
+            lines.append(
+                f"  driver userspace: {'from ' + where if where else 'not found'}"
+                + (f" (mounted at: {', '.join(f'{a} -> {b}' for a, b in v.mount_map)})" if v.mount_map else "")
+            )
         why = unusable(v)
         if why is not None:
-            lines.append(f"  NOT USABLE: {why[1]}: gpu-optional containers get no {v.vendor} device "
-                         "and run without it (see the warnings)")
+            lines.append(
+                f"  NOT USABLE: {why[1]}: gpu-optional containers get no {v.vendor} device "
+                "and run without it (see the warnings)"
+            )
         rows = [("#", "KIND", "ID", "PCI", "MODEL", "NODES")]
         for d in v.devices:
-            rows.append((str(d.index), d.kind, d.id, d.pci or "-", d.model or "-",
-                         ", ".join(_node(n) for n in d.nodes)))
+            rows.append(
+                (str(d.index), d.kind, d.id, d.pci or "-", d.model or "-", ", ".join(_node(n) for n in d.nodes))
+            )
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
         for r in rows:
             lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[5])
@@ -99,12 +107,16 @@ def format_inventory(inv) -> str:
             lines.append("  control nodes: " + ", ".join(_node(n) for n in v.control_nodes))
         if v.libraries:
             lines.append(f"  libraries ({len(v.libraries)}):")
-            lines.extend(f"    {lib.path}  [{lib.capability}]"
-                         + (f" -> {v.container_path(lib.path)}" if v.container_path(lib.path) != lib.path else "")
-                         for lib in v.libraries)
+            lines.extend(
+                f"    {lib.path}  [{lib.capability}]"
+                + (f" -> {v.container_path(lib.path)}" if v.container_path(lib.path) != lib.path else "")
+                for lib in v.libraries
+            )
         if v.binaries:
-            lines.append("  binaries: " + ", ".join(
-                b + (f" -> {v.container_path(b)}" if v.container_path(b) != b else "") for b in v.binaries))
+            lines.append(
+                "  binaries: "
+                + ", ".join(b + (f" -> {v.container_path(b)}" if v.container_path(b) != b else "") for b in v.binaries)
+            )
     for w in inv.warnings:
         lines.append(f"warning: {w}")
     return "\n".join(lines)
@@ -125,6 +137,7 @@ def cmd_probe(args) -> int:
 
 
 # -- plan ----------------------------------------------------------------------------
+
 
 def format_edits(edits, root: str) -> str:
     if not edits:
@@ -153,8 +166,7 @@ def _describe_hook(h) -> str:
         return f"{h.path} {' '.join(h.args[1:])}".rstrip()
     kind, rootfs, args = parsed
     if kind == hook.LDCACHE:
-        return (f"{hook.DESCRIPTION[kind]}, isolated in {rootfs} ({args[0]} {' '.join(args[1:])}; "
-                f"{h.path})")
+        return f"{hook.DESCRIPTION[kind]}, isolated in {rootfs} ({args[0]} {' '.join(args[1:])}; {h.path})"
     pairs = ", ".join(f"{a} -> {b}" for a, b in zip(args[::2], args[1::2]))
     return f"{hook.DESCRIPTION[kind]}, isolated in {rootfs} ({pairs}; {h.path})"
 
@@ -180,24 +192,45 @@ def _plan(args, root: str) -> int:
 
     spec = _read_spec(args.spec)
     config, errors = load()
-    inv = probe(root, nvidia_driver_root=driver_root(args, root) if args.nvidia_driver_root else config.nvidia_driver_root)
+    inv = probe(
+        root, nvidia_driver_root=driver_root(args, root) if args.nvidia_driver_root else config.nvidia_driver_root
+    )
     warnings = list(errors) + list(inv.warnings)
     # a dry run: no state_dir, so the max-gpus round robin neither reads nor moves
     explain: dict = {}
-    edits = plan(inv, request_from_spec(spec, os.path.dirname(os.path.abspath(args.spec)) if args.spec else None),
-                 config.ldconfig, config, None, warnings, explain=explain)
+    edits = plan(
+        inv,
+        request_from_spec(spec, os.path.dirname(os.path.abspath(args.spec)) if args.spec else None),
+        config.ldconfig,
+        config,
+        None,
+        warnings,
+        explain=explain,
+    )
     if args.json:
-        print(json.dumps({"root": root, "vendors": [v.vendor for v in inv.vendors],
-                          "edits": edits.to_cdi(), "held_back": explain.get("held_back", []),
-                          "reason": explain.get("reason"), "warnings": warnings}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "root": root,
+                    "vendors": [v.vendor for v in inv.vendors],
+                    "edits": edits.to_cdi(),
+                    "held_back": explain.get("held_back", []),
+                    "reason": explain.get("reason"),
+                    "warnings": warnings,
+                },
+                indent=2,
+            )
+        )
     else:
         print(format_edits(edits, root))
         if explain.get("reason"):
             print(f"No GPU for this container: {explain['reason']}.")
         held = explain.get("held_back", [])
         if held:
-            print(f"held back ({len(held)}; share = \"{config.share}\", set share = \"all\" in the node config "
-                  "to give them anyway):")
+            print(
+                f'held back ({len(held)}; share = "{config.share}", set share = "all" in the node config '
+                "to give them anyway):"
+            )
             print("\n".join(f"  {h['device']}: {h['why']}" for h in held))
         for w in warnings:
             print(f"warning: {w}")
@@ -205,6 +238,7 @@ def _plan(args, root: str) -> int:
 
 
 # -- precreate -------------------------------------------------------------------------
+
 
 def cmd_precreate(args) -> int:
     """podman's precreate hook: OCI spec on stdin, edited spec on stdout."""
@@ -255,8 +289,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("plan", help="dry run: the edits a container would get")
     root_arg(sp)
     sp.add_argument("--spec", metavar="FILE", help="an OCI config.json (default: a sample container)")
-    sp.add_argument("--simulate", metavar="NODE", help="probe a built-in simulated node: nvidia, amd, intel, nvidia+intel, "
-                    "gpu-operator, gke, bmc, cpu")
+    sp.add_argument(
+        "--simulate",
+        metavar="NODE",
+        help="probe a built-in simulated node: nvidia, amd, intel, nvidia+intel, gpu-operator, gke, bmc, cpu",
+    )
     sp.add_argument("--json", action="store_true", help="machine-readable output (CDI containerEdits)")
     add_driver_root_arg(sp)
     sp.set_defaults(func=cmd_plan)

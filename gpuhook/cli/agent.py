@@ -15,50 +15,111 @@ from .args import add_driver_root_arg, usage_error
 
 def add_commands(sub) -> None:
     sp = sub.add_parser("agent", help="the node agent: install, watch the GPUs, keep CDI specs and node labels current")
-    sp.add_argument("--root", default="/", metavar="DIR", help="where the node's / is (default /; /host in the DaemonSet)")
-    sp.add_argument("--spec-root", default="/", metavar="DIR", help="the node's / as its container runtime sees it "
-                    "(prefix of host paths in CDI specs; default /)")
-    sp.add_argument("--interval", type=_seconds, default=30.0, metavar="SECONDS",
-                    help="re-probe this often even without udev events (default 30)")
-    sp.add_argument("--debounce", type=_seconds, default=1.0, metavar="SECONDS",
-                    help="after a udev event, re-probe once none came for this long (default 1)")
+    sp.add_argument(
+        "--root", default="/", metavar="DIR", help="where the node's / is (default /; /host in the DaemonSet)"
+    )
+    sp.add_argument(
+        "--spec-root",
+        default="/",
+        metavar="DIR",
+        help="the node's / as its container runtime sees it (prefix of host paths in CDI specs; default /)",
+    )
+    sp.add_argument(
+        "--interval",
+        type=_seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="re-probe this often even without udev events (default 30)",
+    )
+    sp.add_argument(
+        "--debounce",
+        type=_seconds,
+        default=1.0,
+        metavar="SECONDS",
+        help="after a udev event, re-probe once none came for this long (default 1)",
+    )
     sp.add_argument("--cdi-dir", metavar="DIR", help="CDI spec directory (default <root>/var/run/cdi; '' = none)")
     sp.add_argument("--cdi-format", choices=("yaml", "json"), default="yaml")
-    sp.add_argument("--max-cdi-version", metavar="VERSION", help="the newest cdiVersion the node's runtimes read: "
-                    "newer fields are left out (default: what the specs need)")
-    sp.add_argument("--nfd-dir", metavar="DIR", help="NFD feature file directory (default "
-                    "<root>/etc/kubernetes/node-feature-discovery/features.d; '' = none)")
-    sp.add_argument("--no-install", action="store_true", help="do not run gpuhook install first (installed by other means)")
-    sp.add_argument("--install-restart", choices=("signal", "systemd", "none"), default="none",
-                    help="how gpuhook install makes the runtime load its config (see gpuhook install --restart)")
+    sp.add_argument(
+        "--max-cdi-version",
+        metavar="VERSION",
+        help="the newest cdiVersion the node's runtimes read: newer fields are left out (default: what the specs need)",
+    )
+    sp.add_argument(
+        "--nfd-dir",
+        metavar="DIR",
+        help="NFD feature file directory (default <root>/etc/kubernetes/node-feature-discovery/features.d; '' = none)",
+    )
+    sp.add_argument(
+        "--no-install", action="store_true", help="do not run gpuhook install first (installed by other means)"
+    )
+    sp.add_argument(
+        "--install-restart",
+        choices=("signal", "systemd", "none"),
+        default="none",
+        help="how gpuhook install makes the runtime load its config (see gpuhook install --restart)",
+    )
     sp.add_argument("--once", action="store_true", help="install, probe and write once, then exit")
-    sp.add_argument("--ready-file", default=defaults.READY_FILE, metavar="FILE",
-                    help=f"written after the first successful install and probe (default {defaults.READY_FILE}; '' = none)")
+    sp.add_argument(
+        "--ready-file",
+        default=defaults.READY_FILE,
+        metavar="FILE",
+        help=f"written after the first successful install and probe (default {defaults.READY_FILE}; '' = none)",
+    )
     sp.add_argument("--no-udev", action="store_true", help="do not watch udev: periodic probing only")
-    sp.add_argument("--grace", type=_seconds, default=10.0, metavar="SECONDS",
-                    help="after SIGTERM, exit at the latest this much later (default 10)")
+    sp.add_argument(
+        "--grace",
+        type=_seconds,
+        default=10.0,
+        metavar="SECONDS",
+        help="after SIGTERM, exit at the latest this much later (default 10)",
+    )
     sp.add_argument("--ldconfig", metavar="PATH", help="the node's ldconfig for the CDI ld-cache hook")
-    sp.add_argument("--log-format", choices=("auto", "json", "console"), default="auto",
-                    help="auto: console on a terminal, JSON lines otherwise")
+    sp.add_argument(
+        "--log-format",
+        choices=("auto", "json", "console"),
+        default="auto",
+        help="auto: console on a terminal, JSON lines otherwise",
+    )
     sp.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
-    sp.add_argument("--metrics-address", metavar="HOST:PORT",
-                    help="serve Prometheus metrics here (default: off; 127.0.0.1:9402 for this node only, "
-                         ":9402 for every interface of the node: the DaemonSet runs in the host network)")
-    sp.add_argument("--runtime-log", metavar="FILE", help="the runtime's log the agent follows for pod Events "
-                    "and metrics (default: the node config's log_file under --root; '' = none)")
-    sp.add_argument("--no-pod-events", action="store_true",
-                    help="no Events and no gpuhook.dev/accelerator label on gpu-optional pods")
-    sp.add_argument("--kubeconfig", metavar="FILE", help="reach the Kubernetes API as this kubeconfig says (to run "
-                    "the agent from a workstation against a cluster; default: in a pod, its service account; "
-                    "elsewhere, no API work)")
+    sp.add_argument(
+        "--metrics-address",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics here (default: off; 127.0.0.1:9402 for this node only, "
+        ":9402 for every interface of the node: the DaemonSet runs in the host network)",
+    )
+    sp.add_argument(
+        "--runtime-log",
+        metavar="FILE",
+        help="the runtime's log the agent follows for pod Events "
+        "and metrics (default: the node config's log_file under --root; '' = none)",
+    )
+    sp.add_argument(
+        "--no-pod-events",
+        action="store_true",
+        help="no Events and no gpuhook.dev/accelerator label on gpu-optional pods",
+    )
+    sp.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="reach the Kubernetes API as this kubeconfig says (to run "
+        "the agent from a workstation against a cluster; default: in a pod, its service account; "
+        "elsewhere, no API work)",
+    )
     sp.add_argument("--context", metavar="NAME", help="the kubeconfig's context to use (default: its current-context)")
-    sp.add_argument("--node", metavar="NAME", help="this node's name in the API (default: $NODE_NAME, else the host name)")
+    sp.add_argument(
+        "--node", metavar="NAME", help="this node's name in the API (default: $NODE_NAME, else the host name)"
+    )
     add_driver_root_arg(sp)
     sp.set_defaults(func=cmd_agent)
 
     sp = sub.add_parser("ready", help="exit 0 when the node agent is ready (the DaemonSet's readiness probe)")
-    sp.add_argument("--ready-file", default=defaults.READY_FILE, metavar="FILE",
-                    help=f"the file `gpuhook agent --ready-file` writes (default {defaults.READY_FILE})")
+    sp.add_argument(
+        "--ready-file",
+        default=defaults.READY_FILE,
+        metavar="FILE",
+        help=f"the file `gpuhook agent --ready-file` writes (default {defaults.READY_FILE})",
+    )
     sp.set_defaults(func=cmd_ready)
 
 
@@ -88,14 +149,29 @@ def cmd_agent(args) -> int:
     nvidia_driver_root = driver_root(args, args.root)
     logmod.configure(fmt=args.log_format, level=args.log_level)
     log = logmod.get()
-    opts = Options(root=args.root, nvidia_driver_root=nvidia_driver_root, spec_root=args.spec_root, interval=args.interval, debounce=args.debounce,
-                   cdi_dir=args.cdi_dir, nfd_dir=args.nfd_dir, cdi_format=args.cdi_format,
-                   cdi_max_version=args.max_cdi_version,
-                   install=not args.no_install, once=args.once, ready_file=args.ready_file,
-                   ldconfig=args.ldconfig, install_restart=args.install_restart, udev=not args.no_udev,
-                   runtime_log=args.runtime_log, pod_events=not args.no_pod_events,
-                   metrics_address=args.metrics_address or None, kubeconfig=args.kubeconfig or None,
-                   kube_context=args.context, node_name=args.node)
+    opts = Options(
+        root=args.root,
+        nvidia_driver_root=nvidia_driver_root,
+        spec_root=args.spec_root,
+        interval=args.interval,
+        debounce=args.debounce,
+        cdi_dir=args.cdi_dir,
+        nfd_dir=args.nfd_dir,
+        cdi_format=args.cdi_format,
+        cdi_max_version=args.max_cdi_version,
+        install=not args.no_install,
+        once=args.once,
+        ready_file=args.ready_file,
+        ldconfig=args.ldconfig,
+        install_restart=args.install_restart,
+        udev=not args.no_udev,
+        runtime_log=args.runtime_log,
+        pod_events=not args.no_pod_events,
+        metrics_address=args.metrics_address or None,
+        kubeconfig=args.kubeconfig or None,
+        kube_context=args.context,
+        node_name=args.node,
+    )
     if opts.metrics_address:
         from ..agent.metrics import parse_address
 
@@ -140,12 +216,15 @@ def cmd_agent(args) -> int:
 
 # -- ready -------------------------------------------------------------------------------
 
+
 def cmd_ready(args) -> int:
     """The readiness probe, as an exec of gpuhook itself (the image has no shell nor `test`):
     ready once the agent wrote its ready file (after the first install and probe)."""
     path = args.ready_file
     if os.path.isfile(path):
         return 0
-    print(f"gpuhook: not ready: {path} is not there yet (the agent writes it after its first install and probe)",
-          file=sys.stderr)
+    print(
+        f"gpuhook: not ready: {path} is not there yet (the agent writes it after its first install and probe)",
+        file=sys.stderr,
+    )
     return 1

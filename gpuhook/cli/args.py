@@ -24,9 +24,13 @@ def driver_root(args, root: str) -> str:
 
 
 def add_driver_root_arg(sp) -> None:
-    sp.add_argument("--nvidia-driver-root", metavar="DIR", help="where the NVIDIA driver's userspace is: auto "
-                    "(the host, /run/nvidia/driver, /home/kubernetes/bin/nvidia) or a node path "
-                    "(default: the node config's nvidia_driver_root, auto)")
+    sp.add_argument(
+        "--nvidia-driver-root",
+        metavar="DIR",
+        help="where the NVIDIA driver's userspace is: auto "
+        "(the host, /run/nvidia/driver, /home/kubernetes/bin/nvidia) or a node path "
+        "(default: the node config's nvidia_driver_root, auto)",
+    )
 
 
 def usage(parser) -> int:

@@ -14,19 +14,32 @@ def add_commands(sub) -> None:
     sp.set_defaults(func=lambda args: usage(sp))
     g = cdi_sub.add_parser("generate", help="write CDI specs describing every GPU this node has")
     g.add_argument("--root", default="/", metavar="DIR", help="host root to probe (default /)")
-    g.add_argument("--spec-root", default="/", metavar="DIR",
-                   help="the node's / as the container runtime reading the spec sees it: prefix of the "
-                        "spec's host paths (default /; a fake host's root to use its files)")
+    g.add_argument(
+        "--spec-root",
+        default="/",
+        metavar="DIR",
+        help="the node's / as the container runtime reading the spec sees it: prefix of the "
+        "spec's host paths (default /; a fake host's root to use its files)",
+    )
     out = g.add_mutually_exclusive_group()
-    out.add_argument("--output-dir", metavar="DIR",
-                     help="write one file per kind here, atomically, and remove gpuhook's specs the node "
-                          "no longer has (default /var/run/cdi)")
-    out.add_argument("--output", metavar="FILE|-", help="write one spec (see --kind) to FILE, or every spec to stdout (-)")
+    out.add_argument(
+        "--output-dir",
+        metavar="DIR",
+        help="write one file per kind here, atomically, and remove gpuhook's specs the node "
+        "no longer has (default /var/run/cdi)",
+    )
+    out.add_argument(
+        "--output", metavar="FILE|-", help="write one spec (see --kind) to FILE, or every spec to stdout (-)"
+    )
     g.add_argument("--format", choices=("yaml", "json"), default="yaml", help="default yaml")
     g.add_argument("--kind", metavar="KIND", help="only this kind: gpuhook.dev/nvidia, or just nvidia, gpu...")
     g.add_argument("--ldconfig", metavar="PATH", help="the node's ldconfig for the ld-cache hook (found when unset)")
-    g.add_argument("--max-cdi-version", metavar="VERSION", help="the newest cdiVersion the node's runtimes read "
-                   "(podman 4.3: 0.5.0): newer fields are left out (default: what the specs need)")
+    g.add_argument(
+        "--max-cdi-version",
+        metavar="VERSION",
+        help="the newest cdiVersion the node's runtimes read "
+        "(podman 4.3: 0.5.0): newer fields are left out (default: what the specs need)",
+    )
     from .args import add_driver_root_arg
 
     add_driver_root_arg(g)
@@ -34,6 +47,7 @@ def add_commands(sub) -> None:
 
 
 # -- cdi generate ----------------------------------------------------------------------
+
 
 def cmd_cdi_generate(args) -> int:
     from .. import cdi
@@ -57,8 +71,10 @@ def cmd_cdi_generate(args) -> int:
     for w in inv.warnings:
         print(f"gpuhook: warning: {w}", file=sys.stderr)
     for kind, fields in dropped:
-        print(f"gpuhook: warning: {kind}: left out for cdiVersion {args.max_cdi_version}: {', '.join(fields)}",
-              file=sys.stderr)
+        print(
+            f"gpuhook: warning: {kind}: left out for cdiVersion {args.max_cdi_version}: {', '.join(fields)}",
+            file=sys.stderr,
+        )
     if args.kind:
         kind = args.kind if "/" in args.kind else cdi.kind_of(args.kind)
         specs = [s for s in specs if s["kind"] == kind]
@@ -76,8 +92,10 @@ def cmd_cdi_generate(args) -> int:
     if args.output:
         if len(specs) != 1:
             kinds = ", ".join(s["kind"] for s in specs) or "none"
-            raise usage_error(f"--output takes one spec and this node has {len(specs)} ({kinds}): "
-                               "choose one with --kind, or use --output-dir")
+            raise usage_error(
+                f"--output takes one spec and this node has {len(specs)} ({kinds}): "
+                "choose one with --kind, or use --output-dir"
+            )
         from ..spec import write_atomic
 
         try:
@@ -94,8 +112,10 @@ def cmd_cdi_generate(args) -> int:
         raise usage_error(f"--output-dir {directory}: {e.strerror or e}") from None
     for s in specs:
         names = [d["name"] for d in s["devices"]]
-        print(f"{os.path.join(directory, cdi.file_name(s['kind'], args.format))}: {s['kind']} "
-              f"(cdiVersion {s['cdiVersion']}): {', '.join(names)}")
+        print(
+            f"{os.path.join(directory, cdi.file_name(s['kind'], args.format))}: {s['kind']} "
+            f"(cdiVersion {s['cdiVersion']}): {', '.join(names)}"
+        )
     for name in removed:
         print(f"removed {os.path.join(directory, name)} (the node no longer has these devices)")
     if not specs:

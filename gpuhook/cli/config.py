@@ -15,8 +15,9 @@ def add_commands(sub) -> None:
     csub = sp.add_subparsers(dest="config_command", metavar="SUBCOMMAND")
     sp.set_defaults(func=lambda args: (sp.print_help(sys.stderr), 2)[1])
     cp = csub.add_parser("check", help="validate the node config; one line per error, exit 1 on errors")
-    cp.add_argument("--config", metavar="FILE",
-                    help="the file to check (default: $GPUHOOK_CONFIG, else /etc/gpuhook/config.toml)")
+    cp.add_argument(
+        "--config", metavar="FILE", help="the file to check (default: $GPUHOOK_CONFIG, else /etc/gpuhook/config.toml)"
+    )
     cp.set_defaults(func=cmd_check)
 
 

@@ -6,28 +6,45 @@ import sys
 
 
 def _common(sp) -> None:
-    sp.add_argument("--host-root", default="/", metavar="DIR",
-                    help="where the node's / is (default /; /host in the DaemonSet)")
-    sp.add_argument("--runtime", choices=("containerd", "crio", "docker", "auto"), default="auto",
-                    help="the node's container runtime (default auto: dockerd when its daemon.json or socket "
-                         "is there on a node without a kubelet; else containerd when its config or socket is "
-                         "there, else CRI-O, else dockerd)")
-    sp.add_argument("--restart", choices=("signal", "systemd", "none"), default="none",
-                    help="how the runtime loads a changed config: signal (containerd: SIGTERM and its "
-                         "supervisor starts it again; CRI-O and dockerd: SIGHUP reload), systemd (systemctl "
-                         "restart; docker.service: reload-or-restart), none (default: the next start loads it)")
-    sp.add_argument("--restart-timeout", type=float, default=30.0, metavar="SECONDS",
-                    help="how long --restart signal waits for the runtime to stop and come back (default 30)")
+    sp.add_argument(
+        "--host-root", default="/", metavar="DIR", help="where the node's / is (default /; /host in the DaemonSet)"
+    )
+    sp.add_argument(
+        "--runtime",
+        choices=("containerd", "crio", "docker", "auto"),
+        default="auto",
+        help="the node's container runtime (default auto: dockerd when its daemon.json or socket "
+        "is there on a node without a kubelet; else containerd when its config or socket is "
+        "there, else CRI-O, else dockerd)",
+    )
+    sp.add_argument(
+        "--restart",
+        choices=("signal", "systemd", "none"),
+        default="none",
+        help="how the runtime loads a changed config: signal (containerd: SIGTERM and its "
+        "supervisor starts it again; CRI-O and dockerd: SIGHUP reload), systemd (systemctl "
+        "restart; docker.service: reload-or-restart), none (default: the next start loads it)",
+    )
+    sp.add_argument(
+        "--restart-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long --restart signal waits for the runtime to stop and come back (default 30)",
+    )
     sp.add_argument("--dry-run", action="store_true", help="say what would change, change nothing")
 
 
 def add_commands(sub) -> None:
     sp = sub.add_parser("install", help="put gpuhook on this node and add the gpu-optional runtime handler")
     _common(sp)
-    sp.add_argument("--bundle-dir", metavar="DIR",
-                    help="the host bundle to copy to /opt/gpuhook (default: $GPUHOOK_BUNDLE_DIR, else the "
-                         "bundle this gpuhook runs from, else one built from this Python and this gpuhook, "
-                         "as packaging/build-bundle.sh builds it)")
+    sp.add_argument(
+        "--bundle-dir",
+        metavar="DIR",
+        help="the host bundle to copy to /opt/gpuhook (default: $GPUHOOK_BUNDLE_DIR, else the "
+        "bundle this gpuhook runs from, else one built from this Python and this gpuhook, "
+        "as packaging/build-bundle.sh builds it)",
+    )
     sp.set_defaults(func=cmd_install)
 
     sp = sub.add_parser("uninstall", help="remove the gpu-optional handler and gpuhook from this node")
@@ -39,9 +56,15 @@ def add_commands(sub) -> None:
 def _options(args):
     from ..install.core import Options
 
-    return Options(host_root=args.host_root, runtime=args.runtime, restart=args.restart,
-                   bundle_dir=getattr(args, "bundle_dir", None), dry_run=args.dry_run,
-                   keep_bundle=getattr(args, "keep_bundle", False), restart_timeout=args.restart_timeout)
+    return Options(
+        host_root=args.host_root,
+        runtime=args.runtime,
+        restart=args.restart,
+        bundle_dir=getattr(args, "bundle_dir", None),
+        dry_run=args.dry_run,
+        keep_bundle=getattr(args, "keep_bundle", False),
+        restart_timeout=args.restart_timeout,
+    )
 
 
 def _run(action, args) -> int:

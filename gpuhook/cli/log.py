@@ -9,8 +9,9 @@ from .args import usage_error
 
 def add_commands(sub) -> None:
     sp = sub.add_parser("log", help="the last container creates gpuhook-runtime logged")
-    sp.add_argument("--file", metavar="FILE", help="the runtime's log (default: the node config's log_file, "
-                    "/var/log/gpuhook.log)")
+    sp.add_argument(
+        "--file", metavar="FILE", help="the runtime's log (default: the node config's log_file, /var/log/gpuhook.log)"
+    )
     sp.add_argument("-n", type=int, default=20, metavar="N", help="how many (default 20)")
     sp.add_argument("--decision", metavar="D", help="only these: injected, no-gpu, sandbox, declined, error")
     sp.add_argument("--wide", action="store_true", help="full container ids and errors")
@@ -19,6 +20,7 @@ def add_commands(sub) -> None:
 
 
 # -- log ---------------------------------------------------------------------------------
+
 
 def cmd_log(args) -> int:
     import json

@@ -48,14 +48,32 @@ from . import InstallError
 
 PY = f"python{sys.version_info.major}.{sys.version_info.minor}"
 # stdlib parts a node never needs (and the static libpython, 25 MB on Debian)
-SKIP_STDLIB = {"test", "idlelib", "tkinter", "turtledemo", "turtle.py", "lib2to3", "ensurepip",
-               "distutils", "pydoc_data", "site-packages", "dist-packages", "__pycache__",
-               "sitecustomize.py", "venv", "sqlite3", "curses", "dbm"}
+SKIP_STDLIB = {
+    "test",
+    "idlelib",
+    "tkinter",
+    "turtledemo",
+    "turtle.py",
+    "lib2to3",
+    "ensurepip",
+    "distutils",
+    "pydoc_data",
+    "site-packages",
+    "dist-packages",
+    "__pycache__",
+    "sitecustomize.py",
+    "venv",
+    "sqlite3",
+    "curses",
+    "dbm",
+}
 SKIP_STDLIB_PREFIX = ("config-",)
 # extension modules left out: tests, and those that pull big libraries gpuhook never uses
 # (_ssl and _hashlib stay: the agent talks HTTPS to the Kubernetes API)
-SKIP_DYNLOAD = re.compile(r"^(_test|_xxtest|xxlimited|_ctypes_test|_tkinter|_sqlite3|readline|_curses"
-                          r"|_dbm|_gdbm|nis|ossaudiodev|_crypt)")
+SKIP_DYNLOAD = re.compile(
+    r"^(_test|_xxtest|xxlimited|_ctypes_test|_tkinter|_sqlite3|readline|_curses"
+    r"|_dbm|_gdbm|nis|ossaudiodev|_crypt)"
+)
 
 # the bundle's loader and interpreter, as the sh front (gpuhook/runtime/gpuhook-runtime: run_python)
 # and bin/python3 run them
@@ -95,7 +113,9 @@ def _libs(paths: list[str]) -> tuple[dict[str, str], str]:
             elif "not found" in line:
                 raise InstallError(f"bundle build: {p} needs {line.split()[0]}, which is not on this machine")
     if loader is None:
-        raise InstallError("bundle build: the interpreter is not dynamically linked; this builder needs ldd's view of it")
+        raise InstallError(
+            "bundle build: the interpreter is not dynamically linked; this builder needs ldd's view of it"
+        )
     return libs, loader
 
 
@@ -110,8 +130,10 @@ def _requirements(root: str) -> list[str]:
     except metadata.PackageNotFoundError:
         reqs = None
     if reqs is None:
-        raise InstallError(f"bundle build: gpuhook's dependencies are unknown: no pyproject.toml next to {root}/gpuhook "
-                           f"and no installed gpuhook metadata for {sys.executable} (pip install it)")
+        raise InstallError(
+            f"bundle build: gpuhook's dependencies are unknown: no pyproject.toml next to {root}/gpuhook "
+            f"and no installed gpuhook metadata for {sys.executable} (pip install it)"
+        )
     return [r for r in reqs if "extra ==" not in r]
 
 
@@ -132,8 +154,10 @@ def _wanted(req: str, extras: tuple[str, ...] = ()) -> tuple[str, tuple[str, ...
         if found and found.group(1) not in extras or (not found and "extra" in marker):
             return None
         wanted = re.search(r"\[([^\]]*)\]", name)
-        return (re.split(r"[<>=!~\[ (;]", name.strip(), maxsplit=1)[0],
-                tuple(e.strip() for e in wanted.group(1).split(",") if e.strip()) if wanted else ())
+        return (
+            re.split(r"[<>=!~\[ (;]", name.strip(), maxsplit=1)[0],
+            tuple(e.strip() for e in wanted.group(1).split(",") if e.strip()) if wanted else (),
+        )
     r = Requirement(req)
     if r.marker is not None and not any(r.marker.evaluate({"extra": e}) for e in ("", *extras)):
         return None
@@ -160,8 +184,9 @@ def _distributions(reqs: list[str]) -> list[metadata.Distribution]:
             except metadata.PackageNotFoundError:
                 if marked:
                     continue
-                raise InstallError(f"bundle build: {name} (a gpuhook dependency) is not installed for "
-                                   f"{sys.executable}") from None
+                raise InstallError(
+                    f"bundle build: {name} (a gpuhook dependency) is not installed for {sys.executable}"
+                ) from None
             seen[key] = dist
         todo.extend((*w, ";" in r) for r, w in ((r, _wanted(r, extras)) for r in dist.requires or []) if w)
     return list(seen.values())
@@ -199,15 +224,22 @@ def build(out: str, progress: Callable[[str], None] | None = None) -> dict:
     # the stdlib, then gpuhook (this package directory, whatever it holds) and its
     # dependencies (from this Python)
     say(f"copying the standard library of Python {platform.python_version()} ({stdlib})")
-    _copy_tree(stdlib, pylib, lambda n: n in SKIP_STDLIB or n.startswith(SKIP_STDLIB_PREFIX)
-               or n == "lib-dynload" or n.endswith((".pyc", ".pyo")))
+    _copy_tree(
+        stdlib,
+        pylib,
+        lambda n: (
+            n in SKIP_STDLIB or n.startswith(SKIP_STDLIB_PREFIX) or n == "lib-dynload" or n.endswith((".pyc", ".pyo"))
+        ),
+    )
     os.makedirs(os.path.join(pylib, "lib-dynload"), exist_ok=True)
     for name in sorted(os.listdir(dynload)):
         if name.endswith(".so") and not SKIP_DYNLOAD.match(name):
             shutil.copy2(os.path.join(dynload, name), os.path.join(pylib, "lib-dynload", name))
     dists = _distributions(_requirements(repo))
-    say(f"copying gpuhook {gpuhook.__version__} ({pkg}) and its dependencies: "
-        + ", ".join(sorted(f"{d.metadata['Name']} {d.version}" for d in dists)))
+    say(
+        f"copying gpuhook {gpuhook.__version__} ({pkg}) and its dependencies: "
+        + ", ".join(sorted(f"{d.metadata['Name']} {d.version}" for d in dists))
+    )
     _copy_tree(pkg, os.path.join(site, "gpuhook"), lambda n: n == "__pycache__" or n.endswith(".pyc"))
     # the hooks' helper (gpuhook/hook/): built here when this gpuhook was not, and a copy at
     # libexec/ for the CDI specs, which name it by the bundle's path on the node
@@ -221,8 +253,12 @@ def build(out: str, progress: Callable[[str], None] | None = None) -> dict:
     shutil.copy2(helper, os.path.join(out, hook.BUNDLE_PATH))
     for dist in dists:
         for pp in dist.files or []:
-            if pp.parts[0] == ".." or "__pycache__" in pp.parts or pp.name.endswith(".pyc") \
-                    or pp.parts[0].startswith("gpuhook"):
+            if (
+                pp.parts[0] == ".."
+                or "__pycache__" in pp.parts
+                or pp.name.endswith(".pyc")
+                or pp.parts[0].startswith("gpuhook")
+            ):
                 continue
             src = str(dist.locate_file(pp))
             if os.path.isfile(src):
@@ -249,8 +285,14 @@ def build(out: str, progress: Callable[[str], None] | None = None) -> dict:
 
     # compiled ahead, with the paths they will have on the node (for tracebacks)
     say(f"compiling {sum(n.endswith('.py') for _, _, names in os.walk(pylib) for n in names)} modules ahead")
-    ok = compileall.compile_dir(pylib, quiet=2, workers=0, stripdir=out, prependdir=defaults.INSTALL_PREFIX,
-                                invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    ok = compileall.compile_dir(
+        pylib,
+        quiet=2,
+        workers=0,
+        stripdir=out,
+        prependdir=defaults.INSTALL_PREFIX,
+        invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,
+    )
     if not ok:
         print("build-bundle: some modules did not compile (left as source)", file=sys.stderr)
 
@@ -277,8 +319,10 @@ def build(out: str, progress: Callable[[str], None] | None = None) -> dict:
 def describe(record: dict, out: str) -> str:
     """What a built bundle is, in one line: versions, file count, size."""
     size = sum(os.lstat(os.path.join(out, f)).st_size for f in record["files"])
-    return (f"gpuhook {record['gpuhook']}, Python {record['python']} ({record['machine']}, {record['libc']}), "
-            f"{len(record['files'])} files, {size / 1e6:.1f} MB")
+    return (
+        f"gpuhook {record['gpuhook']}, Python {record['python']} ({record['machine']}, {record['libc']}), "
+        f"{len(record['files'])} files, {size / 1e6:.1f} MB"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,9 +45,11 @@ def parse(text: str, where: str) -> tuple[tomlkit.TOMLDocument, int]:
         raise InstallError(f"{where}: not valid TOML ({str(e).splitlines()[0]})") from None
     version = doc.get("version")
     if version is None:
-        raise InstallError(f"{where}: no `version` line, so containerd reads it as config version 1, "
-                           "which gpuhook does not edit; convert it to version 2 (containerd 1.x) "
-                           "or 3 (containerd 2.x) first")
+        raise InstallError(
+            f"{where}: no `version` line, so containerd reads it as config version 1, "
+            "which gpuhook does not edit; convert it to version 2 (containerd 1.x) "
+            "or 3 (containerd 2.x) first"
+        )
     if isinstance(version, bool) or version not in CRI_PLUGIN:
         raise InstallError(f"{where}: config version {version!r} is not supported (2 or 3)")
     return doc, int(version)
@@ -66,10 +68,12 @@ def _runtimes(doc, version: int, create: bool):
         if child is None:
             if not create:
                 return None
-            node[key] = tomlkit.table(is_super_table=True)  # item assignment: proxies of out-of-order tables have no .add()
+            node[key] = tomlkit.table(
+                is_super_table=True
+            )  # item assignment: proxies of out-of-order tables have no .add()
             child = node[key]
         elif not isinstance(child, dict):
-            raise InstallError(f"{'.'.join(path[:i + 1])} is a {type(child).__name__}, not a table")
+            raise InstallError(f"{'.'.join(path[: i + 1])} is a {type(child).__name__}, not a table")
         node = child
     return node
 
@@ -121,9 +125,11 @@ def _style(runtimes) -> tuple[str, str]:
         if isinstance(value, tomlkit.items.Table):
             head = value.trivia.indent
             for _, item in value.value.body:
-                if isinstance(item, tomlkit.items.Item) and not isinstance(item, (tomlkit.items.Table, tomlkit.items.Whitespace)):
+                if isinstance(item, tomlkit.items.Item) and not isinstance(
+                    item, (tomlkit.items.Table, tomlkit.items.Whitespace)
+                ):
                     key = item.trivia.indent
-                    return head, key[len(head):] if key.startswith(head) else ""
+                    return head, key[len(head) :] if key.startswith(head) else ""
             return head, ""
     return "", ""
 
@@ -197,7 +203,9 @@ def shadowing_imports(doc, version: int, host_root: str, config_path: str) -> li
                 with open(f, "rb") as fh:
                     data = tomllib.load(fh)
             except (OSError, ValueError) as e:
-                raise InstallError(f"{_unhost(host_root, f)} (imported by {config_path}): cannot read it ({e})") from None
+                raise InstallError(
+                    f"{_unhost(host_root, f)} (imported by {config_path}): cannot read it ({e})"
+                ) from None
             if CRI_PLUGIN[version] in (data.get("plugins") or {}):
                 found.append(_unhost(host_root, f))
     return found

@@ -61,11 +61,11 @@ NODE_CONFIG_TEXT = """\
 @dataclasses.dataclass
 class Options:
     host_root: str = "/"
-    runtime: str = "auto"          # containerd | crio | docker | auto
-    restart: str = "none"          # signal | systemd | none
+    runtime: str = "auto"  # containerd | crio | docker | auto
+    restart: str = "none"  # signal | systemd | none
     bundle_dir: str | None = None
     dry_run: bool = False
-    keep_bundle: bool = False      # uninstall only
+    keep_bundle: bool = False  # uninstall only
     restart_timeout: float = 30.0
 
 
@@ -94,15 +94,18 @@ def detect(root: str) -> str:
         return "crio"
     if has_docker:
         return "docker"
-    raise InstallError(f"--runtime auto: no containerd ({containerd.DEFAULT_CONFIG}, {CONTAINERD_SOCKET}), "
-                       f"CRI-O ({', '.join(CRIO_MARKS)}) nor dockerd ({', '.join(DOCKER_MARKS)}) under {root}; "
-                       "pass --runtime")
+    raise InstallError(
+        f"--runtime auto: no containerd ({containerd.DEFAULT_CONFIG}, {CONTAINERD_SOCKET}), "
+        f"CRI-O ({', '.join(CRIO_MARKS)}) nor dockerd ({', '.join(DOCKER_MARKS)}) under {root}; "
+        "pass --runtime"
+    )
 
 
 def _config_file(root: str, runtime: str) -> str | None:
     """The runtime's config file we edit, as a path from here (what --restart signal matches)."""
-    return {"containerd": host(root, containerd.DEFAULT_CONFIG),
-            "docker": host(root, docker.DEFAULT_CONFIG)}.get(runtime)
+    return {"containerd": host(root, containerd.DEFAULT_CONFIG), "docker": host(root, docker.DEFAULT_CONFIG)}.get(
+        runtime
+    )
 
 
 def _bundle_source(opts: Options) -> str | None:
@@ -120,8 +123,10 @@ def _build_bundle(say: Say) -> tuple[str, str]:
 
     tmp = tempfile.mkdtemp(prefix="gpuhook-bundle-")
     out = os.path.join(tmp, "gpuhook")
-    say(f"bundle: no --bundle-dir: building one from this Python ({sys.executable}) and this gpuhook, "
-        "as packaging/build-bundle.sh does")
+    say(
+        f"bundle: no --bundle-dir: building one from this Python ({sys.executable}) and this gpuhook, "
+        "as packaging/build-bundle.sh does"
+    )
     try:
         started = time.monotonic()
         record = build.build(out, lambda line: say(f"bundle: {line}"))
@@ -134,23 +139,30 @@ def _build_bundle(say: Say) -> tuple[str, str]:
 
 # -- install -----------------------------------------------------------------------------
 
+
 def install(opts: Options, say: Say) -> None:
     root = _root(opts.host_root)
     runtime = detect(root) if opts.runtime == "auto" else opts.runtime
     state = files.load_state(root)
     if state.get("runtime") not in (None, runtime):
-        raise InstallError(f"gpuhook is installed for {state['runtime']} on this node; "
-                           "run `gpuhook uninstall` first to switch runtimes")
+        raise InstallError(
+            f"gpuhook is installed for {state['runtime']} on this node; "
+            "run `gpuhook uninstall` first to switch runtimes"
+        )
     before = copy.deepcopy(state)
     would = "would be " if opts.dry_run else ""
-    say(f"gpuhook install: host root {root}, runtime {runtime}{' (dry run: nothing is written)' if opts.dry_run else ''}")
+    say(
+        f"gpuhook install: host root {root}, runtime {runtime}{' (dry run: nothing is written)' if opts.dry_run else ''}"
+    )
 
     # refuse a config we cannot edit before anything is written
     read = _read_containerd(root) if runtime == "containerd" else _read_docker(root) if runtime == "docker" else None
     src = _bundle_source(opts)
     if src is None and opts.dry_run:
-        say(f"bundle: no --bundle-dir: one would be built from this Python ({sys.executable}) and this gpuhook, "
-            f"and copied to {PREFIX}")
+        say(
+            f"bundle: no --bundle-dir: one would be built from this Python ({sys.executable}) and this gpuhook, "
+            f"and copied to {PREFIX}"
+        )
     else:
         built = None
         if src is None:
@@ -204,8 +216,10 @@ def _install_bundle(root: str, src: str, state: dict, dry_run: bool, say: Say) -
             now = f"; now {files.VERSIONS}/{r.version}" if r.version else ""
             kept = f" ({r.previous} kept for creates still running from it)" if r.previous else ""
             pruned = f"; older versions removed: {', '.join(r.pruned)}" if r.pruned else ""
-            say(f"bundle: {PREFIX}: {r.files} files, {r.written} {would}written, {r.removed} {would}removed, "
-                f"{r.linked} unchanged {'would be ' if dry_run else ''}linked{now}{kept}{pruned}")
+            say(
+                f"bundle: {PREFIX}: {r.files} files, {r.written} {would}written, {r.removed} {would}removed, "
+                f"{r.linked} unchanged {'would be ' if dry_run else ''}linked{now}{kept}{pruned}"
+            )
         state["bundle"] = {"path": PREFIX, "copied": True}
 
 
@@ -218,9 +232,11 @@ def _read_containerd(root: str) -> tuple[bytes | None, object, int]:
     doc, version = containerd.parse(_text(raw, name) if raw is not None else "version = 2\n", name)
     shadows = containerd.shadowing_imports(doc, version, root, name)
     if shadows:
-        raise InstallError(f"{shadows[0]} (imported by {name}) sets the {containerd.CRI_PLUGIN[version]} plugin's "
-                           f"section, which replaces {name}'s when containerd loads it: add the gpu-optional "
-                           "handler there by hand, or fold that file into config.toml, then run install again")
+        raise InstallError(
+            f"{shadows[0]} (imported by {name}) sets the {containerd.CRI_PLUGIN[version]} plugin's "
+            f"section, which replaces {name}'s when containerd loads it: add the gpu-optional "
+            "handler there by hand, or fold that file into config.toml, then run install again"
+        )
     return raw, doc, version
 
 
@@ -236,14 +252,17 @@ def _install_containerd(root: str, state: dict, dry_run: bool, say: Say, read) -
         say(f"containerd: {name}: handler gpu-optional would be added (config version {version})")
         return True
     mine = _write_config(root, state, "containerd", name, BACKUP, raw, new)
-    say(f"containerd: {name}: handler gpu-optional {'added' if existed else 'written to a new file'} "
+    say(
+        f"containerd: {name}: handler gpu-optional {'added' if existed else 'written to a new file'} "
         f"(config version {version}, BinaryName {BINARY})"
-        + (f"; original kept in {BACKUP}" if existed and mine.get("backup") else ""))
+        + (f"; original kept in {BACKUP}" if existed and mine.get("backup") else "")
+    )
     return True
 
 
-def _write_config(root: str, state: dict, key: str, name: str, backup: str, raw: bytes | None, new: bytes,
-                  first: dict | None = None) -> dict:
+def _write_config(
+    root: str, state: dict, key: str, name: str, backup: str, raw: bytes | None, new: bytes, first: dict | None = None
+) -> dict:
     """Write a runtime's config file `name` (`raw` now, None when absent) as `new`: on the
     first change a byte copy of the original goes to `backup` for uninstall, and state[key]
     records both hashes. The state is saved first: a crash right after the write still
@@ -253,8 +272,14 @@ def _write_config(root: str, state: dict, key: str, name: str, backup: str, raw:
     if mine is None:
         if existed:
             files.write(host(root, backup), raw or b"", 0o600, backup)
-        mine = state[key] = {"config": name, "existed": existed, "backup": backup if existed else None,
-                             "original": sha256(raw), "restorable": True, **(first or {})}
+        mine = state[key] = {
+            "config": name,
+            "existed": existed,
+            "backup": backup if existed else None,
+            "original": sha256(raw),
+            "restorable": True,
+            **(first or {}),
+        }
     elif sha256(raw) not in (mine.get("written"), mine.get("original")):
         # Someone changed the file since we wrote it: the backup no longer equals "the file
         # without gpuhook", so uninstall will only remove our handler.
@@ -284,11 +309,21 @@ def _install_docker(root: str, state: dict, dry_run: bool, say: Say, read) -> bo
     if dry_run:
         say(f"docker: {name}: runtime gpu-optional would be added (path {BINARY})")
         return True
-    mine = _write_config(root, state, "docker", name, DOCKER_BACKUP, raw, docker.dumps(doc, raw),
-                         first={"added_runtimes": not had_runtimes})
-    say(f"docker: {name}: runtime gpu-optional {'added' if raw is not None else 'written to a new file'} "
+    mine = _write_config(
+        root,
+        state,
+        "docker",
+        name,
+        DOCKER_BACKUP,
+        raw,
+        docker.dumps(doc, raw),
+        first={"added_runtimes": not had_runtimes},
+    )
+    say(
+        f"docker: {name}: runtime gpu-optional {'added' if raw is not None else 'written to a new file'} "
         f"(path {BINARY}; default-runtime unchanged)"
-        + (f"; original kept in {DOCKER_BACKUP}" if raw is not None and mine.get("backup") else ""))
+        + (f"; original kept in {DOCKER_BACKUP}" if raw is not None and mine.get("backup") else "")
+    )
     return True
 
 
@@ -338,6 +373,7 @@ def _restart(opts: Options, runtime: str, root: str, config_file: str | None, st
 
 # -- uninstall ---------------------------------------------------------------------------
 
+
 def uninstall(opts: Options, say: Say) -> None:
     root = _root(opts.host_root)
     state = files.load_state(root)
@@ -346,7 +382,9 @@ def uninstall(opts: Options, say: Say) -> None:
         raise InstallError(f"gpuhook was installed for {runtime} on this node, not {opts.runtime}")
     if not runtime:
         runtime = detect(root) if opts.runtime == "auto" else opts.runtime
-    say(f"gpuhook uninstall: host root {root}, runtime {runtime}{' (dry run: nothing is changed)' if opts.dry_run else ''}")
+    say(
+        f"gpuhook uninstall: host root {root}, runtime {runtime}{' (dry run: nothing is changed)' if opts.dry_run else ''}"
+    )
     if not state:
         say(f"no install state ({files.STATE}): removing only what is recognisably gpuhook's")
 
@@ -376,8 +414,11 @@ def uninstall(opts: Options, say: Say) -> None:
     h = Host(root)
     agent_files = [h.resolve(f"{NFD_DIR}/{NFD_FILE}")]
     cdi_dir = h.resolve(CDI_DIR)
-    agent_files += [os.path.join(cdi_dir, n) for n in (os.listdir(cdi_dir) if os.path.isdir(cdi_dir) else ())
-                    if n.startswith(CDI_PREFIX) and n.endswith((".yaml", ".json"))]
+    agent_files += [
+        os.path.join(cdi_dir, n)
+        for n in (os.listdir(cdi_dir) if os.path.isdir(cdi_dir) else ())
+        if n.startswith(CDI_PREFIX) and n.endswith((".yaml", ".json"))
+    ]
     for path in agent_files:
         if os.path.lexists(path):
             if not opts.dry_run:
@@ -414,8 +455,9 @@ def uninstall(opts: Options, say: Say) -> None:
             pass
 
 
-def _restore(root: str, mine: dict | None, label: str, name: str, backup: str, raw: bytes | None,
-             dry_run: bool, say: Say) -> bool:
+def _restore(
+    root: str, mine: dict | None, label: str, name: str, backup: str, raw: bytes | None, dry_run: bool, say: Say
+) -> bool:
     """Undo install's write of `name` when nobody changed the file since: the original bytes
     back from `backup`, or the file removed when install had created it. False when that
     cannot be done (then only the handler is removed)."""
@@ -441,7 +483,11 @@ def _restore(root: str, mine: dict | None, label: str, name: str, backup: str, r
 
 def _only_handler_removed(root: str, mine: dict | None, label: str, backup: str, dry_run: bool) -> str:
     why = "changed since install" if mine else "no install record"
-    keep = f"; the pre-install copy stays in {backup}" if mine and mine.get("backup") and os.path.exists(host(root, backup)) else ""
+    keep = (
+        f"; the pre-install copy stays in {backup}"
+        if mine and mine.get("backup") and os.path.exists(host(root, backup))
+        else ""
+    )
     return f"{why}, so only the gpu-optional handler was {'' if not dry_run else 'to be '}removed{keep}"
 
 
@@ -469,9 +515,11 @@ def _uninstall_docker(root: str, mine: dict | None, dry_run: bool, say: Say) -> 
     after = files.read(host(root, docker.DEFAULT_CONFIG), docker.DEFAULT_CONFIG) if not dry_run else None
     if changed and not dry_run and docker.RUNTIMES not in docker.parse(after, docker.DEFAULT_CONFIG):
         # dockerd reloads `runtimes` only when the file sets the key (checked, dockerd 20.10)
-        say(f"docker: {docker.DEFAULT_CONFIG} now has no \"runtimes\", and a reload keeps the runtimes a running "
+        say(
+            f'docker: {docker.DEFAULT_CONFIG} now has no "runtimes", and a reload keeps the runtimes a running '
             "dockerd has: it lists gpu-optional until its next restart (containers asking for it fail to "
-            "start once /opt/gpuhook is removed)")
+            "start once /opt/gpuhook is removed)"
+        )
     return changed
 
 

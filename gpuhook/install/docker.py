@@ -47,7 +47,7 @@ def parse(raw: bytes | None, where: str) -> dict:
         raise InstallError(f"{where}: not a JSON object (dockerd's config is one {{...}})")
     runtimes = doc.get(RUNTIMES)
     if RUNTIMES in doc and not isinstance(runtimes, dict):
-        raise InstallError(f"{where}: \"{RUNTIMES}\" is a {_kind(runtimes)}, not an object of runtimes")
+        raise InstallError(f'{where}: "{RUNTIMES}" is a {_kind(runtimes)}, not an object of runtimes')
     return doc
 
 
@@ -59,8 +59,10 @@ def check(doc: dict, binary: str, where: str) -> None:
     path = current.get("path") if isinstance(current, dict) else None
     if path != binary:
         what = f"names {path!r}" if isinstance(path, str) else f"is {json.dumps(current)[:80]}"
-        raise InstallError(f"{where}: {RUNTIMES}.{HANDLER} already {what}, not {binary}: "
-                           f"point its \"path\" at {binary} or remove it, then run install again")
+        raise InstallError(
+            f"{where}: {RUNTIMES}.{HANDLER} already {what}, not {binary}: "
+            f'point its "path" at {binary} or remove it, then run install again'
+        )
 
 
 def add_handler(doc: dict, binary: str) -> bool:
@@ -76,8 +78,11 @@ def remove_handler(doc: dict, binary: str, drop_empty: bool) -> bool:
     """Remove runtimes.gpu-optional when it is ours (its path is `binary`); the `runtimes`
     key too when that leaves it empty and `drop_empty` (install had added it)."""
     runtimes = doc.get(RUNTIMES)
-    if not isinstance(runtimes, dict) or not isinstance(runtimes.get(HANDLER), dict) \
-            or runtimes[HANDLER].get("path") != binary:
+    if (
+        not isinstance(runtimes, dict)
+        or not isinstance(runtimes.get(HANDLER), dict)
+        or runtimes[HANDLER].get("path") != binary
+    ):
         return False
     del runtimes[HANDLER]
     if not runtimes and drop_empty:
@@ -101,5 +106,6 @@ def dumps(doc: dict, like: bytes | None) -> bytes:
 
 
 def _kind(value) -> str:
-    return {list: "list", str: "string", bool: "boolean", int: "number", float: "number",
-            type(None): "null"}.get(type(value), type(value).__name__)
+    return {list: "list", str: "string", bool: "boolean", int: "number", float: "number", type(None): "null"}.get(
+        type(value), type(value).__name__
+    )

@@ -67,6 +67,7 @@ def remove(path: str, what: str | None = None) -> None:
 
 # -- state ---------------------------------------------------------------------------
 
+
 def load_state(root: str) -> dict:
     data = read(host(root, STATE), STATE)
     if data is None:
@@ -88,6 +89,7 @@ def drop_state(root: str) -> None:
 
 # -- bundle --------------------------------------------------------------------------
 
+
 def running_bundle() -> str | None:
     """The bundle this gpuhook runs from (the bundled interpreter's prefix), if any."""
     return sys.prefix if os.path.isfile(os.path.join(sys.prefix, MANIFEST)) else None
@@ -96,8 +98,9 @@ def running_bundle() -> str | None:
 def manifest(bundle: str) -> dict:
     data = read(os.path.join(bundle, MANIFEST))
     if data is None:
-        raise InstallError(f"{bundle}: not a gpuhook host bundle (no {MANIFEST}; build one with "
-                           "packaging/build-bundle.sh)")
+        raise InstallError(
+            f"{bundle}: not a gpuhook host bundle (no {MANIFEST}; build one with packaging/build-bundle.sh)"
+        )
     try:
         m = json.loads(data)
         files = m["files"]
@@ -121,7 +124,9 @@ def same_dir(a: str, b: str) -> bool:
 def is_installed(src: str, dst: str) -> bool:
     """True when the bundle `src` is the installed `dst` itself: `dst` (a package's plain
     directory, the .deb) or the version `dst` now runs (the bundled gpuhook runs from there)."""
-    return same_dir(src, dst) or (os.path.islink(os.path.join(dst, CURRENT)) and same_dir(src, os.path.join(dst, CURRENT)))
+    return same_dir(src, dst) or (
+        os.path.islink(os.path.join(dst, CURRENT)) and same_dir(src, os.path.join(dst, CURRENT))
+    )
 
 
 # The installed bundle is versioned, so that an upgrade is atomic as a whole:
@@ -143,13 +148,13 @@ RETIRE_GRACE = 60.0
 
 @dataclasses.dataclass
 class Synced:
-    files: int              # in the new bundle
-    written: int            # copied (changed or new), links fixed included
-    removed: int            # in the old bundle, not in the new one
-    linked: int = 0         # unchanged: hard links to the previous version
-    version: str = ""       # .versions/<this> is now current
-    previous: str = ""      # the one it replaced (kept), "" when none
-    pruned: tuple = ()      # older versions removed
+    files: int  # in the new bundle
+    written: int  # copied (changed or new), links fixed included
+    removed: int  # in the old bundle, not in the new one
+    linked: int = 0  # unchanged: hard links to the previous version
+    version: str = ""  # .versions/<this> is now current
+    previous: str = ""  # the one it replaced (kept), "" when none
+    pruned: tuple = ()  # older versions removed
 
 
 def current_version(dst: str) -> str | None:
@@ -226,8 +231,9 @@ def _sync(src: str, dst: str, dry_run: bool, grace: float) -> Synced:
     os.makedirs(versions, mode=0o755, exist_ok=True)
     name = tree_hash(src, names)[:16]
     target = os.path.join(versions, name)
-    if os.path.lexists(target) and not (target != cur and not any(
-            _differs(os.path.join(src, rel), os.path.join(target, rel)) for rel in names)):
+    if os.path.lexists(target) and not (
+        target != cur and not any(_differs(os.path.join(src, rel), os.path.join(target, rel)) for rel in names)
+    ):
         name = f"{name}-{time.time_ns()}"  # there but not this bundle (edited by hand?): a fresh one
         target = os.path.join(versions, name)
     written = linked = 0
@@ -367,7 +373,7 @@ def _copy(src: str, dst: str) -> None:
     try:
         view = memoryview(read(src) or b"")
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         os.fchmod(fd, mode)
     finally:
         os.close(fd)
@@ -404,8 +410,12 @@ def _differs(src: str, dst: str) -> bool:
         raise InstallError(f"{dst}: {e.strerror or e}") from None
     if stat.S_ISLNK(st.st_mode):
         return not stat.S_ISLNK(dst_st.st_mode) or os.readlink(dst) != os.readlink(src)
-    return not (stat.S_ISREG(dst_st.st_mode) and stat.S_IMODE(dst_st.st_mode) == stat.S_IMODE(st.st_mode)
-                and dst_st.st_size == st.st_size and read(dst) == read(src))
+    return not (
+        stat.S_ISREG(dst_st.st_mode)
+        and stat.S_IMODE(dst_st.st_mode) == stat.S_IMODE(st.st_mode)
+        and dst_st.st_size == st.st_size
+        and read(dst) == read(src)
+    )
 
 
 def _prune_dirs(dst: str, removed: list[str]) -> None:

@@ -40,9 +40,11 @@ COMMS = {"containerd": "containerd", "crio": "crio", "docker": "dockerd"}
 # what `systemctl` does with the unit under --restart systemd
 SYSTEMCTL = {"containerd": "restart", "crio": "restart", "docker": "reload-or-restart"}
 # what an operator does by hand after --restart none
-HOW = {"containerd": "restart containerd (systemctl restart containerd.service)",
-       "crio": "restart CRI-O (systemctl restart crio.service)",
-       "docker": "reload dockerd (systemctl reload docker.service, or SIGHUP to dockerd)"}
+HOW = {
+    "containerd": "restart containerd (systemctl restart containerd.service)",
+    "crio": "restart CRI-O (systemctl restart crio.service)",
+    "docker": "reload dockerd (systemctl reload docker.service, or SIGHUP to dockerd)",
+}
 # containerd's global flags that take a value (urfave/cli: "--flag value" or "--flag=value")
 _VALUE_FLAGS = {"--config", "-c", "--log-level", "-l", "--address", "-a", "--root", "--state"}
 
@@ -73,7 +75,7 @@ def _alive(proc: str, pid: int) -> bool:
     stat = _read(os.path.join(proc, str(pid), "stat"))
     if stat is None:
         return False
-    state = stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3]
+    state = stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3]
     return state not in (b"Z", b"X")
 
 
@@ -136,7 +138,11 @@ def find(runtime: str, host_root: str, config_file: str | None = None) -> list[i
         if comm is None or comm.strip().decode(errors="replace") != COMMS[runtime] or not _alive(proc, int(entry)):
             continue
         if runtime in CONFIG_OF and want is not None:
-            argv = [a.decode(errors="replace") for a in (_read(os.path.join(proc, entry, "cmdline")) or b"").split(b"\0") if a]
+            argv = [
+                a.decode(errors="replace")
+                for a in (_read(os.path.join(proc, entry, "cmdline")) or b"").split(b"\0")
+                if a
+            ]
             path = CONFIG_OF[runtime](proc, int(entry), argv)
             try:
                 found = os.stat(path) if path else None
@@ -155,8 +161,9 @@ def restart(mode: str, runtime: str, host_root: str, config_file: str | None, ti
     if mode == "systemd":
         return _systemctl(runtime, host_root, timeout)
     if not host_pid_namespace(host_root):
-        raise InstallError(f"--restart signal: {_proc(host_root)} is not this PID namespace's "
-                           "(run in the host's: hostPID: true)")
+        raise InstallError(
+            f"--restart signal: {_proc(host_root)} is not this PID namespace's (run in the host's: hostPID: true)"
+        )
     pids = find(runtime, host_root, config_file)
     if not pids:
         return f"restart: {runtime} is not running; it loads the handler when it starts"
@@ -167,24 +174,32 @@ def restart(mode: str, runtime: str, host_root: str, config_file: str | None, ti
     if runtime == "docker":
         for pid in pids:
             _kill(pid, signal.SIGHUP)
-        return (f"restart: sent SIGHUP to dockerd (pid {', '.join(map(str, pids))}): dockerd reloads its runtimes, "
-                "running containers keep running (`docker info` lists the runtimes it has)")
+        return (
+            f"restart: sent SIGHUP to dockerd (pid {', '.join(map(str, pids))}): dockerd reloads its runtimes, "
+            "running containers keep running (`docker info` lists the runtimes it has)"
+        )
     for pid in pids:
         _kill(pid, signal.SIGTERM)
     proc = _proc(host_root)
     deadline = time.monotonic() + timeout
     while any(_alive(proc, p) for p in pids):
         if time.monotonic() > deadline:
-            raise InstallError(f"--restart signal: containerd (pid {pids[0]}) did not exit within {timeout:g}s of SIGTERM")
+            raise InstallError(
+                f"--restart signal: containerd (pid {pids[0]}) did not exit within {timeout:g}s of SIGTERM"
+            )
         time.sleep(0.05)
     while True:
         new = [p for p in find(runtime, host_root, config_file) if p not in pids]
         if new:
-            return f"restart: containerd stopped (SIGTERM, pid {pids[0]}); its supervisor started it again (pid {new[0]})"
+            return (
+                f"restart: containerd stopped (SIGTERM, pid {pids[0]}); its supervisor started it again (pid {new[0]})"
+            )
         if time.monotonic() > deadline:
-            raise InstallError(f"--restart signal: containerd stopped (pid {pids[0]}) but nothing started it again "
-                               f"within {timeout:g}s: is it supervised (containerd.service Restart=always)? "
-                               "Start it by hand")
+            raise InstallError(
+                f"--restart signal: containerd stopped (pid {pids[0]}) but nothing started it again "
+                f"within {timeout:g}s: is it supervised (containerd.service Restart=always)? "
+                "Start it by hand"
+            )
         time.sleep(0.1)
 
 
@@ -212,6 +227,7 @@ def _host_mount_namespace(host_root: str):
     def enter() -> None:
         if setns(fd, CLONE_NEWNS) != 0:
             raise OSError(ctypes.get_errno(), "setns into the host's mount namespace")
+
     return fd, enter
 
 
@@ -223,14 +239,19 @@ def _systemctl(runtime: str, host_root: str, timeout: float) -> str:
     fd, enter = None, None
     if os.path.realpath(host_root) != "/":
         if not host_pid_namespace(host_root):
-            raise InstallError("--restart systemd: not in the host's PID namespace, so the host's systemd "
-                               "cannot be reached (run with hostPID: true, or on the node)")
+            raise InstallError(
+                "--restart systemd: not in the host's PID namespace, so the host's systemd "
+                "cannot be reached (run with hostPID: true, or on the node)"
+            )
         fd, enter = _host_mount_namespace(host_root)
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=max(timeout, 90.0),
-                              stdin=subprocess.DEVNULL, preexec_fn=enter)
+        done = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=max(timeout, 90.0), stdin=subprocess.DEVNULL, preexec_fn=enter
+        )
     except FileNotFoundError:
-        raise InstallError(f"--restart systemd: {cmd[0]} not found" + (" in the host's mount namespace" if enter else "")) from None
+        raise InstallError(
+            f"--restart systemd: {cmd[0]} not found" + (" in the host's mount namespace" if enter else "")
+        ) from None
     except subprocess.SubprocessError as e:  # preexec_fn failed: the child could not enter it
         if isinstance(e, subprocess.TimeoutExpired):
             raise InstallError(f"--restart systemd: `{' '.join(cmd)}` did not finish in time") from None
@@ -244,5 +265,7 @@ def _systemctl(runtime: str, host_root: str, timeout: float) -> str:
         why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
         raise InstallError(f"--restart systemd: `{' '.join(cmd)}` failed: {why}")
     how = "" if SYSTEMCTL[runtime] == "restart" else f" {SYSTEMCTL[runtime]}"
-    return (f"restart: {UNITS[runtime]} {'restarted' if not how else 'reloaded'} "
-            f"(systemctl{how}{' in the host mount namespace' if enter else ''})")
+    return (
+        f"restart: {UNITS[runtime]} {'restarted' if not how else 'reloaded'} "
+        f"(systemctl{how}{' in the host mount namespace' if enter else ''})"
+    )

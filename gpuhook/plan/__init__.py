@@ -59,8 +59,12 @@ NVIDIA_NEEDS = (("compute", "libcuda.so.1"), ("utility", "libnvidia-ml.so.1"))
 # Driver libraries that build tools and JIT compilers link by their development name
 # (`-lcuda`: Triton, nvcc's link step): the same file is mounted at that name too, beside
 # the library, so nothing is written through the image.
-NVIDIA_DEV_NAMES = {"libcuda.so.1": "libcuda.so", "libnvidia-ml.so.1": "libnvidia-ml.so",
-                    "libnvcuvid.so.1": "libnvcuvid.so", "libnvidia-encode.so.1": "libnvidia-encode.so"}
+NVIDIA_DEV_NAMES = {
+    "libcuda.so.1": "libcuda.so",
+    "libnvidia-ml.so.1": "libnvidia-ml.so",
+    "libnvcuvid.so.1": "libnvcuvid.so",
+    "libnvidia-encode.so.1": "libnvidia-encode.so",
+}
 DXG_NEEDS = "libdxcore.so"
 
 
@@ -157,9 +161,10 @@ def unusable(v: VendorInventory, caps: frozenset | None = None) -> tuple[str, st
             if cap in (policy.DEFAULT_CAPS if caps is None else caps):
                 if any(lib.soname == soname for lib in v.libraries):
                     return None
-                return (f"no-{soname.partition('.so')[0]}",
-                        f"no {soname} of driver {v.driver_version or '(unknown version)'} on this node "
-                        f"(capability {cap})")
+                return (
+                    f"no-{soname.partition('.so')[0]}",
+                    f"no {soname} of driver {v.driver_version or '(unknown version)'} on this node (capability {cap})",
+                )
         return None
     if v.vendor == "dxg" and not any(lib.path.rpartition("/")[2] == DXG_NEEDS for lib in v.libraries):
         return "no-libdxcore", f"no {DXG_NEEDS} in /usr/lib/wsl/lib"
@@ -199,8 +204,10 @@ def _visible_nvidia(v: VendorInventory, vis: policy.Visible, warn) -> list[Devic
         elif low.startswith("gpu-"):
             found = [d for d in v.devices if d.id.lower().startswith(low)]
         else:
-            warn(f"{policy.VISIBLE_ENV}: {policy.show(t)} is not a GPU index or UUID "
-                 "(MIG devices are not supported), ignored")
+            warn(
+                f"{policy.VISIBLE_ENV}: {policy.show(t)} is not a GPU index or UUID "
+                "(MIG devices are not supported), ignored"
+            )
             continue
         if len(found) != 1:
             what = "matches no GPU of this node" if not found else f"matches {len(found)} GPUs"
@@ -216,7 +223,7 @@ DRI_DIR = "/dev/dri/"
 
 def _dri_name(path: str) -> str | None:
     """card1 of /dev/dri/card1; None for a node elsewhere."""
-    return path[len(DRI_DIR):] if path.startswith(DRI_DIR) else None
+    return path[len(DRI_DIR) :] if path.startswith(DRI_DIR) else None
 
 
 def _allocated(d: Device, allocations: list[tuple[str, str, str]]) -> tuple[str, str, str] | None:
@@ -230,8 +237,13 @@ def _allocated(d: Device, allocations: list[tuple[str, str, str]]) -> tuple[str,
         low = ident.lower()
         if low in keys or low.split("-")[0] in cards:
             return a
-        if d.vendor == "nvidia" and resource.startswith("nvidia.com/") and low.isascii() and low.isdigit() \
-                and int(low) == d.index:
+        if (
+            d.vendor == "nvidia"
+            and resource.startswith("nvidia.com/")
+            and low.isascii()
+            and low.isdigit()
+            and int(low) == d.index
+        ):
             return a
     return None
 
@@ -245,14 +257,25 @@ def _hold_back(v: VendorInventory, candidates: list[Device], allocated, held: li
         if a is None:
             keep.append(d)
         else:
-            held.append({"device": f"{v.vendor}:{d.id}",
-                         "why": f"allocated by the kubelet to pod {policy.show(a[2], 40)} ({a[0]} {policy.show(a[1], 80)})"})
+            held.append(
+                {
+                    "device": f"{v.vendor}:{d.id}",
+                    "why": f"allocated by the kubelet to pod {policy.show(a[2], 40)} ({a[0]} {policy.show(a[1], 80)})",
+                }
+            )
     return keep
 
 
-def plan(inv: Inventory, req: Request, ldconfig: str | None = None, config=None,
-         state_dir: str | None = None, warnings: list | None = None, helper: str | None = None,
-         explain: dict | None = None) -> Edits:
+def plan(
+    inv: Inventory,
+    req: Request,
+    ldconfig: str | None = None,
+    config=None,
+    state_dir: str | None = None,
+    warnings: list | None = None,
+    helper: str | None = None,
+    explain: dict | None = None,
+) -> Edits:
     """The edits for one container. Empty Edits mean: leave the spec exactly as it is.
 
     ldconfig: the node's (None: find_ldconfig()). helper: gpuhook-hook as the node sees it
@@ -272,7 +295,7 @@ def plan(inv: Inventory, req: Request, ldconfig: str | None = None, config=None,
         return Edits()
     pod = policy.pod_policy(req.annotations, warn)
     if not pod.inject:
-        explain["reason"] = f"the pod says {policy.INJECT}: \"false\""
+        explain["reason"] = f'the pod says {policy.INJECT}: "false"'
         return Edits()
     share = getattr(config, "share", None) or DEFAULT_SHARE
     allocated: list | None = []
@@ -297,8 +320,7 @@ def plan(inv: Inventory, req: Request, ldconfig: str | None = None, config=None,
             caps = policy.nvidia_caps(req.env, warn)
         missing = unusable(v, caps)
         if missing is not None:
-            warn(f"{v.vendor}: {len(v.devices)} device(s) not given: {missing[1]}; "
-                 "the container runs without them")
+            warn(f"{v.vendor}: {len(v.devices)} device(s) not given: {missing[1]}; the container runs without them")
             continue
         if v.vendor == "nvidia":
             driver_only = vis.mode == "none"
@@ -306,8 +328,9 @@ def plan(inv: Inventory, req: Request, ldconfig: str | None = None, config=None,
         else:
             candidates = [] if fixed else list(v.devices)
         if candidates and allocated is None:
-            held.extend({"device": f"{v.vendor}:{d.id}", "why": "the kubelet's checkpoint is unreadable"}
-                        for d in candidates)
+            held.extend(
+                {"device": f"{v.vendor}:{d.id}", "why": "the kubelet's checkpoint is unreadable"} for d in candidates
+            )
             candidates = []
         elif candidates and allocated:
             candidates = _hold_back(v, candidates, allocated, held)
@@ -328,20 +351,23 @@ def plan(inv: Inventory, req: Request, ldconfig: str | None = None, config=None,
 def _why_none(inv: Inventory, pod, held: list, choices: list) -> str:
     """One line: why a node with GPUs gave this container none."""
     if held and not any(c.devices for c in choices):
-        return (f"all {len(held)} GPU(s) held back: allocated by the kubelet to other pods "
-                '(share = "unallocated")')
+        return f'all {len(held)} GPU(s) held back: allocated by the kubelet to other pods (share = "unallocated")'
     if pod.max_gpus == 0:
-        return f"the pod says {policy.MAX_GPUS}: \"0\""
+        return f'the pod says {policy.MAX_GPUS}: "0"'
     if pod.vendors is not None and not any(v.vendor in pod.vendors for v in inv.vendors if v.devices):
         return f"the pod's {policy.VENDORS} names no vendor of this node"
-    return "no usable GPU for this container (its NVIDIA_VISIBLE_DEVICES, or a vendor's userspace missing: see warnings)"
+    return (
+        "no usable GPU for this container (its NVIDIA_VISIBLE_DEVICES, or a vendor's userspace missing: see warnings)"
+    )
 
 
 def _limit(choices: list[_Choice], req: Request, budget: int, state_dir, warn) -> list[_Choice]:
     keys = [f"{c.vendor.vendor}:{d.id}" for c in choices for d in c.devices if not _in_spec(d, req)]
     keep = set(policy.least_used(keys, budget, state_dir, warn))
-    return [c._replace(devices=[d for d in c.devices if _in_spec(d, req) or f"{c.vendor.vendor}:{d.id}" in keep])
-            for c in choices]
+    return [
+        c._replace(devices=[d for d in c.devices if _in_spec(d, req) or f"{c.vendor.vendor}:{d.id}" in keep])
+        for c in choices
+    ]
 
 
 def _edits(inv: Inventory, req: Request, choices: list[_Choice], ldconfig, config, warn, helper) -> Edits:
@@ -376,8 +402,12 @@ def _edits(inv: Inventory, req: Request, choices: list[_Choice], ldconfig, confi
         # In a user namespace runc cannot mknod: it bind-mounts each node from the host, and a
         # node the driver has not created yet (nvidia-uvm-tools, nvidia-modeset...) would
         # fail the whole create. Such nodes are left out there.
-        absent = {n.path for v in inv.vendors for n in (*v.control_nodes, *(m for d in v.devices for m in d.nodes))
-                  if not n.present}
+        absent = {
+            n.path
+            for v in inv.vendors
+            for n in (*v.control_nodes, *(m for d in v.devices for m in d.nodes))
+            if not n.present
+        }
         left_out = sorted({n.path for n in nodes if n.path in absent})
         if left_out:
             warn(f"user namespace: {', '.join(left_out)} not created on the host yet, left out")
@@ -401,13 +431,16 @@ def _edits(inv: Inventory, req: Request, choices: list[_Choice], ldconfig, confi
     if wanted and helper is None:
         helper = hook.package_helper()
         if not os.access(helper, os.X_OK):
-            warn(f"{helper} is missing: no {', '.join(hook.DESCRIPTION[k] for k in wanted)} in the container "
-                 "(reinstall gpuhook with a C compiler)")
+            warn(
+                f"{helper} is missing: no {', '.join(hook.DESCRIPTION[k] for k in wanted)} in the container "
+                "(reinstall gpuhook with a C compiler)"
+            )
             wanted = {}
     if wanted and rootfs and helper:
         for kind, args in wanted.items():
-            hooks.append(Hook("createContainer", helper, hook.argv(kind, rootfs, args), hook.ENV,
-                              hook.TIMEOUT[kind], kind))
+            hooks.append(
+                Hook("createContainer", helper, hook.argv(kind, rootfs, args), hook.ENV, hook.TIMEOUT[kind], kind)
+            )
     return Edits(env, tuple(nodes), tuple(dict.fromkeys(mounts)), tuple(hooks), _group_gids(nodes))
 
 
@@ -421,8 +454,7 @@ def _group_gids(nodes: list[DeviceNode]) -> tuple[int, ...]:
     return tuple(dict.fromkeys(gids))
 
 
-def _nvidia(inv: Inventory, req: Request, c: _Choice, config, nodes: list, mounts: list,
-            lib_paths: list, warn) -> None:
+def _nvidia(inv: Inventory, req: Request, c: _Choice, config, nodes: list, mounts: list, lib_paths: list, warn) -> None:
     v = c.vendor
     caps = c.caps if c.caps is not None else policy.nvidia_caps(req.env, warn)
     drm = bool(caps & {"graphics", "display"})
@@ -430,7 +462,7 @@ def _nvidia(inv: Inventory, req: Request, c: _Choice, config, nodes: list, mount
         nodes.extend(_node(n) for n in d.nodes if drm or not n.path.startswith("/dev/dri/"))
     channels = policy.imex_channels(req.env)
     for n in v.control_nodes:
-        if n.path.startswith(IMEX_PREFIX) and channels is not None and int(n.path[len(IMEX_PREFIX):]) not in channels:
+        if n.path.startswith(IMEX_PREFIX) and channels is not None and int(n.path[len(IMEX_PREFIX) :]) not in channels:
             continue
         nodes.append(_node(n))
     for lib in v.libraries:
@@ -446,8 +478,11 @@ def _nvidia(inv: Inventory, req: Request, c: _Choice, config, nodes: list, mount
             dev = NVIDIA_DEV_NAMES.get(lib.soname or "")
             if dev:
                 mounts.append(Mount(_on_host(inv.root, lib.path), os.path.join(os.path.dirname(dest), dev)))
-    mounts.extend(Mount(_on_host(inv.root, b), v.container_path(b)) for b in v.binaries
-                  if NVIDIA_TOOLS.get(b.rpartition("/")[2], "utility") in caps)
+    mounts.extend(
+        Mount(_on_host(inv.root, b), v.container_path(b))
+        for b in v.binaries
+        if NVIDIA_TOOLS.get(b.rpartition("/")[2], "utility") in caps
+    )
     if "compute" in caps:
         _mps(inv, req, v, config, mounts, warn)
 
@@ -470,6 +505,8 @@ def _mps(inv: Inventory, req: Request, v: VendorInventory, config, mounts: list,
     if policy.MPS_ENV in req.env:
         dest = policy.container_dir(req.env[policy.MPS_ENV]) or dest
         if dest != req.env[policy.MPS_ENV].rstrip("/"):
-            warn(f"{policy.MPS_ENV}: {policy.show(req.env[policy.MPS_ENV])} is not a usable directory; "
-                 "the MPS pipes are at /tmp/nvidia-mps")
+            warn(
+                f"{policy.MPS_ENV}: {policy.show(req.env[policy.MPS_ENV])} is not a usable directory; "
+                "the MPS pipes are at /tmp/nvidia-mps"
+            )
     mounts.append(Mount(_on_host(inv.root, host_dir), dest, "bind", BIND_RW))

@@ -65,6 +65,7 @@ def show(value: str, limit: int = 60) -> str:
 
 # -- pod annotations ------------------------------------------------------------------
 
+
 class PodPolicy(Record):
     """inject: False opts out. vendors: frozenset of vendor names, None = every vendor.
     max_gpus: at most that many devices (GPUs or partitions), None = no limit."""
@@ -99,16 +100,20 @@ def pod_policy(annotations: dict, warn) -> PodPolicy:
             bad = [n for n in names if n not in VENDOR_NAMES]
             if bad or not names:
                 why = f"unknown vendor {show(bad[0])}" if bad else "no vendor named"
-                warn(f"annotation {key}: {show(value)}: {why} (known: {', '.join(VENDOR_NAMES)}); "
-                     "ignored, every vendor of the node is given")
+                warn(
+                    f"annotation {key}: {show(value)}: {why} (known: {', '.join(VENDOR_NAMES)}); "
+                    "ignored, every vendor of the node is given"
+                )
             else:
                 vendors = frozenset(names)
         elif key == MAX_GPUS:
             if v.isascii() and v.isdigit() and len(v) <= 4 and int(v) <= MAX_GPUS_LIMIT:
                 max_gpus = int(v)
             else:
-                warn(f"annotation {key}: {show(value)} is not a whole number from 0 to {MAX_GPUS_LIMIT}; "
-                     "ignored, no limit")
+                warn(
+                    f"annotation {key}: {show(value)} is not a whole number from 0 to {MAX_GPUS_LIMIT}; "
+                    "ignored, no limit"
+                )
     return PodPolicy(inject, vendors, max_gpus)
 
 
@@ -129,6 +134,7 @@ def pod_uid(annotations: dict) -> str | None:
 
 
 # -- NVIDIA env contract ----------------------------------------------------------------
+
 
 class Visible(Record):
     """mode: all (every GPU), none (driver files, no GPU), void (nothing), list (tokens)."""
@@ -155,7 +161,7 @@ def nvidia_visible(env: dict, mounts: tuple = ()) -> Visible:
         return Visible(low)
     if value.rstrip("/") == VOLUME_MOUNTS_DIR:
         prefix = VOLUME_MOUNTS_DIR + "/"
-        tokens = tuple(m[len(prefix):] for m in mounts if m.startswith(prefix) and "/" not in m[len(prefix):])
+        tokens = tuple(m[len(prefix) :] for m in mounts if m.startswith(prefix) and "/" not in m[len(prefix) :])
         return Visible("list", tokens) if tokens else Visible("void")
     return Visible("list", tuple(t.strip() for t in value[:4096].split(",") if t.strip()))
 
@@ -184,8 +190,9 @@ def imex_channels(env: dict) -> frozenset | None:
     value = env[IMEX_ENV].strip().lower()
     if value == "all":
         return None
-    return frozenset(int(t) for t in value[:4096].split(",") if t.strip().isascii() and t.strip().isdigit()
-                     and len(t.strip()) < 7)
+    return frozenset(
+        int(t) for t in value[:4096].split(",") if t.strip().isascii() and t.strip().isdigit() and len(t.strip()) < 7
+    )
 
 
 def container_dir(path: str) -> str | None:
@@ -200,6 +207,7 @@ def container_dir(path: str) -> str | None:
 
 
 # -- round robin -----------------------------------------------------------------------
+
 
 def least_used(keys: list[str], n: int, state_dir: str | None, warn) -> list[str]:
     """The n of `keys` given out least often on this node (ties: least recently, then in
@@ -269,6 +277,7 @@ def least_used(keys: list[str], n: int, state_dir: str | None, warn) -> list[str
 
 
 # -- kubelet device allocations ---------------------------------------------------------
+
 
 def allocated_devices(root: str, own_pod: str | None) -> tuple[list[tuple[str, str, str]] | None, str | None]:
     """(resource, device id, pod uid) the kubelet's device manager allocated to pods other than

@@ -4,7 +4,6 @@ Probing never decides what a container gets (that is gpuhook.plan); it only repo
 A vendor module that fails is reported as a warning: the probe itself never raises.
 """
 
-
 from ..inventory import Inventory
 
 # .host (Host) is imported by probe() itself: a create whose probe result is cached never needs it
@@ -40,8 +39,9 @@ def _sign_there(host: "Host", sign: str) -> bool:
     parent, _, name = sign.rpartition("/")
     digit = name.endswith("[0-9]*")
     prefix = name[:-6] if digit else name[:-1]
-    return any(n.startswith(prefix) and (not digit or n[len(prefix):len(prefix) + 1].isdigit())
-               for n in host.listdir(parent))
+    return any(
+        n.startswith(prefix) and (not digit or n[len(prefix) : len(prefix) + 1].isdigit()) for n in host.listdir(parent)
+    )
 
 
 def present(host: "Host", vendors: tuple[str, ...] | None = None) -> list[str]:
@@ -49,8 +49,13 @@ def present(host: "Host", vendors: tuple[str, ...] | None = None) -> list[str]:
     return [name for name in vendors or VENDORS if any(_sign_there(host, s) for s in SIGNS[name])]
 
 
-def probe(root: str = "/", vendors: tuple[str, ...] | None = None, *,
-          nvidia_driver_root: str | None = None, signs: bool = True) -> Inventory:
+def probe(
+    root: str = "/",
+    vendors: tuple[str, ...] | None = None,
+    *,
+    nvidia_driver_root: str | None = None,
+    signs: bool = True,
+) -> Inventory:
     """nvidia_driver_root: the node config's setting (None: "auto", see driverroot.py).
     signs=False runs every vendor module, signs or not (a sysfs capture with no device node:
     a report of what is there, though no container could be given any of it)."""
@@ -68,4 +73,3 @@ def probe(root: str = "/", vendors: tuple[str, ...] | None = None, *,
         if inv is not None and inv.devices:
             found.append(inv)
     return Inventory(host.root, tuple(found), tuple(host.warnings))
-

@@ -17,7 +17,6 @@
   with every device; without it the GPUs are still reported, with a warning, and no control node.
 """
 
-
 from ..inventory import Device, Node, VendorInventory
 from .common import char_majors, device_node, first_major, parse_dev
 from .drm import DRM_MAJOR, DrmDevice, drm_devices
@@ -28,11 +27,15 @@ KFD = "/sys/class/kfd/kfd"
 NODES = KFD + "/topology/nodes"
 
 MODELS = {
-    0x6860: "AMD Vega 10", 0x687F: "AMD Vega 10",
+    0x6860: "AMD Vega 10",
+    0x687F: "AMD Vega 10",
     0x738C: "AMD Instinct MI100",
-    0x7408: "AMD Instinct MI250X", 0x740C: "AMD Instinct MI250X/MI250",
+    0x7408: "AMD Instinct MI250X",
+    0x740C: "AMD Instinct MI250X/MI250",
     0x740F: "AMD Instinct MI210",
-    0x74A1: "AMD Instinct MI300X", 0x74A2: "AMD Instinct MI308X", 0x74A5: "AMD Instinct MI325X",
+    0x74A1: "AMD Instinct MI300X",
+    0x74A2: "AMD Instinct MI308X",
+    0x74A5: "AMD Instinct MI325X",
 }
 
 
@@ -63,8 +66,9 @@ def parse_properties(text: str) -> dict[str, int]:
 
 
 def pci_address(domain: int, location_id: int) -> str:
-    return (f"{domain & 0xFFFFFFFF:04x}:{(location_id >> 8) & 0xFF:02x}:"
-            f"{(location_id >> 3) & 0x1F:02x}.{location_id & 7:x}")
+    return (
+        f"{domain & 0xFFFFFFFF:04x}:{(location_id >> 8) & 0xFF:02x}:{(location_id >> 3) & 0x1F:02x}.{location_id & 7:x}"
+    )
 
 
 def kfd_gpus(host: Host) -> list[dict[str, int]]:
@@ -127,23 +131,45 @@ def probe(host: Host) -> VendorInventory | None:
         card = d.card if d is not None and not partition else None
         dev_id = addr if addr not in ids else f"{addr}/renderD{minor}"
         ids.add(dev_id)
-        devices.append(Device("amd", "partition" if partition else "gpu", len(devices), dev_id,
-                              tuple(n for n in (card, render) if n is not None),
-                              parent if partition else addr, model(props.get("device_id")),
-                              "amdgpu", parent if partition else None))
+        devices.append(
+            Device(
+                "amd",
+                "partition" if partition else "gpu",
+                len(devices),
+                dev_id,
+                tuple(n for n in (card, render) if n is not None),
+                parent if partition else addr,
+                model(props.get("device_id")),
+                "amdgpu",
+                parent if partition else None,
+            )
+        )
     for d in xcp:
         if d not in used:
-            host.warn(f"{d.sysfs}: compute partition render node {d.render.path if d.render else '?'} that no KFD node "
-                      "names, skipped (no compute without KFD)")
+            host.warn(
+                f"{d.sysfs}: compute partition render node {d.render.path if d.render else '?'} that no KFD node "
+                "names, skipped (no compute without KFD)"
+            )
     for d in drm:
         if d not in used:
-            devices.append(Device("amd", "gpu", len(devices), d.pci or d.sysfs,
-                                  tuple(n for n in (d.card, d.render) if n is not None),
-                                  d.pci, model(d.device_id), "amdgpu"))
+            devices.append(
+                Device(
+                    "amd",
+                    "gpu",
+                    len(devices),
+                    d.pci or d.sysfs,
+                    tuple(n for n in (d.card, d.render) if n is not None),
+                    d.pci,
+                    model(d.device_id),
+                    "amdgpu",
+                )
+            )
     if not devices:
         return None
     kfd_dev = kfd_node(host, majors)
     if kfd_dev is None and kfd:
-        host.warn("KFD topology lists GPUs but /dev/kfd is missing and no kfd major is known: "
-                  "AMD GPUs reported without the kfd control node (no compute)")
+        host.warn(
+            "KFD topology lists GPUs but /dev/kfd is missing and no kfd major is known: "
+            "AMD GPUs reported without the kfd control node (no compute)"
+        )
     return VendorInventory("amd", tuple(devices), (kfd_dev,) if kfd_dev else ())

@@ -27,7 +27,6 @@ answer is never kept once the driver is there. A cache that cannot be read or wr
 costs a probe.
 """
 
-
 import os
 import time
 
@@ -37,8 +36,14 @@ from .driverroot import AUTO, watched
 
 # the directories where a GPU shows up (probe.SIGNS), then what the vendor modules read
 WATCHED = tuple(sorted(sign_dirs())) + (
-    "/dev/nvidia-caps", "/sys/class/kfd/kfd/topology/nodes", "/etc/ld.so.cache", "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib/aarch64-linux-gnu",
-    "/usr/lib/wsl/lib")
+    "/dev/nvidia-caps",
+    "/sys/class/kfd/kfd/topology/nodes",
+    "/etc/ld.so.cache",
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib/wsl/lib",
+)
 VERSION_FILE = "/proc/driver/nvidia/version"
 
 

@@ -1,6 +1,5 @@
 """Readers shared by the vendor probes: /proc/devices, sysfs `dev` files, device nodes."""
 
-
 import os
 import stat as _stat
 
@@ -15,8 +14,8 @@ def is_uint(s: str) -> bool:
 
 def numbered(name: str, prefix: str) -> int | None:
     """N of a name that is `prefix` then the digits of N ("nvidia3", "nvidia" -> 3); else None."""
-    if name.startswith(prefix) and is_uint(name[len(prefix):]):
-        return int(name[len(prefix):])
+    if name.startswith(prefix) and is_uint(name[len(prefix) :]):
+        return int(name[len(prefix) :])
     return None
 
 
@@ -78,8 +77,9 @@ def read_dev_file(host: Host, path: str) -> tuple[int, int] | None:
     return None
 
 
-def device_node(host: Host, path: str, major: int | None, minor: int | None,
-                type_: str = "c", *, lazy: bool = False) -> Node | None:
+def device_node(
+    host: Host, path: str, major: int | None, minor: int | None, type_: str = "c", *, lazy: bool = False
+) -> Node | None:
     """The node at `path`.
 
     A real device node on the host wins (its own major/minor, mode and owner). Otherwise
@@ -89,9 +89,16 @@ def device_node(host: Host, path: str, major: int | None, minor: int | None,
     """
     st = host.lstat(path)
     if st is not None and (_stat.S_ISCHR(st.st_mode) or _stat.S_ISBLK(st.st_mode)):
-        return Node(path, "c" if _stat.S_ISCHR(st.st_mode) else "b",
-                    os.major(st.st_rdev), os.minor(st.st_rdev),
-                    _stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, True)
+        return Node(
+            path,
+            "c" if _stat.S_ISCHR(st.st_mode) else "b",
+            os.major(st.st_rdev),
+            os.minor(st.st_rdev),
+            _stat.S_IMODE(st.st_mode),
+            st.st_uid,
+            st.st_gid,
+            True,
+        )
     if major is None or minor is None:
         if st is not None:
             host.warn(f"{path}: not a device node and no driver-reported number, skipped")

@@ -23,8 +23,16 @@ AUTO_ROOTS = (HOST, OPERATOR_ROOT, GKE_ROOT)
 READY_FILE = "/run/nvidia/validations/driver-ready"  # the Operator's: its driver is installed
 # Under a driver root other than the host: what changes when a driver is installed there
 # (a mount on the root itself, its ld cache, a library or tool directory filled in).
-WATCH_UNDER = ("", "/etc/ld.so.cache", "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib/aarch64-linux-gnu",
-               "/usr/bin", "/lib64", "/bin")
+WATCH_UNDER = (
+    "",
+    "/etc/ld.so.cache",
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/bin",
+    "/lib64",
+    "/bin",
+)
 
 
 def candidates(setting: str | None) -> tuple[str, ...]:

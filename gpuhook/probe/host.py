@@ -7,7 +7,6 @@ can never lead out of it. Missing or unreadable files give None (and a warning w
 the file was expected); nothing here raises on bad host content.
 """
 
-
 import os
 import stat as _stat
 

@@ -10,7 +10,6 @@ not reported, and each VF that has DRM nodes (bound to i915/xe on the host) is a
 nodes: that GPU then gives containers nothing, and a warning says so.
 """
 
-
 from ..inventory import Device, VendorInventory
 from .common import char_majors, first_major, is_uint, numbered_names
 from .drm import DRM_MAJOR, drm_devices
@@ -43,15 +42,27 @@ def probe(host: Host) -> VendorInventory | None:
             for vf in vfs:
                 vf_parent[vf] = d.pci or d.sysfs
             if not any(vf in by_sysfs for vf in vfs):
-                host.warn(f"intel: {d.pci or d.sysfs} has {len(vfs)} virtual function(s) enabled but none "
-                          "with a DRM node (bound to vfio-pci?): this GPU is not given to containers")
+                host.warn(
+                    f"intel: {d.pci or d.sysfs} has {len(vfs)} virtual function(s) enabled but none "
+                    "with a DRM node (bound to vfio-pci?): this GPU is not given to containers"
+                )
     devices: list[Device] = []
     for d in gpus:
         if d.sysfs in pfs:
             continue  # the PF of an SR-IOV GPU: its VFs are given instead
         model = "Intel GPU" if d.device_id is None else f"Intel GPU 0x{d.device_id:04x}"
         parent = vf_parent.get(d.sysfs)
-        devices.append(Device("intel", "partition" if parent else "gpu", len(devices), d.pci or d.sysfs,
-                              tuple(n for n in (d.card, d.render) if n is not None),
-                              d.pci, model, d.driver, parent))
+        devices.append(
+            Device(
+                "intel",
+                "partition" if parent else "gpu",
+                len(devices),
+                d.pci or d.sysfs,
+                tuple(n for n in (d.card, d.render) if n is not None),
+                d.pci,
+                model,
+                d.driver,
+                parent,
+            )
+        )
     return VendorInventory("intel", tuple(devices)) if devices else None

@@ -41,10 +41,17 @@ FLAG_ARCH_MASK = 0xFF00
 # Names whose ABI the machine name alone does not fix (arm hard/soft float,
 # mips o32/n32/n64, x32) are left out: machine_flags() gives None for them.
 _MACHINE_FLAGS = {
-    "x86_64": 0x0300, "amd64": 0x0300,  # FLAG_X8664_LIB64
-    "i386": 0, "i486": 0, "i586": 0, "i686": 0, "x86": 0,  # 32-bit x86: no arch bits
-    "aarch64": 0x0A00, "arm64": 0x0A00,  # FLAG_AARCH64_LIB64
-    "ppc64le": 0x0500, "ppc64": 0x0500,  # FLAG_POWERPC_LIB64
+    "x86_64": 0x0300,
+    "amd64": 0x0300,  # FLAG_X8664_LIB64
+    "i386": 0,
+    "i486": 0,
+    "i586": 0,
+    "i686": 0,
+    "x86": 0,  # 32-bit x86: no arch bits
+    "aarch64": 0x0A00,
+    "arm64": 0x0A00,  # FLAG_AARCH64_LIB64
+    "ppc64le": 0x0500,
+    "ppc64": 0x0500,  # FLAG_POWERPC_LIB64
     "s390x": 0x0400,  # FLAG_S390_LIB64
     "sparc64": 0x0100,  # FLAG_SPARC_LIB64
     "ia64": 0x0200,  # FLAG_IA64_LIB64
@@ -89,8 +96,11 @@ def parse(data: bytes, prefixes: tuple[bytes, ...] | None = None) -> list[Entry]
         if data.startswith(_NEW_MAGIC, start):
             return _parse_new(data, start, prefixes)
     rows = struct.iter_unpack("=iII", data[_OLD_HEADER:end])
-    return [Entry(_string(data, end, key), _string(data, end, value), flags, 0)
-            for flags, key, value in rows if prefixes is None or data.startswith(prefixes, end + key)]
+    return [
+        Entry(_string(data, end, key), _string(data, end, value), flags, 0)
+        for flags, key, value in rows
+        if prefixes is None or data.startswith(prefixes, end + key)
+    ]
 
 
 def _parse_new(data, start, prefixes=None):
@@ -104,10 +114,12 @@ def _parse_new(data, start, prefixes=None):
     end = start + _NEW_HEADER + nlibs * _NEW_ENTRY
     if end > len(data):
         raise LdCacheError(f"new-format nlibs {nlibs} does not fit in {len(data)} bytes")
-    rows = struct.iter_unpack(order + "iIIIQ", data[start + _NEW_HEADER:end])
-    return [Entry(_string(data, start, key), _string(data, start, value), flags, hwcap)
-            for flags, key, value, _osversion, hwcap in rows
-            if prefixes is None or data.startswith(prefixes, start + key)]
+    rows = struct.iter_unpack(order + "iIIIQ", data[start + _NEW_HEADER : end])
+    return [
+        Entry(_string(data, start, key), _string(data, start, value), flags, hwcap)
+        for flags, key, value, _osversion, hwcap in rows
+        if prefixes is None or data.startswith(prefixes, start + key)
+    ]
 
 
 def _string(data, base, offset):

@@ -110,11 +110,21 @@ FILES = (
 # IPC endpoints (libnvidia-container's list); /var/run is usually a link to /run
 SOCKETS = ("/run/nvidia-persistenced/socket", "/run/nvidia-fabricmanager/socket")
 MPS_PIPE_DIR = defaults.MPS_PIPE_DIR
-LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64", "/lib64",
-            "/usr/lib/aarch64-linux-gnu", "/usr/lib/powerpc64le-linux-gnu", "/usr/lib")
+LIB_DIRS = (
+    "/usr/lib/x86_64-linux-gnu",
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib64",
+    "/lib64",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib/powerpc64le-linux-gnu",
+    "/usr/lib",
+)
 LIB_SUBDIRS = {"libvdpau_nvidia": ("vdpau",)}
-XORG_DIRS = ("/usr/lib/xorg/modules/extensions", "/usr/lib64/xorg/modules/extensions",
-             "/usr/lib/x86_64-linux-gnu/nvidia/xorg")
+XORG_DIRS = (
+    "/usr/lib/xorg/modules/extensions",
+    "/usr/lib64/xorg/modules/extensions",
+    "/usr/lib/x86_64-linux-gnu/nvidia/xorg",
+)
 BIN_DIRS = ("/usr/bin", "/usr/local/bin", "/bin", "/usr/sbin", "/sbin")
 
 
@@ -183,8 +193,18 @@ def _gpus_from_proc(host: Host, major: int) -> list[Device]:
     out = []
     for index, (bus_id, minor, info) in enumerate(sorted(devices, key=lambda d: d[0].lower())):
         node = device_node(host, f"/dev/nvidia{minor}", major, minor, lazy=True)
-        out.append(Device("nvidia", "gpu", index, info.get("GPU UUID") or bus_id, (node,),
-                          pci=bus_id.lower(), model=info.get("Model"), driver="nvidia"))
+        out.append(
+            Device(
+                "nvidia",
+                "gpu",
+                index,
+                info.get("GPU UUID") or bus_id,
+                (node,),
+                pci=bus_id.lower(),
+                model=info.get("Model"),
+                driver="nvidia",
+            )
+        )
     return out
 
 
@@ -199,6 +219,7 @@ def _gpus_from_dev(host: Host, major: int) -> list[Device]:
 
 
 # -- per-GPU extras: MIG capabilities, DRM nodes --------------------------------------
+
 
 def _access_minor(host: Host, path: str, table: dict[str, int], name: str) -> int | None:
     """A MIG capability's minor: its `access` file ("DeviceFileMinor: 12"), else mig-minors."""
@@ -225,8 +246,11 @@ def _mig_nodes(host: Host, gpu_minor: int, table: dict[str, int], caps_major: in
         # no capabilities in /proc (a partial capture): the cap nodes that exist for this GPU
         prefix = f"gpu{gpu_minor}/"
         present = {n for n, _ in numbered_names(host.listdir(CAPS_DEV_DIR), "nvidia-cap")}
-        names = [(name, None) for name, minor in sorted(table.items(), key=lambda x: x[1])
-                 if name.startswith(prefix) and minor in present]
+        names = [
+            (name, None)
+            for name, minor in sorted(table.items(), key=lambda x: x[1])
+            if name.startswith(prefix) and minor in present
+        ]
     out = []
     for name, access in names:
         minor = _access_minor(host, access, table, name) if access else table.get(name)
@@ -268,10 +292,13 @@ def _with_extras(host: Host, devices: list[Device], majors: dict[str, list[int]]
 
 # -- control nodes ---------------------------------------------------------------------
 
+
 def _control_nodes(host: Host, majors: dict[str, list[int]], major: int) -> tuple[Node, ...]:
     uvm = first_major(majors, "nvidia-uvm")
     wanted: list[tuple[str, int | None, int | None, bool]] = [
-        ("/dev/nvidiactl", major, CTL_MINOR, True), ("/dev/nvidia-modeset", major, MODESET_MINOR, True)]
+        ("/dev/nvidiactl", major, CTL_MINOR, True),
+        ("/dev/nvidia-modeset", major, MODESET_MINOR, True),
+    ]
     if uvm is None:  # no /proc/devices: take the nodes' own numbers when they exist
         wanted += [("/dev/nvidia-uvm", None, None, True), ("/dev/nvidia-uvm-tools", None, None, True)]
     else:
@@ -292,6 +319,7 @@ def _control_nodes(host: Host, majors: dict[str, list[int]], major: int) -> tupl
 
 
 # -- driver files ------------------------------------------------------------------------
+
 
 class Layout(Record):
     """How a driver root holds the userspace: where its libraries, tools and firmware are,
@@ -314,8 +342,14 @@ ROOTED = Layout("rooted", LIB_DIRS, XORG_DIRS, BIN_DIRS, FIRMWARE_DIR, ())
 # firmware). Libraries go to /usr/local/nvidia/lib64, where CUDA images look on GKE (their
 # LD_LIBRARY_PATH; the ld-cache hook adds the directory for the others), tools to /usr/bin,
 # on every image's PATH.
-FLAT = Layout("flat", ("/lib64",), (), ("/bin",), "/firmware/nvidia",
-              (("/lib64", "/usr/local/nvidia/lib64"), ("/bin", "/usr/bin"), ("/firmware/nvidia", FIRMWARE_DIR)))
+FLAT = Layout(
+    "flat",
+    ("/lib64",),
+    (),
+    ("/bin",),
+    "/firmware/nvidia",
+    (("/lib64", "/usr/local/nvidia/lib64"), ("/bin", "/usr/bin"), ("/firmware/nvidia", FIRMWARE_DIR)),
+)
 # what the probe looks up in an ld cache: sonames and versioned names, all "<stem>.so..."
 _CACHE_PREFIXES = tuple(f"{stem}.so".encode() for stem in LIBRARIES)
 
@@ -336,7 +370,7 @@ def _ldcache(host: Host) -> dict[str, str]:
 def _version_suffix(path: str, stem: str) -> str | None:
     base = path.rsplit("/", 1)[-1]
     prefix = stem + ".so."
-    return base[len(prefix):] if base.startswith(prefix) and _is_version(base[len(prefix):]) else None
+    return base[len(prefix) :] if base.startswith(prefix) and _is_version(base[len(prefix) :]) else None
 
 
 class _Dirs:
@@ -365,8 +399,9 @@ def _search_dirs(stem: str, hit: str | None, layout: Layout) -> list[str]:
     return list(dict.fromkeys(dirs))
 
 
-def _find_library(host: Host, stem: str, soname: str | None, version: str | None,
-                  cache: dict[str, str], dirs: _Dirs, layout: Layout) -> str | None:
+def _find_library(
+    host: Host, stem: str, soname: str | None, version: str | None, cache: dict[str, str], dirs: _Dirs, layout: Layout
+) -> str | None:
     """The real file of `stem` for the running driver, as a node path; None (with a warning
     where something of another version or a dangling name was found instead)."""
     hit = (cache.get(soname) if soname else None) or (cache.get(f"{stem}.so.{version}") if version else None)
@@ -397,8 +432,9 @@ def _libraries(host: Host, version: str | None, layout: Layout) -> tuple[tuple[L
     cache = _ldcache(host)
     dirs = _Dirs(host)
     if version is None:  # no /proc: the version libcuda.so.1 leads to
-        hit = cache.get(CUDA_SONAME) or next((f"{d}/{CUDA_SONAME}" for d in layout.lib_dirs
-                                              if dirs.has(d, CUDA_SONAME)), None)
+        hit = cache.get(CUDA_SONAME) or next(
+            (f"{d}/{CUDA_SONAME}" for d in layout.lib_dirs if dirs.has(d, CUDA_SONAME)), None
+        )
         if hit:
             version = _version_suffix(host.realpath(hit), "libcuda")
     libs = []
@@ -453,6 +489,7 @@ def _ipc_files(host: Host) -> tuple[Library, ...]:
 
 # -- driver roots ------------------------------------------------------------------------
 
+
 class Userspace(Record):
     """What one driver root gave, with node paths: root is the node path of the driver root
     (None: nothing found anywhere); mount_map as VendorInventory.mount_map."""
@@ -498,24 +535,39 @@ def _scan(host: Host, sub: Host, layout: Layout, version: str | None) -> Userspa
         return prefix + p
 
     mount_map = tuple((prefix + src, dst) for src, dst in layout.dest) + ((prefix, "/"),)
-    return Userspace(prefix, tuple(lib._replace(path=node(lib.path)) for lib in libs + files),
-                     tuple(node(b) for b in bins), found, mount_map)
+    return Userspace(
+        prefix,
+        tuple(lib._replace(path=node(lib.path)) for lib in libs + files),
+        tuple(node(b) for b in bins),
+        found,
+        mount_map,
+    )
 
 
 def _why_not(sub: Host, layout: Layout, version: str | None) -> str:
     """Why `sub` gave no libcuda of the running driver, in a few words."""
     cache = _ldcache(sub)
     dirs = _Dirs(sub)
-    hit = cache.get(CUDA_SONAME) or next((f"{d}/{CUDA_SONAME}" for d in layout.lib_dirs
-                                          if dirs.has(d, CUDA_SONAME)), None)
+    hit = cache.get(CUDA_SONAME) or next(
+        (f"{d}/{CUDA_SONAME}" for d in layout.lib_dirs if dirs.has(d, CUDA_SONAME)), None
+    )
     if hit is None:
-        have = sorted({f[len("libcuda.so."):] for d in layout.lib_dirs for f in sub.listdir(d)
-                       if f.startswith("libcuda.so.") and _is_version(f[len("libcuda.so."):])})
+        have = sorted(
+            {
+                f[len("libcuda.so.") :]
+                for d in layout.lib_dirs
+                for f in sub.listdir(d)
+                if f.startswith("libcuda.so.") and _is_version(f[len("libcuda.so.") :])
+            }
+        )
         why = f"libcuda of driver {', '.join(have)} only" if have else f"no {CUDA_SONAME}"
     else:
         other = _version_suffix(sub.realpath(hit), "libcuda")
-        why = f"{CUDA_SONAME} is of driver {other}" if other and other != version else \
-            f"{CUDA_SONAME} leads to no library file"
+        why = (
+            f"{CUDA_SONAME} is of driver {other}"
+            if other and other != version
+            else f"{CUDA_SONAME} leads to no library file"
+        )
     return why
 
 
@@ -543,8 +595,10 @@ def _userspace(host: Host, version: str | None) -> Userspace:
         tried.append(f"{root}: {why}")
         if root == driverroot.HOST:
             fallback = sub, found
-    host.warn(f"nvidia: no driver userspace of driver {version or '(unknown version)'}: "
-              f"{'; '.join(tried)}. Containers that ask for compute get no NVIDIA GPU")
+    host.warn(
+        f"nvidia: no driver userspace of driver {version or '(unknown version)'}: "
+        f"{'; '.join(tried)}. Containers that ask for compute get no NVIDIA GPU"
+    )
     if fallback is None:
         return Userspace(None, (), (), version, ())
     sub, found = fallback
@@ -565,6 +619,13 @@ def probe(host: Host) -> VendorInventory | None:
     text = host.read_text("/proc/driver/nvidia/version", quiet=True)
     version = parse_version(text) if text else None
     found = _userspace(host, version)
-    return VendorInventory("nvidia", tuple(devices), _control_nodes(host, majors, major),
-                           found.libraries + _ipc_files(host), found.binaries, found.version,
-                           found.root, found.mount_map)
+    return VendorInventory(
+        "nvidia",
+        tuple(devices),
+        _control_nodes(host, majors, major),
+        found.libraries + _ipc_files(host),
+        found.binaries,
+        found.version,
+        found.root,
+        found.mount_map,
+    )

@@ -6,7 +6,6 @@ no known major is skipped with a warning. Every shared library (a name with ".so
 other files there (nvidia-smi) and the driver store (/usr/lib/wsl/drivers) are not reported.
 """
 
-
 import stat as _stat
 
 from ..inventory import Device, Library, VendorInventory

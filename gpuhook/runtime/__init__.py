@@ -15,7 +15,6 @@ A failure anywhere in gpuhook is logged and the container starts unmodified (fai
 Nothing is ever printed on stdout, which belongs to the real runtime.
 """
 
-
 import os
 import sys
 import time
@@ -27,13 +26,31 @@ GLOBAL_VALUE_FLAGS = frozenset({"root", "log", "log-format", "criu", "rootless",
 # create/run flags that take a value
 CREATE_VALUE_FLAGS = frozenset({"bundle", "b", "console-socket", "pid-file", "preserve-fds", "pidfd-socket"})
 # exec flags that take a value (runc's and crun's); the rest (--detach, --tty...) take none
-EXEC_VALUE_FLAGS = frozenset({"console-socket", "pidfd-socket", "cwd", "env", "e", "user", "u", "additional-gids",
-                              "g", "process", "p", "apparmor", "process-label", "pid-file", "cap", "c",
-                              "preserve-fds", "cgroup"})
+EXEC_VALUE_FLAGS = frozenset(
+    {
+        "console-socket",
+        "pidfd-socket",
+        "cwd",
+        "env",
+        "e",
+        "user",
+        "u",
+        "additional-gids",
+        "g",
+        "process",
+        "p",
+        "apparmor",
+        "process-label",
+        "pid-file",
+        "cap",
+        "c",
+        "preserve-fds",
+        "cgroup",
+    }
+)
 EDITING_COMMANDS = frozenset({"create", "run"})
 # the subcommands whose container id gpuhook reads (the exec env record: execenv.py)
-VALUE_FLAGS = {"create": CREATE_VALUE_FLAGS, "run": CREATE_VALUE_FLAGS, "exec": EXEC_VALUE_FLAGS,
-               "delete": frozenset()}
+VALUE_FLAGS = {"create": CREATE_VALUE_FLAGS, "run": CREATE_VALUE_FLAGS, "exec": EXEC_VALUE_FLAGS, "delete": frozenset()}
 MAX_SPEC_BYTES = 16 << 20
 # GPUHOOK_STAGES set in the runtime's environment (the node's, never a tenant's): the log line
 # gets the milliseconds of each create stage since the interpreter started (tests/perf/bench.py)
@@ -109,7 +126,7 @@ def parse_args(argv: list[str]) -> Invocation:
         while i < n:
             arg = argv[i]
             if arg == "--":
-                rest_positional.extend(argv[i + 1:])
+                rest_positional.extend(argv[i + 1 :])
                 break
             if arg.startswith("-") and arg != "-":
                 name, value = _flag(arg)
@@ -131,11 +148,13 @@ def parse_args(argv: list[str]) -> Invocation:
             bundle = os.getcwd()
         elif not bundle.startswith("/"):
             bundle = os.path.join(os.getcwd(), bundle)
-    return Invocation(command, bundle, container_id, log, log_format, root, process,
-                      exec_at if command == "exec" else None)
+    return Invocation(
+        command, bundle, container_id, log, log_format, root, process, exec_at if command == "exec" else None
+    )
 
 
 # -- the create path -------------------------------------------------------------
+
 
 class Outcome:
     """What one create did, for the log line."""
@@ -191,8 +210,9 @@ def edit_bundle(bundle: str, config, out: Outcome) -> None:
     inventory = probe_cached(config.host_root, cache_dir(), config.probe_cache_ttl, config.nvidia_driver_root)
     stage("probed")
     out.warnings = list(inventory.warnings)
-    edits = plan(inventory, request, config.ldconfig or find_ldconfig(), config, cache_dir(), out.warnings,
-                 explain=out.explain)
+    edits = plan(
+        inventory, request, config.ldconfig or find_ldconfig(), config, cache_dir(), out.warnings, explain=out.explain
+    )
     stage("planned")
     if not edits:
         out.decision = "no-gpu" if not inventory.vendors else "declined"
@@ -255,8 +275,10 @@ def record_exec_env(inv: Invocation, out: Outcome, real: str) -> None:
         path = execenv.record_path(cache_dir(), inv.root, inv.container_id, real)
         if path is None:
             if out.env:
-                out.warnings.append("exec will not see the GPUHOOK_* env: the runtime root or container id "
-                                    "is not one the exec record can be keyed by")
+                out.warnings.append(
+                    "exec will not see the GPUHOOK_* env: the runtime root or container id "
+                    "is not one the exec record can be keyed by"
+                )
             return
         if execenv.state_exists(inv.root, inv.container_id, real):
             return  # that id is taken: the runtime refuses this create, the record is the running container's
@@ -281,9 +303,18 @@ def exec_env(inv: Invocation, args: list[str], real: str, config) -> list[str]:
         from .. import fastjson
         from ..log import utc_now
 
-        append_line(config.log_file, fastjson.dumps({"time": utc_now(), "event": "exec",
-                                                     "container_id": inv.container_id,
-                                                     "decision": "unchanged", "error": why[:1000]}))
+        append_line(
+            config.log_file,
+            fastjson.dumps(
+                {
+                    "time": utc_now(),
+                    "event": "exec",
+                    "container_id": inv.container_id,
+                    "decision": "unchanged",
+                    "error": why[:1000],
+                }
+            ),
+        )
     return args
 
 
@@ -330,8 +361,7 @@ def _runtime_error(inv: Invocation, msg: str) -> None:
         from ..log import utc_now
 
         if inv.log_format == "json":
-            line = fastjson.dumps({"level": "error", "msg": f"gpuhook-runtime: {msg}",
-                                   "time": utc_now(ms=False)})
+            line = fastjson.dumps({"level": "error", "msg": f"gpuhook-runtime: {msg}", "time": utc_now(ms=False)})
         else:
             line = f"gpuhook-runtime: {msg}"
         append_line(inv.log, line)
@@ -350,8 +380,10 @@ def main(argv: list[str] | None = None) -> None:
     stage("config")
     real = find_runtime(config.runtime)
     if real is None or os.path.basename(real) == "gpuhook-runtime":
-        _runtime_error(inv, f"no real OCI runtime: {config.runtime or 'runc or crun'} not found "
-                            "(set `runtime` in the gpuhook config)")
+        _runtime_error(
+            inv,
+            f"no real OCI runtime: {config.runtime or 'runc or crun'} not found (set `runtime` in the gpuhook config)",
+        )
         sys.exit(127)
     if inv.command in EDITING_COMMANDS:
         out = Outcome()

@@ -25,7 +25,6 @@ JSON, or of a shape runc would refuse is left alone: the exec goes on unchanged,
 line says why. Stdlib only (the per-container path).
 """
 
-
 import os
 
 from ..config import is_clean_abspath
@@ -77,8 +76,7 @@ def write_record(path: str, env: list[str], bundle: str | None) -> None:
     from ..spec import write_atomic
 
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    write_atomic(path, fastjson.dumps({"env": list(env), "bundle": bundle}).encode(), 0o600,
-                 sync_dir=False, sync=False)
+    write_atomic(path, fastjson.dumps({"env": list(env), "bundle": bundle}).encode(), 0o600, sync_dir=False, sync=False)
 
 
 def remove_record(path: str) -> None:
@@ -188,7 +186,7 @@ def env_flags(argv: list[str], exec_at: int, added: list[str]) -> list[str]:
     flags = []
     for item in added:
         flags += ["--env", item]
-    return argv[:exec_at + 1] + flags + argv[exec_at + 1:]
+    return argv[: exec_at + 1] + flags + argv[exec_at + 1 :]
 
 
 def on_exec(inv, argv: list[str], runtime: str, cache_dir: str) -> tuple[list[str], str | None]:

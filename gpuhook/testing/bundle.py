@@ -7,8 +7,25 @@ import os
 import shutil
 
 BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
-APPLETS = ("sh", "ls", "cat", "grep", "env", "stat", "true", "echo", "sleep", "readlink", "head",
-           "wc", "id", "sed", "sort", "cut", "tr")
+APPLETS = (
+    "sh",
+    "ls",
+    "cat",
+    "grep",
+    "env",
+    "stat",
+    "true",
+    "echo",
+    "sleep",
+    "readlink",
+    "head",
+    "wc",
+    "id",
+    "sed",
+    "sort",
+    "cut",
+    "tr",
+)
 
 
 def find_busybox() -> str | None:
@@ -37,8 +54,9 @@ def make_rootfs(rootfs: str, busybox: str | None = None) -> None:
         f.write("")
 
 
-def spec(args: list[str], env: list[str] | None = None, annotations: dict | None = None,
-         rootfs: str = "rootfs") -> dict:
+def spec(
+    args: list[str], env: list[str] | None = None, annotations: dict | None = None, rootfs: str = "rootfs"
+) -> dict:
     """A runc-style spec (what `runc spec` gives, non-terminal) running `args`."""
     s = {
         "ociVersion": "1.0.2",
@@ -48,8 +66,10 @@ def spec(args: list[str], env: list[str] | None = None, annotations: dict | None
             "args": args,
             "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"] + list(env or []),
             "cwd": "/",
-            "capabilities": {k: ["CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE"]
-                             for k in ("bounding", "effective", "permitted", "ambient")},
+            "capabilities": {
+                k: ["CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE"]
+                for k in ("bounding", "effective", "permitted", "ambient")
+            },
             "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}],
             "noNewPrivileges": True,
         },
@@ -57,9 +77,18 @@ def spec(args: list[str], env: list[str] | None = None, annotations: dict | None
         "hostname": "gpuhook",
         "mounts": [
             {"destination": "/proc", "type": "proc", "source": "proc"},
-            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
-            {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
-             "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]},
+            {
+                "destination": "/dev",
+                "type": "tmpfs",
+                "source": "tmpfs",
+                "options": ["nosuid", "strictatime", "mode=755", "size=65536k"],
+            },
+            {
+                "destination": "/dev/pts",
+                "type": "devpts",
+                "source": "devpts",
+                "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"],
+            },
             {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
         ],
         "linux": {

@@ -73,8 +73,7 @@ class FakeHost:
         self.file("/proc/devices", "\n".join(lines))
 
     # -- PCI / DRM -----------------------------------------------------------
-    def pci_device(self, bdf: str, vendor: int, device: int, driver: str | None,
-                   pci_class: int = 0x030000) -> str:
+    def pci_device(self, bdf: str, vendor: int, device: int, driver: str | None, pci_class: int = 0x030000) -> str:
         """A PCI function under /sys/devices; returns its node path."""
         path = f"/sys/devices/pci0000:00/{bdf}"
         self.file(path + "/vendor", f"0x{vendor:04x}\n")
@@ -103,8 +102,16 @@ class FakeHost:
         if ":" in bdf:
             self.symlink(f"/dev/dri/by-path/pci-{bdf}-{kind}", f"../{name}")
 
-    def drm_gpu(self, bdf: str, vendor: int, device: int, driver: str | None, card: int,
-                render: int | None, pci_class: int = 0x030000) -> str:
+    def drm_gpu(
+        self,
+        bdf: str,
+        vendor: int,
+        device: int,
+        driver: str | None,
+        card: int,
+        render: int | None,
+        pci_class: int = 0x030000,
+    ) -> str:
         path = self.pci_device(bdf, vendor, device, driver, pci_class)
         self.drm(path, f"card{card}", card)
         if render is not None:
@@ -122,8 +129,9 @@ class FakeHost:
             src = full + ".c"
             with open(src, "w") as f:
                 f.write(f'const char *gpuhook_fake_{stem.replace("-", "_")}(void) {{ return "{version}"; }}\n')
-            subprocess.run(["gcc", "-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", full, src],
-                           check=True, capture_output=True)
+            subprocess.run(
+                ["gcc", "-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", full, src], check=True, capture_output=True
+            )
             os.unlink(src)
         else:
             self.file(real, b"\x7fELF fake\n")
@@ -152,7 +160,9 @@ class FakeHost:
 
     def ldconfig(self, dirs: list[str]) -> bool:
         """Write etc/ld.so.cache with the real ldconfig; False when there is none."""
-        ldc = shutil.which("ldconfig") or next((p for p in ("/sbin/ldconfig", "/usr/sbin/ldconfig") if os.path.exists(p)), None)
+        ldc = shutil.which("ldconfig") or next(
+            (p for p in ("/sbin/ldconfig", "/usr/sbin/ldconfig") if os.path.exists(p)), None
+        )
         if not ldc:
             return False
         self.file("/etc/ld.so.conf", "".join(d + "\n" for d in dirs))
@@ -196,18 +206,32 @@ NVIDIA_GRAPHICS_LIBS = {  # VERSION: the driver's version (these sonames are ver
     "libnvidia-vulkan-producer.so.VERSION": "graphics",
 }
 NVIDIA_GRAPHICS_FILES = {
-    "/usr/share/vulkan/icd.d/nvidia_icd.json":
-        '{"file_format_version": "1.0.0", "ICD": {"library_path": "libGLX_nvidia.so.0", "api_version": "1.3.277"}}\n',
-    "/usr/share/glvnd/egl_vendor.d/10_nvidia.json":
-        '{"file_format_version": "1.0.0", "ICD": {"library_path": "libEGL_nvidia.so.0"}}\n',
+    "/usr/share/vulkan/icd.d/nvidia_icd.json": '{"file_format_version": "1.0.0", "ICD": {"library_path": "libGLX_nvidia.so.0", "api_version": "1.3.277"}}\n',
+    "/usr/share/glvnd/egl_vendor.d/10_nvidia.json": '{"file_format_version": "1.0.0", "ICD": {"library_path": "libEGL_nvidia.so.0"}}\n',
 }
 
 
-def nvidia(fh: FakeHost, gpus: int = 8, driver: str = "550.54.14", minors: list[int] | None = None,
-           uvm_node: bool = True, libs: bool = True, model: str = "NVIDIA H100 80GB HBM3", *,
-           graphics: bool = False, video: bool = False, stale: str | None = None, mig: bool = False,
-           nvswitch: int = 0, imex_channels: int = 0, firmware: bool = False, persistenced: bool = False,
-           fabricmanager: bool = False, mps: bool = False, userspace: bool = True) -> None:
+def nvidia(
+    fh: FakeHost,
+    gpus: int = 8,
+    driver: str = "550.54.14",
+    minors: list[int] | None = None,
+    uvm_node: bool = True,
+    libs: bool = True,
+    model: str = "NVIDIA H100 80GB HBM3",
+    *,
+    graphics: bool = False,
+    video: bool = False,
+    stale: str | None = None,
+    mig: bool = False,
+    nvswitch: int = 0,
+    imex_channels: int = 0,
+    firmware: bool = False,
+    persistenced: bool = False,
+    fabricmanager: bool = False,
+    mps: bool = False,
+    userspace: bool = True,
+) -> None:
     """An NVIDIA node: `gpus` GPUs whose Device Minors are `minors` (default: reversed, so
     they differ from the indices), nvidia-uvm present or not yet created.
 
@@ -228,17 +252,21 @@ def nvidia(fh: FakeHost, gpus: int = 8, driver: str = "550.54.14", minors: list[
     fh.majors.update({"nvidia-frontend": NVIDIA_MAJOR, "nvidia-uvm": 510, "nvidia-caps": 235, "nvidia-nvswitch": 511})
     if imex_channels:
         fh.majors["nvidia-caps-imex-channels"] = 234
-    fh.file("/proc/driver/nvidia/version",
-            f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {driver}  Thu Feb 22 01:44:30 UTC 2024\n"
-            "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")
+    fh.file(
+        "/proc/driver/nvidia/version",
+        f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {driver}  Thu Feb 22 01:44:30 UTC 2024\n"
+        "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n",
+    )
     for i in range(gpus):
         bdf = f"0000:{0x18 + 0x10 * i:02x}:00.0"
         uuid = f"GPU-{i:08x}-1111-2222-3333-{0x444444444444 + i:012x}"
-        fh.file(f"/proc/driver/nvidia/gpus/{bdf}/information",
-                f"Model: \t\t {model}\nIRQ:   \t\t {100 + i}\nGPU UUID: \t {uuid}\n"
-                f"Video BIOS: \t 96.00.99.00.01\nBus Type: \t PCIe\nDMA Size: \t 52 bits\n"
-                f"DMA Mask: \t 0xfffffffffffff\nBus Location: \t {bdf}\nDevice Minor: \t {minors[i]}\n"
-                "GPU Firmware: \t 550.54.14\nGPU Excluded:\t No\n")
+        fh.file(
+            f"/proc/driver/nvidia/gpus/{bdf}/information",
+            f"Model: \t\t {model}\nIRQ:   \t\t {100 + i}\nGPU UUID: \t {uuid}\n"
+            f"Video BIOS: \t 96.00.99.00.01\nBus Type: \t PCIe\nDMA Size: \t 52 bits\n"
+            f"DMA Mask: \t 0xfffffffffffff\nBus Location: \t {bdf}\nDevice Minor: \t {minors[i]}\n"
+            "GPU Firmware: \t 550.54.14\nGPU Excluded:\t No\n",
+        )
         path = fh.pci_device(bdf, 0x10DE, 0x2330, "nvidia", 0x030200)
         fh.chardev(f"/dev/nvidia{minors[i]}", NVIDIA_MAJOR, minors[i])
         if graphics:
@@ -287,9 +315,19 @@ OPERATOR_READY = driverroot.READY_FILE
 GKE_ROOT = driverroot.GKE_ROOT
 
 
-def nvidia_userspace(fh: FakeHost, driver: str, libdir: str = HOST_LIBDIR, bindir: str = "/usr/bin",
-                     ld_cache: bool = True, *, video: bool = False, graphics: bool = False,
-                     stale: str | None = None, mps: bool = False, firmware_dir: str | None = None) -> None:
+def nvidia_userspace(
+    fh: FakeHost,
+    driver: str,
+    libdir: str = HOST_LIBDIR,
+    bindir: str = "/usr/bin",
+    ld_cache: bool = True,
+    *,
+    video: bool = False,
+    graphics: bool = False,
+    stale: str | None = None,
+    mps: bool = False,
+    firmware_dir: str | None = None,
+) -> None:
     """The driver's userspace in the tree of `fh` (the host, or a driver root): libraries of
     `driver` in libdir (real ELF with their sonames), nvidia-smi in bindir, an ld cache of
     libdir when ld_cache, GSP firmware in firmware_dir/<driver> when given."""
@@ -315,8 +353,15 @@ def nvidia_userspace(fh: FakeHost, driver: str, libdir: str = HOST_LIBDIR, bindi
         fh.ldconfig([libdir])
 
 
-def gpu_operator(fh: FakeHost, gpus: int = 2, driver: str = "550.54.14", *, installed: bool | str = True,
-                 ready: bool | None = None, root_driver: str | None = None) -> None:
+def gpu_operator(
+    fh: FakeHost,
+    gpus: int = 2,
+    driver: str = "550.54.14",
+    *,
+    installed: bool | str = True,
+    ready: bool | None = None,
+    root_driver: str | None = None,
+) -> None:
     """A node of the NVIDIA GPU Operator: the GPUs, /proc/driver/nvidia and /dev/nvidia* on the
     host, whose own ld cache lists no NVIDIA library; the driver's userspace in the driver
     container's root, /run/nvidia/driver (usr/lib/x86_64-linux-gnu, usr/bin/nvidia-smi,
@@ -346,8 +391,9 @@ def operator_driver_root(fh: FakeHost, driver: str, partial: bool = False, root:
     nvidia_userspace(sub, driver, firmware_dir="/lib/firmware/nvidia")
 
 
-def gke(fh: FakeHost, gpus: int = 1, driver: str = "550.54.14", *, installed: bool = True,
-        model: str = "NVIDIA L4") -> None:
+def gke(
+    fh: FakeHost, gpus: int = 1, driver: str = "550.54.14", *, installed: bool = True, model: str = "NVIDIA L4"
+) -> None:
     """A GKE node on Container-Optimized OS: the GPUs on the host, the driver installer's
     userspace under /home/kubernetes/bin/nvidia/{lib64,bin} (and firmware/nvidia/<version>),
     no ld cache listing it, nothing NVIDIA in the host's library directories."""
@@ -376,14 +422,18 @@ def nvidia_mig(fh: FakeHost, gpu_minor: int, instances: dict[int, list[int]], gp
     fh.file("/proc/driver/nvidia-caps/mig-minors", "".join(f"{k} {v}\n" for k, v in table.items()))
     made = {"config": 1, "monitor": 2}
     for name in ("config", "monitor"):
-        fh.file(f"/proc/driver/nvidia/capabilities/mig/{name}",
-                f"DeviceFileMinor: {table[name]}\nDeviceFileMode: 256\nDeviceFileModify: 1\n")
+        fh.file(
+            f"/proc/driver/nvidia/capabilities/mig/{name}",
+            f"DeviceFileMinor: {table[name]}\nDeviceFileMode: 256\nDeviceFileModify: 1\n",
+        )
     for gi, cis in instances.items():
         names = [f"gpu{gpu_minor}/gi{gi}/access"] + [f"gpu{gpu_minor}/gi{gi}/ci{ci}/access" for ci in cis]
         for name in names:
             made[name] = table[name]
-            fh.file(f"/proc/driver/nvidia/capabilities/{name.replace(f'gi{gi}', f'mig/gi{gi}', 1)}",
-                    f"DeviceFileMinor: {table[name]}\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+            fh.file(
+                f"/proc/driver/nvidia/capabilities/{name.replace(f'gi{gi}', f'mig/gi{gi}', 1)}",
+                f"DeviceFileMinor: {table[name]}\nDeviceFileMode: 292\nDeviceFileModify: 1\n",
+            )
     for minor in made.values():
         fh.chardev(f"/dev/nvidia-caps/nvidia-cap{minor}", fh.majors.get("nvidia-caps", 235), minor, 0o444)
     return made
@@ -406,15 +456,19 @@ def amd(fh: FakeHost, gpus: int = 2) -> None:
     fh.majors.update({"kfd": 235, "drm": DRM_MAJOR})
     fh.chardev("/dev/kfd", 235, 0, 0o660, gid=_group_gid("render"))
     topo = "/sys/class/kfd/kfd/topology/nodes"
-    fh.file(f"{topo}/0/properties", "cpu_cores_count 64\nsimd_count 0\nvendor_id 0\ndevice_id 0\n"
-            "location_id 0\ndomain 0\ndrm_render_minor 0\n")
+    fh.file(
+        f"{topo}/0/properties",
+        "cpu_cores_count 64\nsimd_count 0\nvendor_id 0\ndevice_id 0\nlocation_id 0\ndomain 0\ndrm_render_minor 0\n",
+    )
     for i in range(gpus):
         bus = 0x43 + 0x20 * i
         bdf = f"0000:{bus:02x}:00.0"
         fh.drm_gpu(bdf, 0x1002, 0x740F, "amdgpu", card=i + 1, render=128 + i)
-        fh.file(f"{topo}/{i + 1}/properties",
-                f"cpu_cores_count 0\nsimd_count 416\nvendor_id 4098\ndevice_id 29711\n"
-                f"location_id {bus << 8}\ndomain 0\ndrm_render_minor {128 + i}\ngfx_target_version 90010\n")
+        fh.file(
+            f"{topo}/{i + 1}/properties",
+            f"cpu_cores_count 0\nsimd_count 416\nvendor_id 4098\ndevice_id 29711\n"
+            f"location_id {bus << 8}\ndomain 0\ndrm_render_minor {128 + i}\ngfx_target_version 90010\n",
+        )
     fh.proc_devices()
 
 
@@ -427,8 +481,9 @@ def intel(fh: FakeHost, dgpu: bool = True) -> None:
     fh.proc_devices()
 
 
-def amd_mi300(fh: FakeHost, gpus: int = 1, partitions: int = 8, render_gid: int | None = None,
-              video_gid: int | None = None) -> None:
+def amd_mi300(
+    fh: FakeHost, gpus: int = 1, partitions: int = 8, render_gid: int | None = None, video_gid: int | None = None
+) -> None:
     """AMD Instinct MI300X in a compute-partition mode (CPX: 8 partitions per GPU).
 
     Each partition is its own KFD node (location_id: the function bits differ) with its own
@@ -442,8 +497,10 @@ def amd_mi300(fh: FakeHost, gpus: int = 1, partitions: int = 8, render_gid: int 
     fh.majors.update({"kfd": 235, "drm": DRM_MAJOR})
     fh.chardev("/dev/kfd", 235, 0, 0o660, gid=render_gid)
     topo = "/sys/class/kfd/kfd/topology/nodes"
-    fh.file(f"{topo}/0/properties", "cpu_cores_count 96\nsimd_count 0\nvendor_id 0\ndevice_id 0\n"
-            "location_id 0\ndomain 0\ndrm_render_minor 0\n")
+    fh.file(
+        f"{topo}/0/properties",
+        "cpu_cores_count 96\nsimd_count 0\nvendor_id 0\ndevice_id 0\nlocation_id 0\ndomain 0\ndrm_render_minor 0\n",
+    )
     xcp = card = 0
     node = 1
     for g in range(gpus):
@@ -458,10 +515,12 @@ def amd_mi300(fh: FakeHost, gpus: int = 1, partitions: int = 8, render_gid: int 
                 xcp += 1
             fh.drm(path, f"card{card}", card, gid=video_gid)
             fh.drm(path, f"renderD{minor}", minor, gid=render_gid)
-            fh.file(f"{topo}/{node}/properties",
-                    f"cpu_cores_count 0\nsimd_count 152\nvendor_id 4098\ndevice_id 29857\n"
-                    f"location_id {(bus << 8) | p}\ndomain 0\ndrm_render_minor {minor}\n"
-                    "gfx_target_version 90402\nnum_xcc 1\n")
+            fh.file(
+                f"{topo}/{node}/properties",
+                f"cpu_cores_count 0\nsimd_count 152\nvendor_id 4098\ndevice_id 29857\n"
+                f"location_id {(bus << 8) | p}\ndomain 0\ndrm_render_minor {minor}\n"
+                "gfx_target_version 90402\nnum_xcc 1\n",
+            )
             node += 1
     fh.proc_devices()
 
@@ -490,9 +549,19 @@ SCENARIOS = {
     "amd": lambda fh: amd(fh),
     "intel": lambda fh: intel(fh),
     "nvidia+intel": lambda fh: [nvidia(fh, gpus=2), intel(fh, dgpu=False)],  # type: ignore[func-returns-value]
-    "nvidia-full": lambda fh: nvidia(fh, gpus=4, graphics=True, video=True, mig=True, nvswitch=2,
-                                     imex_channels=2, firmware=True, persistenced=True,
-                                     fabricmanager=True, mps=True),
+    "nvidia-full": lambda fh: nvidia(
+        fh,
+        gpus=4,
+        graphics=True,
+        video=True,
+        mig=True,
+        nvswitch=2,
+        imex_channels=2,
+        firmware=True,
+        persistenced=True,
+        fabricmanager=True,
+        mps=True,
+    ),
     "mi300": lambda fh: amd_mi300(fh),
     "intel-sriov": lambda fh: intel_sriov(fh),
     "gpu-operator": lambda fh: gpu_operator(fh),
