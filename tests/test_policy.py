@@ -210,7 +210,9 @@ def test_plan_explains_what_it_held_back(tmp_path):
         for i in (1, 4)]
     explain = {}
     assert len(devices(plan(Inventory(root, INV.vendors), req(), config=Config(share="all"), explain=explain))) == 11
-    assert list(explain) == ["devices"]
+    assert list(explain) == ["vendors", "devices"] and explain["vendors"] == vendors(e_all := plan(
+        Inventory(root, INV.vendors), req(), config=Config(share="all")))
+    assert explain["devices"] == devices(e_all)
 
 
 def test_plan_says_why_a_gpu_node_gave_nothing(tmp_path):

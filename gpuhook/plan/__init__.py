@@ -285,7 +285,8 @@ def plan(
     the round robin of max-gpus remembers what it gave (None: no memory, the first devices).
     warnings: a list the reasons for what was refused are appended to.
 
-    explain: a dict that gets "devices" (the vendor:id of each device given), "held_back"
+    explain: a dict that gets "vendors" (those that gave a device: GPUHOOK_ACCELERATOR),
+    "devices" (the vendor:id of each device given: GPUHOOK_DEVICES), "held_back"
     (the devices held back because the kubelet
     allocated them to other pods: [{"device", "why"}]) and, when a node with GPUs gives the
     container none, "reason" (one line: why it runs without)."""
@@ -342,7 +343,9 @@ def plan(
         explain["held_back"] = held
     edits = _edits(inv, req, [c for c in choices if c.devices or c.driver_only], ldconfig, config, warn, helper)
     if edits:
-        explain["devices"] = [f"{c.vendor.vendor}:{d.id}" for c in choices for d in c.devices]
+        given = [c for c in choices if c.devices]
+        explain["vendors"] = [c.vendor.vendor for c in given]
+        explain["devices"] = [f"{c.vendor.vendor}:{d.id}" for c in given for d in c.devices]
     if not edits and "reason" not in explain:
         explain["reason"] = _why_none(inv, pod, held, choices)
     return edits
@@ -383,7 +386,10 @@ def _edits(inv: Inventory, req: Request, choices: list[_Choice], ldconfig, confi
             accelerators.append(v.vendor)
             ids.extend(f"{v.vendor}:{d.id}" for d in c.devices)
         if v.vendor == "nvidia":
-            _nvidia(inv, req, c, config, nodes, mounts, lib_paths, warn)
+            part = _nvidia(inv, req, c, config, warn)
+            nodes += part.nodes
+            mounts += part.mounts
+            lib_paths += part.lib_paths
             continue
         for d in c.devices:
             nodes.extend(_node(n) for n in d.nodes)
@@ -454,7 +460,21 @@ def _group_gids(nodes: list[DeviceNode]) -> tuple[int, ...]:
     return tuple(dict.fromkeys(gids))
 
 
-def _nvidia(inv: Inventory, req: Request, c: _Choice, config, nodes: list, mounts: list, lib_paths: list, warn) -> None:
+class _Part(Record):
+    """What one vendor's choice adds to a container: device nodes, mounts, and the library
+    paths (in the container) whose directories the ld-cache hook covers."""
+
+    nodes: list[DeviceNode]
+    mounts: list[Mount]
+    lib_paths: list[str]
+
+    __slots__ = ()
+
+
+def _nvidia(inv: Inventory, req: Request, c: _Choice, config, warn) -> _Part:
+    nodes: list[DeviceNode] = []
+    mounts: list[Mount] = []
+    lib_paths: list[str] = []
     v = c.vendor
     caps = c.caps if c.caps is not None else policy.nvidia_caps(req.env, warn)
     drm = bool(caps & {"graphics", "display"})
@@ -485,6 +505,7 @@ def _nvidia(inv: Inventory, req: Request, c: _Choice, config, nodes: list, mount
     )
     if "compute" in caps:
         _mps(inv, req, v, config, mounts, warn)
+    return _Part(nodes, mounts, lib_paths)
 
 
 def _mps(inv: Inventory, req: Request, v: VendorInventory, config, mounts: list, warn) -> None:

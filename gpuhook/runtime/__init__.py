@@ -223,7 +223,7 @@ def edit_bundle(bundle: str, config, out: Outcome) -> None:
     stage("written")
     out.decision = "injected"
     out.env = list(edits.env)
-    out.vendors = next((e[20:].split(",") for e in edits.env if e.startswith("GPUHOOK_ACCELERATOR=")), [])
+    out.vendors = list(out.explain.get("vendors", ()))
     out.nodes = [n.path for n in edits.device_nodes]
     out.mounts = [m.container_path for m in edits.mounts]
     out.hooks = len(edits.hooks)
