@@ -1,4 +1,4 @@
-"""exec sees the env gpuhook added at create (gpuhook/execenv.py, the sh front's exec path).
+"""exec sees the env gpuhook added at create (gpuhook/runtime/execenv.py, the sh front's exec path).
 
 Against a fake runtime that shows what it was given (argv, the --process file as it read it),
 then real runc: a process exec'd the way containerd's shim does it sees GPUHOOK_*.

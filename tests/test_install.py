@@ -731,8 +731,8 @@ def test_deb_package(tmp_path, real_bundle):
                  "./opt/gpuhook/libexec/python3"):
         assert entries[path] == "-rwxr-xr-x", path
     assert entries["./lib/systemd/system/gpuhook-install.service"] == "-rw-r--r--"
-    assert "./opt/gpuhook/lib/python3.11/site-packages/gpuhook/runtime.py" in entries or \
-        any(p.endswith("/site-packages/gpuhook/runtime.py") for p in entries)
+    assert "./opt/gpuhook/lib/python3.11/site-packages/gpuhook/runtime/__init__.py" in entries or \
+        any(p.endswith("/site-packages/gpuhook/runtime/__init__.py") for p in entries)
     assert all(line.split()[1] == "root/root" for line in listing.splitlines())
     field = lambda name: subprocess.run(["dpkg-deb", "-f", deb, name], capture_output=True, text=True).stdout.strip()  # noqa: E731
     assert (field("Package"), field("Version"), field("Depends")) == ("gpuhook", __version__, "")

@@ -180,8 +180,8 @@ def upgraded(real_bundle: str, out: str) -> str:
     added = []
     for name, text in (("zz_upgrade_mark.py", f"import os\np = os.environ.get({MARK_ENV!r})\n"
                         "if p:\n    with open(p, 'a') as f:\n        f.write('new\\n')\n"),
-                       ("runtime.py", open(os.path.join(site, "runtime.py")).read()
-                        + "\nfrom . import zz_upgrade_mark  # noqa: E402,F401  (the test's upgrade)\n")):
+                       ("runtime/__init__.py", open(os.path.join(site, "runtime", "__init__.py")).read()
+                        + "\nfrom .. import zz_upgrade_mark  # noqa: E402,F401  (the test's upgrade)\n")):
         src = os.path.join(site, name)
         if os.path.exists(src):
             os.unlink(src)
