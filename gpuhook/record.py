@@ -25,6 +25,7 @@ class Record(tuple):
     __slots__ = ()
     _fields: tuple[str, ...] = ()
     _defaults: dict = {}
+    _kinds_cache: dict | None = None  # from_plain's view of the annotations, made once per class
 
     def __init_subclass__(cls, **kw) -> None:
         super().__init_subclass__(**kw)
@@ -66,3 +67,79 @@ class Record(tuple):
 
     def _replace(self, **changes):
         return type(self)(**{**self._asdict(), **changes})
+
+    # -- plain data (JSON) ------------------------------------------------------------------
+    # The shape of a record as JSON is its fields, by name: records become objects, tuples
+    # lists. Back from JSON, each field is rebuilt from its annotation (strings, read with no
+    # import: a record class by name from the module that defines it, `tuple[X, ...]`,
+    # `X | None`), so the records are the one truth of the shape (the probe cache, `probe
+    # --json`, models.py's schema).
+
+    def to_plain(self) -> dict:
+        return {name: _plain(value) for name, value in zip(self._fields, self, strict=True)}
+
+    @classmethod
+    def from_plain(cls, data: dict):
+        """The record from to_plain()'s output; KeyError/TypeError/ValueError on anything else."""
+        if not isinstance(data, dict):
+            raise TypeError(f"{cls.__name__}: not an object")
+        kinds = cls._kinds()
+        values = {}
+        for name in cls._fields:
+            if name in data:
+                values[name] = _rebuild(kinds[name], data[name])
+            elif name not in cls._defaults:
+                raise KeyError(f"{cls.__name__}.{name}")
+        return cls(**values)
+
+    @classmethod
+    def _kinds(cls) -> dict:
+        kinds = cls.__dict__.get("_kinds_cache")
+        if kinds is None:
+            import sys
+
+            names = vars(sys.modules[cls.__module__])
+            kinds = {n: _kind(cls.__annotations__[n], names) for n in cls._fields}
+            cls._kinds_cache = kinds
+        return kinds
+
+
+def _plain(value):
+    if isinstance(value, Record):
+        return value.to_plain()
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _kind(annotation: str, names: dict):
+    """("record", cls), ("tuple", inner) or ("value", None) of an annotation string."""
+    text = annotation.strip()
+    if text.endswith(" | None"):
+        text = text[: -len(" | None")].strip()
+    if text.startswith("tuple[") and text.endswith("]"):
+        inner = text[len("tuple[") : -1]
+        item = inner[: -len(", ...")] if inner.endswith(", ...") else None
+        return ("tuple", _kind(item, names) if item is not None else ("value", None))
+    found = names.get(text)
+    if isinstance(found, type) and issubclass(found, Record):
+        return ("record", found)
+    return ("value", None)
+
+
+def _rebuild(kind, value):
+    what, inner = kind
+    if value is None:
+        return None
+    if what == "record":
+        return inner.from_plain(value)
+    if what == "tuple":
+        if not isinstance(value, list):
+            raise TypeError(f"expected a list, got {type(value).__name__}")
+        return tuple(_rebuild(inner, v) if inner[0] != "value" else _tupled(v) for v in value)
+    return value
+
+
+def _tupled(value):
+    """JSON lists as tuples, all the way down (a record's tuple fields hold tuples)."""
+    return tuple(_tupled(v) for v in value) if isinstance(value, list) else value

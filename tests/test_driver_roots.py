@@ -18,7 +18,7 @@ from gpuhook import cdi, config as cfg, log
 from gpuhook.testing import fakehost
 from gpuhook.agent import labels
 from gpuhook.config_model import check
-from gpuhook.inventory import inventory_from_dict
+from gpuhook.inventory import Inventory
 from gpuhook.plan import Request, plan, unusable
 from gpuhook.probe import cache, probe
 from gpuhook.probe.host import Host
@@ -291,7 +291,7 @@ def test_cache_is_keyed_by_the_setting(tmp_path):
 
 def test_inventory_round_trip_keeps_the_driver_root(tmp_path):
     inv = probe(host(tmp_path, "gke").root)
-    back = inventory_from_dict(json.loads(json.dumps(inv.to_dict())))
+    back = Inventory.from_plain(json.loads(json.dumps(inv.to_plain())))
     assert back == inv and back.vendor("nvidia").mount_map == inv.vendor("nvidia").mount_map
 
 

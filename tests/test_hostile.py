@@ -527,7 +527,7 @@ def test_planted_cache_files_are_not_trusted(make_host, runtime, tmp_path, monke
 
     from gpuhook.probe import probe
 
-    inv = probe(root).to_dict()
+    inv = probe(root).to_plain()
     inv["vendors"][0]["devices"][0]["id"] = "PLANTED"
     files[pcache._file(cache_dir, root)] = {"fingerprint": pcache.fingerprint(root), "time": time.time(),
                                             "inventory": inv}

@@ -130,7 +130,7 @@ def cmd_probe(args) -> int:
     if args.json:
         from ..models import InventoryModel
 
-        print(InventoryModel.model_validate(inv.to_dict()).model_dump_json(indent=2))
+        print(InventoryModel.model_validate(inv.to_plain()).model_dump_json(indent=2))
     else:
         print(format_inventory(inv))
     return 0

@@ -30,7 +30,7 @@ costs a probe.
 import os
 import time
 
-from ..inventory import Inventory, inventory_from_dict
+from ..inventory import Inventory
 from . import sign_dirs
 from .driverroot import AUTO, watched
 
@@ -85,7 +85,7 @@ def probe_cached(root: str, cache_dir: str, ttl: float, nvidia_driver_root: str 
             record = fastjson.loads(f.read(1 << 22))
         valid = max(ttl, record.get("valid_for") or 0)
         if record["fingerprint"] == key and 0 <= time.time() - record["time"] < valid:
-            return inventory_from_dict(record["inventory"])
+            return Inventory.from_plain(record["inventory"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
     inv = probe(root, nvidia_driver_root=nvidia_driver_root)
@@ -104,7 +104,7 @@ def store(root: str, cache_dir: str, inv: Inventory, key: list, valid_for: float
         from ..spec import write_atomic
 
         os.makedirs(cache_dir, mode=0o700, exist_ok=True)
-        record = {"fingerprint": key, "time": time.time(), "inventory": inv.to_dict()}
+        record = {"fingerprint": key, "time": time.time(), "inventory": inv.to_plain()}
         if valid_for:
             record["valid_for"] = float(valid_for)
         write_atomic(_file(cache_dir, root), fastjson.dumps(record).encode(), 0o600, sync_dir=False)
