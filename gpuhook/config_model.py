@@ -1,7 +1,7 @@
 """The node config as a pydantic model, for `gpuhook config check` (people, CI, the installer).
 
 The runtime never imports this (pydantic costs ~100 ms there): it reads the same keys with
-config.py's small reader. Both must agree on what is valid; tests/test_policy_config.py
+config.py's small reader. Both must agree on what is valid; tests/unit/test_policy_config.py
 holds them to it.
 """
 

@@ -1,4 +1,5 @@
-"""Shared fixtures: fake GPU hosts, busybox bundles, the installed gpuhook-runtime."""
+"""Shared fixtures for tests/unit, tests/e2e and tests/hardening: fake GPU hosts, busybox
+bundles, the installed gpuhook-runtime, the containerd harness."""
 
 from __future__ import annotations
 
@@ -11,6 +12,11 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+# The tests by what they test: unit/ (one module's behaviour), e2e/ (real containers through a
+# runtime), hardening/ (hostile input, faults, load, fuzzing); perf/ is the benchmark. The
+# harnesses beside this file serve them all, and a test module may use another's helpers.
+TESTS = os.path.dirname(os.path.abspath(__file__))
+sys.path[1:1] = [os.path.join(TESTS, group) for group in ("unit", "e2e", "hardening")]
 
 from gpuhook.testing import bundle, fakehost  # noqa: E402
 

@@ -196,7 +196,7 @@ static int isolate(const char *rootfs) {
     if (strcmp(root, "/") == 0)
         return skip("the container root is the host's /", 0), -1;
 #ifdef GPUHOOK_TEST_WITHOUT_ISOLATION
-    /* Never in a build that ships: tests/test_hook_isolation.py builds this to show that its
+    /* Never in a build that ships: tests/hardening/test_hook_isolation.py builds this to show that its
      * hostile images do reach the host through a chroot alone (what `ldconfig -r` does). */
     if (chroot(root) < 0 || chdir("/") < 0)
         return skip("chroot", errno), -1;

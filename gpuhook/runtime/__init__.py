@@ -21,7 +21,7 @@ import time
 
 # runc's and crun's global flags that take a value (both "--flag value" and "--flag=value";
 # Go's flag parsing also accepts a single dash). The sh front's global_value_flag and operands
-# list these and the two below again, in sh: tests/test_sh_front.py holds them equal.
+# list these and the two below again, in sh: tests/unit/test_sh_front.py holds them equal.
 GLOBAL_VALUE_FLAGS = frozenset({"root", "log", "log-format", "criu", "rootless", "cgroup-manager"})
 # create/run flags that take a value
 CREATE_VALUE_FLAGS = frozenset({"bundle", "b", "console-socket", "pid-file", "preserve-fds", "pidfd-socket"})

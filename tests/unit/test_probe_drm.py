@@ -22,7 +22,7 @@ except Exception:  # another vendor's module; probe() reports its failure as a w
     pass
 
 ROOT = "/host"
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures")
 
 
 def node_summary(dev):
@@ -465,5 +465,5 @@ def test_imports_stay_cheap():
             "import gpuhook.probe.amd, gpuhook.probe.intel, gpuhook.probe.accel, gpuhook.probe.wsl\n"
             "print(' '.join(sorted({'re', 'typing', 'dataclasses', 'pydantic'} & (set(sys.modules) - before))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), check=True)
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), check=True)
     assert out.stdout.strip() == ""

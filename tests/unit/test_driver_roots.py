@@ -1,7 +1,7 @@
 """NVIDIA driver roots (the host, the GPU Operator's /run/nvidia/driver, GKE's
 /home/kubernetes/bin/nvidia, nvidia_driver_root) and rule 2: a vendor whose userspace is
 missing is never advertised. Unit level: probe, plan, cache, config, labels, CDI, agent, CLI;
-tests/test_e2e_driver_roots.py runs real containers on the same fake hosts."""
+tests/e2e/test_e2e_driver_roots.py runs real containers on the same fake hosts."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from gpuhook import config as cfg
 from gpuhook.runtime import parse_args
 
-SH_FRONT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gpuhook", "runtime", "gpuhook-runtime")
+SH_FRONT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "gpuhook", "runtime", "gpuhook-runtime")
 
 
 @pytest.mark.parametrize("argv, command, bundle, cid", [

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 from gpuhook.probe import ldcache
 from gpuhook.probe.ldcache import Entry, LdCacheError, lookup, machine_flags, parse
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 NVIDIA_CACHE = os.path.join(HERE, "fixtures", "nvidia-ctk-rootfs-1", "etc", "ld.so.cache")
 LDCONFIG = shutil.which("ldconfig") or next(
     (p for p in ("/sbin/ldconfig", "/usr/sbin/ldconfig") if os.access(p, os.X_OK)), None)

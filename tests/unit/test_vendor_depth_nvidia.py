@@ -276,5 +276,5 @@ def test_planning_from_a_cached_probe_does_not_import_the_probe():
     code = ("import sys; import gpuhook.plan; "
             "print(sorted(m for m in sys.modules if m.startswith('gpuhook.probe.')))")
     out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, check=True,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))).stdout
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))).stdout
     assert "gpuhook.probe.nvidia" not in out

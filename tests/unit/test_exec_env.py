@@ -18,7 +18,7 @@ from conftest import needs_runc, wrapper_path
 from gpuhook.runtime import execenv
 from gpuhook.runtime import EXEC_VALUE_FLAGS, parse_args
 
-SH_FRONT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gpuhook", "runtime", "gpuhook-runtime")
+SH_FRONT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "gpuhook", "runtime", "gpuhook-runtime")
 ENV = ["GPUHOOK_ACCELERATOR=nvidia", "GPUHOOK_DEVICES=nvidia:GPU-1,nvidia:GPU-2"]
 PROCESS = {"terminal": False, "user": {"uid": 0, "gid": 0}, "args": ["sh", "-c", "env"],
            "env": ["PATH=/bin", "GPUHOOK_ACCELERATOR=cpu"], "cwd": "/"}

@@ -4,7 +4,7 @@ every probe file parser, the JSON layer, the node config. No exception escapes b
 each documents (SpecError, LdCacheError, ValueError), and the input is never modified.
 
 hypothesis runs in every `make test`; atheris (coverage-guided, the `test` extra on Linux
-x86_64) runs each target for a few seconds in a subprocess: `python tests/test_fuzz.py TARGET
+x86_64) runs each target for a few seconds in a subprocess: `python tests/hardening/test_fuzz.py TARGET
 -max_total_time=N` runs one by hand for longer.
 """
 
@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from gpuhook.testing import bundle, fakehost
 from gpuhook import config as gconfig, fastjson, runtime  # noqa: E402
@@ -30,7 +30,7 @@ from gpuhook.probe import amd, common, drm, ldcache, nvidia  # noqa: E402
 from gpuhook.probe.host import Host  # noqa: E402
 from gpuhook.spec import SpecError, apply, check  # noqa: E402
 
-FIXTURE_CACHE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "nvidia-ctk-rootfs-1",
+FIXTURE_CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "nvidia-ctk-rootfs-1",
                              "etc", "ld.so.cache")
 
 EDITS = Edits(
@@ -191,7 +191,7 @@ def test_fastjson_raises_only_value_error_in_a_bare_interpreter(tmp_path):
         inputs.append("".join(s))
     data = tmp_path / "inputs"
     data.write_bytes(b"\n\0\n".join(x.encode("utf-8", "surrogatepass") for x in inputs))
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     r = subprocess.run([sys.executable, "-S", "-E", "-s", "-c", CLEAN_CHECK, repo, str(data)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -460,7 +460,7 @@ def test_atheris(target, tmp_path):
                                                  b"--bundle", b"/b", b"--pid-file", b"/b/pid", b"id"]))
     driver = tmp_path / "driver.py"
     driver.write_text(ATHERIS_DRIVER)
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     r = subprocess.run([sys.executable, str(driver), target, f"-max_total_time={ATHERIS_SECONDS}",
                         "-rss_limit_mb=2048", f"-artifact_prefix={tmp_path}/", str(seeds)],
                        cwd=str(tmp_path), env=env, capture_output=True, text=True, errors="replace", timeout=60)
@@ -468,5 +468,5 @@ def test_atheris(target, tmp_path):
     assert "Done" in r.stderr, r.stderr[-2000:]
 
 
-if __name__ == "__main__":  # python tests/test_fuzz.py TARGET [libFuzzer flags]: one target, by hand
+if __name__ == "__main__":  # python tests/hardening/test_fuzz.py TARGET [libFuzzer flags]: one target, by hand
     exec(compile(ATHERIS_DRIVER, "atheris-driver", "exec"))
