@@ -491,23 +491,39 @@ def _only_handler_removed(root: str, mine: dict | None, label: str, backup: str,
     return f"{why}, so only the gpu-optional handler was {'' if not dry_run else 'to be '}removed{keep}"
 
 
-def _uninstall_containerd(root: str, mine: dict | None, dry_run: bool, say: Say) -> bool:
-    name = containerd.DEFAULT_CONFIG
+def _uninstall_edited(
+    root: str, mine: dict | None, kind: str, name: str, backup: str, dry_run: bool, say: Say, edit, not_there: str
+) -> bool:
+    """Give a runtime's config file back (the backup, byte for byte, when it is unchanged since
+    install), else take only gpuhook's handler out of it: edit(raw) -> the new bytes, or None
+    when it holds none of gpuhook's (then `not_there` is said)."""
     path = host(root, name)
     raw = files.read(path, name)
-    if _restore(root, mine, "containerd", name, BACKUP, raw, dry_run, say):
+    if _restore(root, mine, kind, name, backup, raw, dry_run, say):
         return True
     if raw is None:
-        say(f"containerd: {name} does not exist: nothing to remove")
+        say(f"{kind}: {name} does not exist: nothing to remove")
         return False
-    doc, version = containerd.parse(_text(raw, name), name)
-    if not containerd.remove_handler(doc, version):
-        say(f"containerd: {name}: no gpu-optional handler: left as it is")
+    new = edit(raw)
+    if new is None:
+        say(f"{kind}: {name}: {not_there}")
         return False
     if not dry_run:
-        files.write(path, containerd.dumps(doc).encode(), None, name)
-    say(f"containerd: {name}: {_only_handler_removed(root, mine, 'containerd', BACKUP, dry_run)}")
+        files.write(path, new, None, name)
+    say(f"{kind}: {name}: {_only_handler_removed(root, mine, kind, backup, dry_run)}")
     return True
+
+
+def _uninstall_containerd(root: str, mine: dict | None, dry_run: bool, say: Say) -> bool:
+    name = containerd.DEFAULT_CONFIG
+
+    def edit(raw: bytes) -> bytes | None:
+        doc, version = containerd.parse(_text(raw, name), name)
+        return containerd.dumps(doc).encode() if containerd.remove_handler(doc, version) else None
+
+    return _uninstall_edited(
+        root, mine, "containerd", name, BACKUP, dry_run, say, edit, "no gpu-optional handler: left as it is"
+    )
 
 
 def _uninstall_docker(root: str, mine: dict | None, dry_run: bool, say: Say) -> bool:
@@ -525,21 +541,23 @@ def _uninstall_docker(root: str, mine: dict | None, dry_run: bool, say: Say) -> 
 
 def _uninstall_docker_file(root: str, mine: dict | None, dry_run: bool, say: Say) -> bool:
     name = docker.DEFAULT_CONFIG
-    path = host(root, name)
-    raw = files.read(path, name)
-    if _restore(root, mine, "docker", name, DOCKER_BACKUP, raw, dry_run, say):
-        return True
-    if raw is None:
-        say(f"docker: {name} does not exist: nothing to remove")
-        return False
-    doc = docker.parse(raw, name)
-    if not docker.remove_handler(doc, BINARY, drop_empty=bool(mine and mine.get("added_runtimes"))):
-        say(f"docker: {name}: no gpu-optional runtime of gpuhook's ({BINARY}): left as it is")
-        return False
-    if not dry_run:
-        files.write(path, docker.dumps(doc, raw), None, name)
-    say(f"docker: {name}: {_only_handler_removed(root, mine, 'docker', DOCKER_BACKUP, dry_run)}")
-    return True
+
+    def edit(raw: bytes) -> bytes | None:
+        doc = docker.parse(raw, name)
+        drop_empty = bool(mine and mine.get("added_runtimes"))
+        return docker.dumps(doc, raw) if docker.remove_handler(doc, BINARY, drop_empty=drop_empty) else None
+
+    return _uninstall_edited(
+        root,
+        mine,
+        "docker",
+        name,
+        DOCKER_BACKUP,
+        dry_run,
+        say,
+        edit,
+        f"no gpu-optional runtime of gpuhook's ({BINARY}): left as it is",
+    )
 
 
 def _uninstall_crio(root: str, mine: dict | None, dry_run: bool, say: Say) -> bool:
