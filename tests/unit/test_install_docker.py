@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO, fake_systemctl, run_as_pod
+from conftest import fake_systemctl, run_as_pod
 
 DAEMON_JSON = "etc/docker/daemon.json"
 BACKUP = "etc/gpuhook/backup/docker-daemon.json"
@@ -36,22 +35,7 @@ OPERATOR = """{
 """
 
 
-def gpuhook(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpuhook", *map(str, args)], cwd=REPO, capture_output=True,
-                          text=True, timeout=120, stdin=subprocess.DEVNULL)
-
-
-def ok(r: subprocess.CompletedProcess) -> str:
-    assert r.returncode == 0, f"exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
-    return r.stdout
-
-
-def refused(r: subprocess.CompletedProcess) -> str:
-    assert r.returncode == 2, f"exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
-    assert "Traceback" not in r.stderr + r.stdout
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("gpuhook: "), r.stderr
-    return lines[0]
+from test_install import gpuhook, ok, refused  # noqa: E402  (the install tests' runners)
 
 
 @pytest.fixture
