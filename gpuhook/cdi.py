@@ -105,7 +105,7 @@ def safe_name(text: str) -> str:
 def _request():
     from .plan import Request
 
-    return Request({}, {}, ROOTFS_PLACEHOLDER, frozenset())
+    return Request({}, {}, ROOTFS_PLACEHOLDER)
 
 
 def _plan(inv: Inventory, ldconfig: str | None | bool, helper: str | None | bool = None) -> Edits:

@@ -35,13 +35,12 @@ def nodes_of(out: str) -> dict[str, tuple[int, int]]:
 
 
 def request(*, env: dict | None = None, annotations: dict | None = None, rootfs: str | None = "/run/b/rootfs",
-            spec_devices: dict | None = None, device_paths=None, mounts: tuple = (), userns: bool = False):
+            spec_devices: dict | None = None, mounts: tuple = (), userns: bool = False):
     """The one builder of plan.Request for tests: what a container brings (its env, annotations,
     rootfs, the devices and mounts its spec already has), by name."""
     from gpuhook.plan import Request
 
-    paths = frozenset(device_paths if device_paths is not None else (spec_devices or ()))
-    return Request(dict(env or {}), dict(annotations or {}), rootfs, paths, spec_devices, mounts, userns)
+    return Request(dict(env or {}), dict(annotations or {}), rootfs, spec_devices, mounts, userns)
 
 
 def log_records(path: str, settle: float = 0.05, timeout: float = 3.0) -> list[dict]:

@@ -33,7 +33,6 @@ from . import kube as kube_mod, labels as labels_mod
 
 POD_LABEL = labels_mod.ACCELERATOR  # gpuhook.dev/accelerator, on pods as on nodes
 CPU = "cpu"
-COMPONENT = "gpuhook.dev/agent"
 # A pod's namespace and name as the API allows them (DNS subdomain): anything else is not
 # put in a URL
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?\Z")

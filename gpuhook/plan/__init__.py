@@ -70,14 +70,13 @@ DXG_NEEDS = "libdxcore.so"
 
 class Request(Record):
     """What the container brings: its env (dict), annotations (dict), absolute rootfs path
-    (None when unknown), the paths of device nodes its spec already has, those devices'
-    numbers (path -> (type, major, minor), or None where the spec gives none), the
-    destinations of its mounts, and whether it has a user namespace of its own."""
+    (None when unknown), the device nodes its spec already has (path -> (type, major,
+    minor), or None where the spec gives no numbers), the destinations of its mounts, and
+    whether it has a user namespace of its own."""
 
     env: dict[str, str]
     annotations: dict[str, str]
     rootfs: str | None
-    device_paths: frozenset[str]
     spec_devices: dict[str, tuple[str, int, int] | None] | None = None
     mounts: tuple[str, ...] = ()
     userns: bool = False
@@ -113,12 +112,11 @@ def request_from_spec(spec: dict, bundle: str | None = None) -> Request:
             t, ma, mi = d.get("type"), d.get("major"), d.get("minor")
             ok = isinstance(ma, int) and isinstance(mi, int) and not isinstance(ma, bool)
             numbers[d["path"]] = ((t if t in ("c", "b", "u") else "c"), ma, mi) if ok else None
-    paths = frozenset(d.get("path") for d in devices if isinstance(d, dict))
     mounts: list = spec["mounts"] if isinstance(spec.get("mounts"), list) else []
     dests = tuple(m["destination"] for m in mounts if isinstance(m, dict) and isinstance(m.get("destination"), str))
     namespaces: list = linux["namespaces"] if isinstance(linux.get("namespaces"), list) else []
     userns = any(isinstance(n, dict) and n.get("type") == "user" for n in namespaces)
-    return Request(env, annotations, rootfs and os.path.normpath(rootfs), paths, numbers, dests, userns)
+    return Request(env, annotations, rootfs and os.path.normpath(rootfs), numbers, dests, userns)
 
 
 def find_ldconfig() -> str | None:

@@ -65,18 +65,6 @@ def parse_dev(text: str) -> tuple[int, int] | None:
     return None
 
 
-def read_dev_file(host: Host, path: str) -> tuple[int, int] | None:
-    """A sysfs `dev` file: (major, minor); a malformed one is warned about."""
-    text = host.read_text(path, quiet=True)
-    if text is None:
-        return None
-    dev = parse_dev(text)
-    if dev is not None:
-        return dev
-    host.warn(f"{path}: malformed dev file {text.strip()[:40]!r}")
-    return None
-
-
 def device_node(
     host: Host, path: str, major: int | None, minor: int | None, type_: str = "c", *, lazy: bool = False
 ) -> Node | None:

@@ -37,7 +37,7 @@ def host(tmp_path, scenario, name="host", **kw) -> fakehost.FakeHost:
 def request(tmp_path, env=None) -> Request:
     rootfs = tmp_path / "rootfs"
     (rootfs / "etc").mkdir(parents=True, exist_ok=True)
-    return Request(env or {}, {}, str(rootfs), frozenset())
+    return Request(env or {}, {}, str(rootfs))
 
 
 def mounts(edits) -> dict[str, str]:

@@ -82,7 +82,7 @@ def test_request_from_spec():
     assert r.env == {"A": "1", "B": "x=y"}
     assert r.annotations == {"k": "v"}
     assert r.rootfs == "/run/bundle/rootfs"
-    assert r.device_paths == frozenset({"/dev/fuse"})
+    assert r.spec_devices == {"/dev/fuse": None}  # in the spec, without numbers
     assert request_from_spec({"root": {"path": "rootfs"}}).rootfs is None
     assert request_from_spec({"root": "x", "process": "y", "linux": 3}).rootfs is None
 

@@ -455,7 +455,7 @@ def test_probes_on_garbage_sysfs_never_raise(vendor, device, ev, dev, props, gpu
 
 
 def test_common_parsers_on_unicode_digits():
-    assert common.read_dev_file(TextHost("\u00b2:1"), "/x") is None
+    assert common.parse_dev("\u00b2:1") is None
     fh_text = "Character devices:\n\u00b2 kfd\n"
     assert common.char_majors(TextHost(fh_text)) == {}
 
