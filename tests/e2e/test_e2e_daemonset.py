@@ -75,16 +75,16 @@ def pod_template(docs: list[dict]) -> dict:
 
 
 @pytest.fixture(scope="session")
-def gpuhook_image(tmp_path_factory, real_bundle):
-    """`make image` (packaging/build-image.sh, default name) on a podman storage of this test's
-    own, from the session's bundle; then `podman save` for `ctr images import`."""
+def gpuhook_image(tmp_path_factory):
+    """`make image` itself (packaging/build-image.sh building its own bundle from the venv,
+    default name) on a podman storage of this test's own; then `podman save` for `ctr images
+    import`."""
     base = tmp_path_factory.mktemp("gpuhook-image")
     podman = (f"podman --root {base}/storage --runroot {base}/run --storage-driver vfs "
               "--events-backend none --cgroup-manager cgroupfs")
     env = dict(os.environ, PODMAN=podman, CONTEXT=str(base / "context"))
     started = time.monotonic()
-    r = subprocess.run([os.path.join(REPO, "packaging", "build-image.sh"), real_bundle], env=env,
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(["make", "-s", "-C", REPO, "image"], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr + r.stdout
     line = r.stdout.strip().splitlines()[-1]
     name = line.split(": ")[1]

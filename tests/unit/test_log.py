@@ -169,3 +169,24 @@ def test_the_create_line_names_the_pod(tmp_path):
     line = json.loads(open(Config.log_file).read())
     assert {k: line[k] for k in want} == want
     assert line["held_back"] == ["nvidia:GPU-1"] and line["reason"] == "all 1 GPU(s) held back"
+
+
+def test_a_pod_cannot_bloat_the_node_log(tmp_path):
+    """SECURITY.md promise 8: `error` is cut at 1000 characters, at most 20 warnings of at most
+    500 each, whatever the pod's input made them; the line stays one JSON object."""
+
+    class Config:
+        log_file = str(tmp_path / "gpuhook.log")
+
+    out = runtime.Outcome()
+    out.decision = "error"
+    out.error = "E" * 100_000
+    out.warnings = [f"w{i}:" + "x" * 10_000 for i in range(300)]
+    runtime.log_line(Config, runtime.Invocation("create", "/b", "c1", None, None), out, 0.0)
+    with open(Config.log_file) as f:
+        lines = f.read().splitlines()
+    assert len(lines) == 1
+    line = json.loads(lines[0])
+    assert len(line["error"]) == 1000
+    assert len(line["warnings"]) == 20 and all(len(w) == 500 for w in line["warnings"])
+    assert line["warnings"][0].startswith("w0:") and len(lines[0]) < 16_000
