@@ -1,4 +1,4 @@
-"""daemonset/gpu-optional-admission.yaml, evaluated: every CEL expression of the policies runs
+"""daemonset/gpu-optional-admission.yaml and daemonset/node-restriction.yaml, evaluated: every CEL expression of the policies runs
 in a CEL implementation (cel-python) against pods that must be admitted and pods that must be
 refused, with the variables the API server gives a ValidatingAdmissionPolicy (object,
 oldObject, namespaceObject, request). The manifests are validated against the Kubernetes
@@ -16,13 +16,17 @@ celpy = pytest.importorskip("celpy", reason="pip install cel-python (in the test
 yaml = pytest.importorskip("yaml", reason="PyYAML (pip install kubernetes-validate brings it)")
 
 PATH = os.path.join(REPO, "daemonset", "gpu-optional-admission.yaml")
+NODE_POLICY = os.path.join(REPO, "daemonset", "node-restriction.yaml")
 AGENT = "system:serviceaccount:gpuhook-system:gpuhook"
 NODE_NAME = "authentication.kubernetes.io/node-name"
 
 
 def docs() -> list[dict]:
-    with open(PATH) as f:
-        return [d for d in yaml.safe_load_all(f) if d]
+    out = []
+    for path in (PATH, NODE_POLICY):
+        with open(path) as f:
+            out += [d for d in yaml.safe_load_all(f) if d]
+    return out
 
 
 def policy(name: str) -> dict:
@@ -221,8 +225,37 @@ def test_the_manifests_are_valid_and_bound():
         kv.validate(d, kv.latest_version(), strict=True)
     policies = {d["metadata"]["name"] for d in all_docs if d["kind"] == "ValidatingAdmissionPolicy"}
     bindings = {d["spec"]["policyName"]: d for d in all_docs if d["kind"] == "ValidatingAdmissionPolicyBinding"}
-    assert policies == set(bindings) == {"gpuhook-gpu-optional", LABEL, AGENT_POLICY}
+    assert policies == set(bindings) == {"gpuhook-gpu-optional", LABEL, AGENT_POLICY, "gpuhook-own-node-labels"}
     assert all(b["spec"]["validationActions"] == ["Deny"] for b in bindings.values())
     assert all(policy(p)["spec"]["failurePolicy"] == "Fail" for p in policies)
     with open(os.path.join(REPO, "daemonset", "kustomization.yaml")) as f:
-        assert "gpu-optional-admission.yaml" in yaml.safe_load(f)["resources"]
+        resources = yaml.safe_load(f)["resources"]
+    assert "gpu-optional-admission.yaml" in resources and "node-restriction.yaml" in resources
+
+
+# -- the agent on Nodes (node-restriction.yaml) --------------------------------------------
+
+def node(name: str = "gpu-1", labels: dict | None = None, taints: list | None = None, **meta) -> dict:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels or {}, **meta},
+            "spec": {"taints": taints} if taints else {}}
+
+
+def node_update(old: dict, new: dict, user: str = AGENT, own: str | None = "gpu-1") -> list[str]:
+    return admit("gpuhook-own-node-labels", "UPDATE", new, old=old, user=user, node=own, resource="nodes")
+
+
+def test_the_agent_changes_only_gpuhook_labels_of_its_own_node():
+    old = node(labels={"kubernetes.io/hostname": "gpu-1", "gpuhook.dev/accelerator": "none"})
+    ok = node(labels={"kubernetes.io/hostname": "gpu-1", "gpuhook.dev/accelerator": "nvidia", "gpuhook.dev/gpu.count": "8"})
+    assert node_update(old, ok) == []
+    assert node_update(node("gpu-2"), node("gpu-2", labels={"gpuhook.dev/x": "1"})) == [
+        "gpuhook may only change the node its own pod runs on"]
+    assert node_update(old, ok, own=None) == ["gpuhook may only change the node its own pod runs on"]
+    only_labels = ["gpuhook may only change gpuhook.dev/ labels"]
+    assert node_update(old, node(labels={"kubernetes.io/hostname": "evil", "gpuhook.dev/accelerator": "none"})) == only_labels
+    assert node_update(old, node(labels={"gpuhook.dev/accelerator": "none"})) == only_labels  # a label removed
+    assert node_update(old, node(labels=old["metadata"]["labels"], taints=[{"key": "k", "effect": "NoSchedule"}])) == only_labels
+    assert node_update(old, node(labels=old["metadata"]["labels"], finalizers=["x"])) == only_labels
+    assert node_update(old, node(labels=old["metadata"]["labels"], ownerReferences=[{"name": "x"}])) == only_labels
+    # another user (the kubelet, an admin) is not this policy's business
+    assert node_update(old, node(labels={}), user="system:node:gpu-1") == []
