@@ -13,7 +13,9 @@
  *      and must be a static ELF: a dynamic one (or a script) would load the image's loader.
  *   2. A mount namespace of our own, every mount private (nothing propagates either way).
  *   3. Every procfs mount under ROOTFS is detached (in our namespace only): no magic link is
- *      left to follow.  Checked again; any left: give up.  (A rootfs that is not a mount
+ *      left to follow.  Checked again; any left: give up.  Every other mount under ROOTFS
+ *      (volumes, host bind mounts, gpuhook's MPS directory) is made read-only: only the
+ *      rootfs's own files are written (the by-path links: the container's /dev too).  (A rootfs that is not a mount
  *      point is then bound on itself, as pivot_root wants.)
  *   4. pivot_root into ROOTFS and detach the old root: no host path is reachable at all.
  *   5. Capabilities cut to the two that file work needs (DAC_OVERRIDE, FOWNER: no SYS_ADMIN,
@@ -21,8 +23,8 @@
  *      no_new_privs, every other fd closed on exec.
  *   6. ldconfig runs (execveat of the fd from 1) in a child, with the hook's own environment.
  *
- * Whatever fails, the hook says why on stderr and exits 0: the container starts, without the
- * libraries in its ld cache.  The one exit that is not 0 is a bad command line (2).
+ * Whatever fails (a bad command line too), the hook says why on stderr and exits 0: the
+ * container starts, without the libraries in its ld cache.
  */
 #define _GNU_SOURCE
 #include <elf.h>
@@ -89,7 +91,31 @@ static int under(const char *path, const char *root, size_t rlen) {
 
 /* Detach the procfs mounts under root (detach = 1), or count them (detach = 0); *is_mount
  * says whether root itself is a mount point.  -1 with errno when mountinfo cannot be read. */
-static int proc_mounts(const char *root, int detach, int *is_mount) {
+/* The per-mount flags of a mountinfo options field ("rw,nosuid,nodev,relatime"), for a remount
+ * that keeps them and adds MS_RDONLY. */
+static unsigned long mount_flags(char *opts) {
+    unsigned long flags = 0;
+    char *save = NULL;
+    for (char *o = strtok_r(opts, ",", &save); o; o = strtok_r(NULL, ",", &save)) {
+        if (strcmp(o, "nosuid") == 0) flags |= MS_NOSUID;
+        else if (strcmp(o, "nodev") == 0) flags |= MS_NODEV;
+        else if (strcmp(o, "noexec") == 0) flags |= MS_NOEXEC;
+        else if (strcmp(o, "noatime") == 0) flags |= MS_NOATIME;
+        else if (strcmp(o, "nodiratime") == 0) flags |= MS_NODIRATIME;
+        else if (strcmp(o, "relatime") == 0) flags |= MS_RELATIME;
+        else if (strcmp(o, "strictatime") == 0) flags |= MS_STRICTATIME;
+    }
+    return flags;
+}
+
+enum { COUNT, DETACH, READ_ONLY };
+
+/* COUNT or DETACH the procfs mounts under root; or make every other mount under root
+ * READ_ONLY (in our namespace), but root itself and `writable`: what the hook writes is the
+ * rootfs's own (its cache, its links), never a volume, a host bind mount or gpuhook's MPS
+ * directory that happen to be mounted in the container.  *is_mount says whether root itself
+ * is a mount point.  -1 with errno when mountinfo cannot be read or a remount fails. */
+static int proc_mounts(const char *root, int mode, int *is_mount, const char *writable) {
     FILE *f = fopen("/proc/self/mountinfo", "re");
     if (!f)
         return -1;
@@ -99,7 +125,7 @@ static int proc_mounts(const char *root, int detach, int *is_mount) {
     *is_mount = 0;
     while (getline(&line, &cap, f) > 0) {
         /* id parent maj:min root MOUNTPOINT options [optional...] - FSTYPE source superopts */
-        char *save = NULL, *mp = NULL, *tok;
+        char *save = NULL, *mp = NULL, *opts = NULL, *tok;
         int field = 0, dash = 0;
         for (tok = strtok_r(line, " \n", &save); tok; tok = strtok_r(NULL, " \n", &save), field++) {
             if (field == 4) {
@@ -107,11 +133,21 @@ static int proc_mounts(const char *root, int detach, int *is_mount) {
                 unescape(mp);
                 if (strcmp(mp, root) == 0)
                     *is_mount = 1;
+            } else if (field == 5) {
+                opts = tok;
             } else if (dash) {
-                if (mp && strcmp(tok, "proc") == 0 && under(mp, root, rlen)) {
+                int proc = strcmp(tok, "proc") == 0;
+                if (mp && proc && under(mp, root, rlen)) {
                     n++;
-                    if (detach)
+                    if (mode == DETACH)
                         umount2(mp, MNT_DETACH | UMOUNT_NOFOLLOW);  /* EINVAL: gone with its parent */
+                } else if (mode == READ_ONLY && mp && opts && !proc && under(mp, root, rlen) && strcmp(mp, root) != 0 &&
+                           !(writable && strcmp(mp, writable) == 0) && strncmp(opts, "ro", 2) != 0) {
+                    if (mount(NULL, mp, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | mount_flags(opts), NULL) < 0 &&
+                        errno != ENOENT && errno != EINVAL) {  /* hidden under another mount: unreachable */
+                        n = -1;
+                        break;
+                    }
                 }
                 break;
             } else if (field > 5 && strcmp(tok, "-") == 0)
@@ -186,7 +222,7 @@ static int drop_caps(void) {
 }
 
 /* Steps 2-5: after this, / is the rootfs, with no procfs and no way back to the host. */
-static int isolate(const char *rootfs) {
+static int isolate(const char *rootfs, const char *writable_sub) {
     /* mountinfo names mount points by their real path: the path to the rootfs is the host's
      * (the bundle's), so resolving it follows nothing of the image. */
     char root[PATH_MAX];
@@ -206,13 +242,18 @@ static int isolate(const char *rootfs) {
         return skip("a mount namespace of its own", errno), -1;
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
         return skip("making the mounts private", errno), -1;
-    if (proc_mounts(root, 1, &is_mount) < 0)
+    if (proc_mounts(root, DETACH, &is_mount, NULL) < 0)
         return skip("reading /proc/self/mountinfo", errno), -1;
-    int left = proc_mounts(root, 0, &is_mount);
+    int left = proc_mounts(root, COUNT, &is_mount, NULL);
     if (left < 0)
         return skip("reading /proc/self/mountinfo", errno), -1;
     if (left > 0)
         return skip("a procfs mount in the container root could not be detached", 0), -1;
+    char writable[PATH_MAX + 16];
+    if (writable_sub)
+        snprintf(writable, sizeof writable, "%s%s", root, writable_sub);
+    if (proc_mounts(root, READ_ONLY, &is_mount, writable_sub ? writable : NULL) < 0)
+        return skip("making the container's other mounts read-only", errno), -1;
     /* pivot_root wants a mount point; runc makes the rootfs one, a bare directory is bound
      * on itself here (after the detach: the copy has no procfs either) */
     if (!is_mount && mount(root, root, NULL, MS_BIND | MS_REC, NULL) < 0)
@@ -236,6 +277,14 @@ static int isolate(const char *rootfs) {
 
 extern char **environ;
 
+/* under the hook's timeout in the spec (gpuhook/hook/__init__.py TIMEOUT: 30 s) */
+#define LDCONFIG_DEADLINE 25
+static volatile sig_atomic_t alarmed;
+static void on_alarm(int sig) {
+    (void)sig;
+    alarmed = 1;
+}
+
 static int ldcache(int argc, char **argv) {
     /* argv: ROOTFS LDCONFIG DIR... */
     const char *rootfs = argv[0], *ldconfig = argv[1];
@@ -244,7 +293,7 @@ static int ldcache(int argc, char **argv) {
         return skip(ldconfig, errno);
     if (!static_elf(fd))
         return skip("the node's ldconfig is not a static ELF executable (it would load the image's libraries)", 0);
-    if (isolate(rootfs) < 0)
+    if (isolate(rootfs, NULL) < 0)
         return 0;
     /* ldconfig [-v] DIR...: over /, which is now the container's root. */
     char **args = calloc((size_t)argc + 1, sizeof *args);
@@ -253,19 +302,38 @@ static int ldcache(int argc, char **argv) {
     args[0] = "ldconfig";
     for (int i = 2; i < argc; i++)
         args[i - 1] = argv[i];
-    pid_t pid = fork();
+    pid_t parent = getpid(), pid = fork();
     if (pid < 0)
         return skip("fork", errno);
     if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);  /* runc's hook timeout kills us: ldconfig goes too */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);  /* whatever kills us, ldconfig goes too */
+        if (getppid() != parent)           /* ... and it died before the prctl */
+            _exit(1);
         syscall(SYS_execveat, fd, "", args, environ, AT_EMPTY_PATH);
         fprintf(stderr, "gpuhook: %s: exec %s: %s\n", what, ldconfig, strerror(errno));
         _exit(127);
     }
+    /* Our own deadline, before runc's hook timeout (hook.TIMEOUT): a slow ldconfig (a huge or
+     * hostile ld.so.conf, a cold disk) is given up on, and the container starts. */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_alarm;  /* no SA_RESTART: waitpid returns EINTR */
+    sigaction(SIGALRM, &sa, NULL);
+    alarm(LDCONFIG_DEADLINE);
     int status;
-    while (waitpid(pid, &status, 0) < 0)
+    while (waitpid(pid, &status, 0) < 0) {
         if (errno != EINTR)
             return skip("waitpid", errno);
+        if (alarmed) {
+            kill(pid, SIGKILL);
+            while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+                ;
+            fprintf(stderr, "gpuhook: %s: ldconfig in %s took over %d s: stopped; driver libraries need "
+                            "LD_LIBRARY_PATH\n", what, rootfs, LDCONFIG_DEADLINE);
+            return 0;
+        }
+    }
+    alarm(0);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
         fprintf(stderr, "gpuhook: %s: ldconfig in %s failed; driver libraries need LD_LIBRARY_PATH\n", what, rootfs);
     return 0;
@@ -294,11 +362,11 @@ static int opendir_at(int dirfd, const char *name) {
 static int bypath(int argc, char **argv) {
     /* argv: ROOTFS NAME TARGET [NAME TARGET]... */
     if (argc % 2 == 0)
-        return fprintf(stderr, "gpuhook: %s: bypath takes NAME TARGET pairs\n", what), 2;
+        return fprintf(stderr, "gpuhook: %s: bypath takes NAME TARGET pairs; skipped\n", what), 0;
     for (int i = 1; i < argc; i += 2)
         if (!good_name(argv[i], 0) || !good_name(argv[i + 1], 1))
-            return fprintf(stderr, "gpuhook: %s: bad by-path link %s -> %s\n", what, argv[i], argv[i + 1]), 2;
-    if (isolate(argv[0]) < 0)
+            return fprintf(stderr, "gpuhook: %s: bad by-path link %s -> %s; skipped\n", what, argv[i], argv[i + 1]), 0;
+    if (isolate(argv[0], "/dev") < 0)  /* the links go in the container's /dev (runc's tmpfs) */
         return 0;
     int dev = opendir_at(AT_FDCWD, "/dev");
     if (dev < 0)
@@ -333,6 +401,7 @@ int main(int argc, char **argv) {
         return ldcache(argc - 2, argv + 2);
     if (argc >= 3 && strcmp(argv[1], "bypath") == 0 && argv[2][0] == '/')
         return bypath(argc - 2, argv + 2);
-    fprintf(stderr, "usage: gpuhook-hook ldcache /ROOTFS /LDCONFIG DIR... | bypath /ROOTFS NAME TARGET...\n");
-    return 2;
+    /* a hook of gpuhook's own that is wrong: said, and the container starts all the same */
+    fprintf(stderr, "gpuhook-hook: usage: gpuhook-hook ldcache /ROOTFS /LDCONFIG DIR... | bypath /ROOTFS NAME TARGET...; skipped\n");
+    return 0;
 }
