@@ -64,14 +64,16 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
 # is wrapped in one that finds the rootfs at run time, from the OCI state on the hook's
 # stdin (bundle -> config.json -> root.path), and then execs the hook (gpuhook-hook) with it.
 ROOTFS_PLACEHOLDER = "/.gpuhook-cdi-rootfs"
-# sh, sed, tr and head only (every node has them). The state is one line of JSON; config.json
-# may be indented, so its newlines go first. A relative root.path is under the bundle. The
+# sh, sed, tr and head only (every node has them). The state is one line of JSON, its
+# annotations (the pod's and the image's: tenant keys, a "bundle" among them) after the bundle:
+# they are cut off before the bundle is read. config.json may be indented, so its newlines go
+# first; a string value there cannot hold a bare `"root": {"path": "` (JSON escapes quotes). A relative root.path is under the bundle. The
 # bundle and its config.json are the runtime manager's; nothing of the image is read here.
 # Whatever fails, the container starts: the hook only ever says why on stderr.
 # $0: the hook's tag; then the hook's path and its whole argv, the placeholder among them.
 CDI_ROOTFS_SCRIPT = (
-    'b=$(sed -n \'s/.*"bundle" *: *"\\([^"]*\\)".*/\\1/p\' | head -n 1); r=; '
-    '[ -n "$b" ] && [ -r "$b/config.json" ] && '
+    'b=$(sed -n \'s/"annotations" *:.*//; s/.*"bundle" *: *"\\([^"]*\\)".*/\\1/p\' | head -n 1); r=; '
+    '[ -n "$b" ] && [ -f "$b/config.json" ] && '
     'r=$(tr -d \'\\n\' < "$b/config.json" | sed -n \'s/.*"root" *: *{ *"path" *: *"\\([^"]*\\)".*/\\1/p\'); '
     'case $r in "") ;; /*) ;; *) r=$b/$r ;; esac; '
     'if [ -z "$r" ] || [ ! -d "$r" ]; then '

@@ -266,7 +266,11 @@ def _run_hook(tmp_path, config: dict, indent, rootfs_rel: bool, hook_entry=None)
     config = dict(config, root={"path": "rootfs" if rootfs_rel else str(bundle / "rootfs"), "readonly": False})
     (bundle / "config.json").write_text(json.dumps(config, indent=indent))
     state = json.dumps({"ociVersion": "1.0.2", "id": "c1", "status": "creating", "pid": 1,
-                        "bundle": str(bundle), "annotations": {"x": "\"root\": {\"path\": \"/evil\"}"}})
+                        "bundle": str(bundle),
+                        # a tenant's annotations: a "bundle" of its own, and a root.path look-alike
+                        "annotations": {"x": "\"root\": {\"path\": \"/evil\"}", "bundle": str(tmp_path / "evil")}})
+    (tmp_path / "evil" / "rootfs").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "evil" / "config.json").write_text(json.dumps({"root": {"path": str(tmp_path / "evil" / "rootfs")}}))
     r = subprocess.run([hook_entry["path"], *hook_entry["args"][1:]], input=state, capture_output=True, text=True,
                        env=dict(e.split("=", 1) for e in hook_entry["env"]), timeout=10, executable=hook_entry["path"])
     recorded = tmp_path / "hook.args"
