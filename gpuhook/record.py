@@ -112,31 +112,44 @@ def _plain(value):
     return value
 
 
-def _kind(annotation: str, names: dict):
-    """("record", cls), ("tuple", inner) or ("value", None) of an annotation string."""
+def _kind(annotation: str, names: dict) -> tuple:
+    """(what, inner, optional) of an annotation string: what is "record" (inner: its class),
+    "tuple" (inner: the items' kind) or "value" (inner: the plain types it may be, None for
+    any); optional when it ends in `| None`."""
     text = annotation.strip()
-    if text.endswith(" | None"):
+    optional = text.endswith(" | None")
+    if optional:
         text = text[: -len(" | None")].strip()
     if text.startswith("tuple[") and text.endswith("]"):
         inner = text[len("tuple[") : -1]
         item = inner[: -len(", ...")] if inner.endswith(", ...") else None
-        return ("tuple", _kind(item, names) if item is not None else ("value", None))
+        return ("tuple", _kind(item, names) if item is not None else ("value", None, True), optional)
     found = names.get(text)
     if isinstance(found, type) and issubclass(found, Record):
-        return ("record", found)
-    return ("value", None)
+        return ("record", found, optional)
+    return ("value", _PLAIN.get(text), optional)
 
 
-def _rebuild(kind, value):
-    what, inner = kind
+# the plain types an annotation may name, as JSON gives them back (None: anything)
+_PLAIN = {"str": (str,), "int": (int,), "bool": (bool,), "float": (float, int)}
+
+
+def _rebuild(kind: tuple, value):
+    what, inner, optional = kind
     if value is None:
+        if not optional and not (what == "value" and inner is None):
+            raise TypeError("null where a value is wanted")
         return None
     if what == "record":
         return inner.from_plain(value)
     if what == "tuple":
         if not isinstance(value, list):
             raise TypeError(f"expected a list, got {type(value).__name__}")
-        return tuple(_rebuild(inner, v) if inner[0] != "value" else _tupled(v) for v in value)
+        if inner[0] == "value" and inner[1] is None:  # tuple[tuple[str, str], ...] and the like
+            return tuple(_tupled(v) for v in value)
+        return tuple(_rebuild(inner, v) for v in value)
+    if inner is not None and (not isinstance(value, inner) or (bool not in inner and isinstance(value, bool))):
+        raise TypeError(f"expected {inner[0].__name__}, got {type(value).__name__}")
     return value
 
 

@@ -28,6 +28,7 @@ costs a probe.
 """
 
 import os
+import stat
 import time
 
 from ..inventory import Inventory
@@ -68,6 +69,10 @@ def _file(cache_dir: str, root: str) -> str:
     return os.path.join(cache_dir, "inventory-" + root.replace("%", "%25").replace("/", "%2F") + ".json")
 
 
+# the longest an entry may be trusted whatever it says (the agent's: 2 x interval + debounce)
+MAX_VALID_FOR = 3600.0
+
+
 def probe_cached(root: str, cache_dir: str, ttl: float, nvidia_driver_root: str | None = None) -> Inventory:
     from . import probe
 
@@ -78,15 +83,19 @@ def probe_cached(root: str, cache_dir: str, ttl: float, nvidia_driver_root: str 
     key = fingerprint(root, nvidia_driver_root)
     path = _file(cache_dir, root)
     try:
-        with open(path, "rb") as f:
+        # non-blocking, no link: a FIFO or a link planted here must not hang or steer a create
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
             st = os.fstat(f.fileno())
-            if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
                 raise ValueError("not written by gpuhook")  # never trusted (SECURITY.md)
             record = fastjson.loads(f.read(1 << 22))
-        valid = max(ttl, record.get("valid_for") or 0)
+        if not isinstance(record, dict):
+            raise ValueError("not a cache record")
+        valid = max(ttl, min(float(record.get("valid_for") or 0), MAX_VALID_FOR))
         if record["fingerprint"] == key and 0 <= time.time() - record["time"] < valid:
             return Inventory.from_plain(record["inventory"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except Exception:  # noqa: BLE001  (a cache that cannot be used, for whatever reason, costs a probe)
         pass
     inv = probe(root, nvidia_driver_root=nvidia_driver_root)
     store(root, cache_dir, inv, key)

@@ -109,3 +109,50 @@ def test_the_agent_keeps_the_cache_current_past_the_ttl(tmp_path, monkeypatch):
     fakehost.FakeHost(root).chardev("/dev/nvidia8", 195, 8)
     cache.probe_cached(root, cache_dir(), 10.0)
     assert len(calls) == 3
+
+
+import pytest  # noqa: E402
+
+
+def _poison(kind: str, path: str, fh_root: str, good: dict) -> None:
+    if kind == "fifo":
+        os.mkfifo(path, 0o600)
+        return
+    record = dict(good)
+    if kind == "list":
+        record = []
+    elif kind == "deep":
+        record["inventory"] = {"root": fh_root, "vendors": [json.loads("[" * 400 + "]" * 400)]}
+    elif kind == "wrong-type":
+        record["inventory"] = json.loads(json.dumps(good["inventory"]))
+        record["inventory"]["vendors"][0]["devices"][0]["nodes"][0]["path"] = 5
+    elif kind == "null":
+        record["inventory"] = json.loads(json.dumps(good["inventory"]))
+        record["inventory"]["vendors"][0]["devices"] = None
+    elif kind == "forever":
+        record["valid_for"] = 1e18
+        record["inventory"] = json.loads(json.dumps(good["inventory"]))
+        record["inventory"]["vendors"] = []
+        record["time"] = time.time() - 7200
+    with open(path, "w") as f:
+        json.dump(record, f)
+    os.chmod(path, 0o600)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "list", "deep", "wrong-type", "null", "forever"])
+def test_a_bad_cache_file_costs_a_probe_and_is_replaced(tmp_path, kind):
+    """Whatever is in the cache file (a FIFO, not an object, too deep, wrong types, a null, a
+    validity of ever): the create neither hangs nor fails: it probes, gets the GPUs, and the
+    next create reads a good entry again."""
+    fh = build(tmp_path)
+    inv = cached(fh, tmp_path)
+    path = cache._file(str(tmp_path / "cache"), fh.root)
+    with open(path) as f:
+        good = json.load(f)
+    os.unlink(path)
+    _poison(kind, path, fh.root, good)
+    again = cached(fh, tmp_path)
+    assert again == inv and again.vendors
+    assert os.path.isfile(path) and not os.path.islink(path)
+    with open(path) as f:
+        assert json.load(f)["inventory"] == good["inventory"]
