@@ -15,6 +15,7 @@ whole, with a warning, and the container gets what the node policy gives.
 from __future__ import annotations
 
 import os
+import stat as _stat
 
 from ..record import Record
 
@@ -247,8 +248,11 @@ def least_used(keys: list[str], n: int, state_dir: str | None, warn) -> list[str
                 time.sleep(0.002)
         seq, usage = 0, {}
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            # non-blocking: a FIFO planted here must not hang every create (under the lock)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
             try:
+                if not _stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise ValueError("not a regular file")
                 record = fastjson.loads(os.read(fd, 1 << 20))
             finally:
                 os.close(fd)

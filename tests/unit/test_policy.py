@@ -332,3 +332,22 @@ def test_fake_host_device_plugin_nvidia2(tmp_path):
     e = plan(probe(fh.root), request_from_spec(spec))
     assert [n.path for n in e.device_nodes if n.path[11:].isdigit()] == ["/dev/nvidia2"]
     assert "GPUHOOK_DEVICES=nvidia:GPU-00000001-1111-2222-3333-444444444445" in e.env
+
+
+def test_a_fifo_as_the_round_robin_state_does_not_hang_the_create(tmp_path):
+    """A FIFO planted where the round robin keeps its state: read non-blocking, refused, and
+    the round robin starts afresh (with a warning) instead of hanging every create."""
+    import threading
+
+    os.mkfifo(tmp_path / policy.STATE_FILE)
+    warnings: list = []
+    done = threading.Event()
+    result: list = []
+
+    def run():
+        result.append(policy.least_used(["k0", "k1", "k2"], 1, str(tmp_path), warnings.append))
+        done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    assert done.wait(10), "the round robin hung on a FIFO"
+    assert result == [["k0"]] and any("unreadable, started afresh" in w for w in warnings)
