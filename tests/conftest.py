@@ -281,3 +281,35 @@ def _own_cache_dir(tmp_path, monkeypatch):
     the test sets one: an agent or a create in a test never writes the node's /run/gpuhook."""
     if not os.environ.get("GPUHOOK_CACHE_DIR"):
         monkeypatch.setenv("GPUHOOK_CACHE_DIR", str(tmp_path / "gpuhook-cache"))
+
+
+# -- dockerd (test_e2e_docker.py, test_e2e_docker_exec.py) -------------------------------------
+
+@pytest.fixture
+def dockerd(tmp_path):
+    """dockerd(config_path, env, binds) -> a Dockerd whose daemon.json the test wrote
+    (Dockerd.settings()) before start(). Stopped and cleaned up at the end; the test fails
+    when anything of it is left."""
+    import tempfile
+
+    import docker_harness
+
+    made = []
+
+    def make(config_path: str, env: dict, binds: dict) -> "docker_harness.Dockerd":
+        # a short base: dockerd's managed containerd puts sockets under exec-root
+        d = docker_harness.Dockerd(tempfile.mkdtemp(prefix="gh-dockerd-", dir="/tmp"), config_path, env=env,
+                                   binds=binds)
+        made.append(d)
+        return d
+    yield make
+    left = {}
+    for d in made:
+        d.stop()
+        if d.leftovers():
+            left[d.base] = d.leftovers()
+        else:
+            import shutil
+
+            shutil.rmtree(d.base, ignore_errors=True)
+    assert not left, f"left behind: {left}"

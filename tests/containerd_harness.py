@@ -174,6 +174,15 @@ def build_busybox_image(path: str, name: str = IMAGE_NAME, cmd: list[str] | None
     return manifest_digest
 
 
+def tail_of(path: str, n: int = 40) -> str:
+    """The last n lines of a daemon's log, for an error message ("" when it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            return b"\n".join(f.read().splitlines()[-n:]).decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
 # -- containerd -----------------------------------------------------------------------
 
 class ContainerdError(RuntimeError):
@@ -342,11 +351,7 @@ class Containerd:
                 self.daemon_pid = int(f.read().split()[0])
 
     def log_tail(self, n: int = 40) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                return b"\n".join(f.read().splitlines()[-n:]).decode("utf-8", "replace")
-        except OSError:
-            return ""
+        return tail_of(self.log_path, n)
 
     # -- ctr -----------------------------------------------------------------------
     def ctr(self, *args: str, namespace: str | None = None, check: bool = True,

@@ -28,7 +28,7 @@ import subprocess
 import time
 import uuid
 
-from containerd_harness import _cgroup_hierarchies, busybox_layer
+from containerd_harness import _cgroup_hierarchies, busybox_layer, tail_of
 
 DOCKERD = "dockerd"
 COMPOSE = "docker-compose"  # Debian's docker-compose: 1.29 (Python) on Debian 12, 2.x on 13
@@ -119,11 +119,7 @@ class Dockerd:
         return self.proc.pid
 
     def log_tail(self, n: int = 40) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                return b"\n".join(f.read().splitlines()[-n:]).decode("utf-8", "replace")
-        except OSError:
-            return ""
+        return tail_of(self.log_path, n)
 
     def docker(self, *args: str, check: bool = True, timeout: float = 120,
                input: bytes | None = None) -> subprocess.CompletedProcess:

@@ -24,7 +24,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 
 from conftest import REPO, is_root, nodes_of, requires
 from gpuhook.testing import bundle
@@ -72,34 +71,6 @@ def wait_for(check, what: str, timeout: float = 20):
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {timeout}s: {what}")
         time.sleep(0.1)
-
-
-@pytest.fixture
-def dockerd(tmp_path):
-    """dockerd(config_path, env, binds) -> a Dockerd whose daemon.json the test wrote
-    (Dockerd.settings()) before start(). Stopped and cleaned up at the end; the test fails
-    when anything of it is left."""
-    import tempfile
-
-    made = []
-
-    def make(config_path: str, env: dict, binds: dict) -> docker_harness.Dockerd:
-        # a short base: dockerd's managed containerd puts sockets under exec-root
-        d = docker_harness.Dockerd(tempfile.mkdtemp(prefix="gh-dockerd-", dir="/tmp"), config_path, env=env,
-                                   binds=binds)
-        made.append(d)
-        return d
-    yield make
-    left = {}
-    for d in made:
-        d.stop()
-        if d.leftovers():
-            left[d.base] = d.leftovers()
-        else:
-            import shutil
-
-            shutil.rmtree(d.base, ignore_errors=True)
-    assert not left, f"left behind: {left}"
 
 
 def test_docker_run_gets_the_gpus_through_the_installed_runtime(tmp_path, make_host, runtime, real_bundle, dockerd):
