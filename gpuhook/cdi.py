@@ -114,7 +114,7 @@ def _plan(inv: Inventory, ldconfig: str | None | bool, helper: str | None | bool
     """plan() for a CDI spec: a container with nothing of its own (no env, annotations or
     devices: the node's defaults). ldconfig None: plan() looks for one; False: no ld-cache
     hook (plan() would look in this process's own filesystem, not the node's, in a pod).
-    helper: gpuhook-hook as the node sees it (find_helper()); None: this package's; False:
+    helper: gpuhook-hook as the node sees it (hook.helper()); None: this package's; False:
     no hooks at all."""
     from .plan import plan
 
@@ -285,11 +285,6 @@ def cap_version(spec: dict, max_version: str, dropped: list | None = None) -> di
     if dropped is not None and lost:
         dropped.append((spec["kind"], sorted(set(lost))))
     return spec
-
-
-def find_helper(consumer_root: str = "/") -> str | None:
-    """gpuhook-hook as the node sees it (hook.helper); None: not there, so no hooks."""
-    return hook.helper(consumer_root)
 
 
 def find_ldconfig(consumer_root: str = "/") -> str | None:

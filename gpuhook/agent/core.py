@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from .. import cdi, defaults
+from .. import cdi, defaults, hook
 from . import kube as kube_mod, labels as labels_mod
 
 UDEV_SUBSYSTEMS = ("drm", "kfd", "accel", "module")
@@ -408,7 +408,7 @@ class Agent:
             dropped: list = []
             # the hooks' helper as the node sees it (the bundle the install put there, looked
             # for each time: install may come after start); none there: specs without hooks
-            helper = cdi.find_helper(self.opts.root if self.opts.spec_root == "/" else "/") or False
+            helper = hook.helper(self.opts.root if self.opts.spec_root == "/" else "/") or False
             specs = cdi.specs(inv, self.opts.spec_root, self.ldconfig, self.opts.cdi_max_version, dropped, helper)
             written, removed = cdi.write_dir(specs, self.cdi_dir, self.opts.cdi_format)
         except (OSError, cdi.CDIError) as e:

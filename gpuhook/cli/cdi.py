@@ -50,7 +50,7 @@ def add_commands(sub) -> None:
 
 
 def cmd_cdi_generate(args) -> int:
-    from .. import cdi
+    from .. import cdi, hook
     from ..probe import probe
 
     if not os.path.isdir(args.root):
@@ -62,7 +62,7 @@ def cmd_cdi_generate(args) -> int:
     inv = probe(args.root, nvidia_driver_root=driver_root(args, args.root))
     consumer = args.root if args.spec_root == "/" else "/"
     ldconfig = args.ldconfig or cdi.find_ldconfig(consumer) or False
-    helper = cdi.find_helper(consumer) or False
+    helper = hook.helper(consumer) or False
     dropped: list = []
     try:
         specs = cdi.specs(inv, args.spec_root, ldconfig, args.max_cdi_version, dropped, helper)
