@@ -19,19 +19,23 @@ deps:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi; \
 	else echo "not root or no apt-get: system packages not installed; end-to-end tests will be skipped"; fi
 
-HOOK := gpuhook/hook/gpuhook-hook
+HOOK  := gpuhook/hook/gpuhook-hook
+FRONT := gpuhook/runtime/gpuhook-runtime
 
-# The hook helper in the source tree too: the tests import gpuhook from here.
+# The hook helper and the runtime's front in the source tree too (as setup.py builds them):
+# the tests import gpuhook from here.
 $(HOOK): gpuhook/hook/gpuhook-hook.c gpuhook/hook/build.sh
-	@sh gpuhook/hook/build.sh $@
+	@sh gpuhook/hook/build.sh $@ $<
+$(FRONT): gpuhook/runtime/gpuhook-runtime.c gpuhook/hook/build.sh
+	@sh gpuhook/hook/build.sh $@ $<
 
-$(STAMP): pyproject.toml setup.py $(HOOK) $(shell find gpuhook -type f -not -name '*.pyc' 2>/dev/null)
+$(STAMP): pyproject.toml setup.py $(HOOK) $(FRONT) $(shell find gpuhook -type f -not -name '*.pyc' 2>/dev/null)
 	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/pip install -q --upgrade pip >/dev/null 2>&1 || true
 	@$(BIN)/pip install -q '.[test]'
 	@touch $@
 
-venv: $(HOOK) $(STAMP)
+venv: $(HOOK) $(FRONT) $(STAMP)
 
 demo: deps venv
 	@$(BIN)/python -m gpuhook.demo

@@ -43,25 +43,18 @@ def request(*, env: dict | None = None, annotations: dict | None = None, rootfs:
     return Request(dict(env or {}), dict(annotations or {}), rootfs, spec_devices, mounts, userns)
 
 
-def log_records(path: str, settle: float = 0.05, timeout: float = 3.0) -> list[dict]:
-    """The JSON lines of a gpuhook log. The sh front writes a no-GPU create's line from a
-    background subshell (the runtime does not wait for it): read once the file has stopped
-    growing for `settle` seconds (up to `timeout`)."""
+def log_records(path: str) -> list[dict]:
+    """The JSON lines of a gpuhook log (each create's line is written before the runtime runs)."""
     import json
-    import time
 
-    deadline = time.monotonic() + timeout
-    size = -1
-    while True:
-        now = os.path.getsize(path) if os.path.exists(path) else 0
-        if now == size or time.monotonic() > deadline:
-            break
-        size = now
-        time.sleep(settle)
     if not os.path.exists(path):
         return []
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+# the runtime's front as `make` builds it in the source tree (gpuhook/runtime/gpuhook-runtime.c)
+FRONT = os.path.join(REPO, "gpuhook", "runtime", "gpuhook-runtime")
 
 
 def is_root() -> bool:

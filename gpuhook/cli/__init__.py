@@ -272,6 +272,20 @@ def cmd_precreate(args) -> int:
     return 0
 
 
+def cmd_runtime_server(args) -> int:
+    """The runtime's resident server (runtime/server.py), on systemd's socket or its own."""
+    from ..runtime import server
+
+    try:
+        sock = server.listening_socket()
+    except OSError as e:
+        raise UsageError(f"runtime-server: cannot listen on {server.socket_path()}: {e.strerror or e}") from None
+    print(f"gpuhook runtime-server: listening on {sock.getsockname() or 'the socket systemd passed'}", file=sys.stderr)
+    server.serve(sock)
+    print("gpuhook runtime-server: another gpuhook version is installed: exiting", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpuhook", description="GPU-optional containers: probe the node, inject its GPUs.")
     p.add_argument("--version", action="version", version=f"gpuhook {__version__}")
@@ -301,6 +315,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("precreate", help="podman precreate hook: OCI spec on stdin, edited spec on stdout")
     sp.add_argument("--root", default=None, metavar="DIR", help="host root (default: the node config's host_root)")
     sp.set_defaults(func=cmd_precreate)
+
+    sp = sub.add_parser(
+        "runtime-server",
+        help="keep the create path warm: gpuhook-runtime asks this server instead of starting Python",
+    )
+    sp.set_defaults(func=cmd_runtime_server)
     # One module per command group adds its subcommands (module-level imports kept light).
     from . import agent, cdi, config, install, log
 

@@ -204,6 +204,14 @@ def _copy_tree(src: str, dst: str, skip) -> None:
             shutil.copy2(s, os.path.join(dst, rel, name))
 
 
+def _build_program(pkg: str, out: str, src: str) -> None:
+    """One of gpuhook's static programs (the hooks' helper, the runtime's front), as setup.py builds it."""
+    r = subprocess.run(["sh", os.path.join(pkg, "hook", "build.sh"), out, src], capture_output=True, text=True)
+    if r.returncode != 0:
+        what = os.path.basename(out)
+        raise InstallError("bundle build: " + (r.stderr.strip().splitlines() or [f"{what} did not build"])[-1])
+
+
 def build(out: str, progress: Callable[[str], None] | None = None) -> dict:
     """Build the bundle in `out` (replaced when it exists); its manifest record. `progress`
     gets one line as each step starts."""
@@ -246,9 +254,7 @@ def build(out: str, progress: Callable[[str], None] | None = None) -> dict:
     helper = os.path.join(site, "gpuhook", "hook", hook.NAME)
     if not os.access(helper, os.X_OK):
         say("building gpuhook-hook (gpuhook/hook/build.sh)")
-        r = subprocess.run(["sh", os.path.join(pkg, "hook", "build.sh"), helper], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise InstallError("bundle build: " + (r.stderr.strip().splitlines() or ["gpuhook-hook did not build"])[-1])
+        _build_program(pkg, helper, helper + ".c")
     os.makedirs(os.path.join(out, os.path.dirname(hook.BUNDLE_PATH)), exist_ok=True)
     shutil.copy2(helper, os.path.join(out, hook.BUNDLE_PATH))
     for dist in dists:
@@ -280,7 +286,12 @@ def build(out: str, progress: Callable[[str], None] | None = None) -> dict:
         with open(os.path.join(out, "bin", name), "w") as f:
             f.write(text)
         os.chmod(os.path.join(out, "bin", name), 0o755)
-    shutil.copy2(os.path.join(pkg, "runtime", "gpuhook-runtime"), os.path.join(out, "bin", "gpuhook-runtime"))
+    # the runtime's front (gpuhook/runtime/gpuhook-runtime.c): built here when this gpuhook was not
+    front = os.path.join(site, "gpuhook", "runtime", "gpuhook-runtime")
+    if not os.access(front, os.X_OK):
+        say("building gpuhook-runtime (gpuhook/hook/build.sh)")
+        _build_program(pkg, front, front + ".c")
+    shutil.copy2(front, os.path.join(out, "bin", "gpuhook-runtime"))
     os.chmod(os.path.join(out, "bin", "gpuhook-runtime"), 0o755)
 
     # compiled ahead, with the paths they will have on the node (for tracebacks)

@@ -367,12 +367,13 @@ def _runtime_error(inv: Invocation, msg: str) -> None:
         append_line(inv.log, line)
 
 
-def main(argv: list[str] | None = None) -> None:
+def prepare(args: list[str]) -> list[str]:
+    """Everything before the real runtime runs: the argv to exec (its [0] the runtime's path).
+    Raises SystemExit where the call ends here (no runtime, fail_mode closed, a delete's exit
+    status). Run by main() and, for a node's resident server, by server.py."""
     global STAGES
     started = time.monotonic()
-    if "GPUHOOK_STAGES" in os.environ:
-        STAGES = [("start", time.perf_counter())]
-    args = list(sys.argv[1:] if argv is None else argv)
+    STAGES = [("start", time.perf_counter())] if "GPUHOOK_STAGES" in os.environ else None
     inv = parse_args(args)
     from ..config import find_runtime, load
 
@@ -404,8 +405,13 @@ def main(argv: list[str] | None = None) -> None:
         args = exec_env(inv, args, real, config)
     elif inv.command == "delete":
         delete_and_forget(inv, args, real)
+    return [real] + args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = prepare(list(sys.argv[1:] if argv is None else argv))
     try:
-        os.execv(real, [real] + args)
+        os.execv(args[0], args)
     except OSError as e:  # e.g. a script whose interpreter is missing, a noexec mount
-        _runtime_error(inv, f"cannot run the real OCI runtime {real}: {e.strerror or e}")
+        _runtime_error(parse_args(args[1:]), f"cannot run the real OCI runtime {args[0]}: {e.strerror or e}")
         sys.exit(127)

@@ -54,13 +54,13 @@ def tree(root) -> dict:
 
 
 def small_bundle(path, extra: dict[str, str] | None = None) -> str:
-    """The sh front, a module and the manifest."""
-    contents = {"bin/gpuhook-runtime": open(os.path.join(REPO, "gpuhook/runtime/gpuhook-runtime")).read(),
+    """The runtime's front, a module and the manifest."""
+    contents = {"bin/gpuhook-runtime": open(os.path.join(REPO, "gpuhook/runtime/gpuhook-runtime"), "rb").read(),
                 "lib/mod.py": "x = 1\n", **(extra or {})}
     for rel, text in contents.items():
         os.makedirs(os.path.join(path, os.path.dirname(rel)), exist_ok=True)
-        with open(os.path.join(path, rel), "w") as f:
-            f.write(text)
+        with open(os.path.join(path, rel), "wb") as f:
+            f.write(text if isinstance(text, bytes) else text.encode())
     os.chmod(os.path.join(path, "bin/gpuhook-runtime"), 0o755)
     with open(os.path.join(path, files.MANIFEST), "w") as f:
         json.dump({"files": sorted(list(contents) + [files.MANIFEST])}, f)

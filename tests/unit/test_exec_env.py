@@ -18,7 +18,7 @@ from conftest import needs_runc, wrapper_path
 from gpuhook.runtime import execenv
 from gpuhook.runtime import EXEC_VALUE_FLAGS, parse_args
 
-SH_FRONT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "gpuhook", "runtime", "gpuhook-runtime")
+FRONT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "gpuhook", "runtime", "gpuhook-runtime")
 ENV = ["GPUHOOK_ACCELERATOR=nvidia", "GPUHOOK_DEVICES=nvidia:GPU-1,nvidia:GPU-2"]
 PROCESS = {"terminal": False, "user": {"uid": 0, "gid": 0}, "args": ["sh", "-c", "env"],
            "env": ["PATH=/bin", "GPUHOOK_ACCELERATOR=cpu"], "cwd": "/"}
@@ -124,7 +124,7 @@ class Front:
         for f in ("argv", "process"):
             if (self.out / f).exists():
                 (self.out / f).unlink()
-        return subprocess.run(["/bin/sh", SH_FRONT, *argv], capture_output=True, text=True, cwd=cwd, timeout=30,
+        return subprocess.run([FRONT, *argv], capture_output=True, text=True, cwd=cwd, timeout=30,
                               env={"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(self.config),
                                    "GPUHOOK_CACHE_DIR": self.cache, "GPUHOOK_PYTHON": self.python})
 

@@ -140,7 +140,7 @@ def v2_runtimes(lines: list[str]) -> dict:
 
 @pytest.fixture
 def fake_bundle(tmp_path) -> str:
-    """A two-file bundle (the sh front and the manifest): enough for the config tests."""
+    """A two-file bundle (the runtime's front and the manifest): enough for the config tests."""
     b = tmp_path / "bundle"
     (b / "bin").mkdir(parents=True)
     shutil.copy2(os.path.join(REPO, "gpuhook", "runtime", "gpuhook-runtime"), b / "bin" / "gpuhook-runtime")
@@ -436,7 +436,7 @@ def test_bundle_update_replaces_changed_files_and_removes_stale_ones(tmp_path, f
     out = ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))
     assert "2 written, 1 removed" in out
     assert not (node / "opt/gpuhook/lib").exists()
-    assert (node / "opt/gpuhook/bin/gpuhook-runtime").read_text().endswith("# new\n")
+    assert (node / "opt/gpuhook/bin/gpuhook-runtime").read_bytes().endswith(b"# new\n")
     assert os.access(node / "opt/gpuhook/bin/gpuhook-runtime", os.X_OK)
 
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from gpuhook import config as cfg
 from gpuhook.runtime import parse_args
 
-SH_FRONT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "gpuhook", "runtime", "gpuhook-runtime")
+FRONT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "gpuhook", "runtime", "gpuhook-runtime")
 
 
 @pytest.mark.parametrize("argv, command, bundle, cid", [
@@ -72,7 +72,7 @@ def test_parse_args_never_raises(argv):
 def sh_view(config_path: str, path_env: str) -> str:
     """What the sh front decides: it prints the runtime it would exec (through a fake
     runtime that echoes) for a pass-through call."""
-    r = subprocess.run(["/bin/sh", SH_FRONT, "state", "x"], capture_output=True, text=True,
+    r = subprocess.run([FRONT, "state", "x"], capture_output=True, text=True,
                        env={"PATH": path_env, "GPUHOOK_CONFIG": config_path, "GPUHOOK_PYTHON": sys.executable})
     return r.stdout.strip() if r.returncode == 0 else f"error {r.returncode}"
 
@@ -127,7 +127,7 @@ def test_sh_front_and_tomllib_pick_the_same_runtime(text, tmp_path, fake_runtime
 def test_sh_front_missing_runtime_is_one_clear_line(tmp_path):
     path = tmp_path / "config.toml"
     path.write_text('runtime = "/nonexistent/runc"\n')
-    r = subprocess.run(["/bin/sh", SH_FRONT, "state", "x"], capture_output=True, text=True,
+    r = subprocess.run([FRONT, "state", "x"], capture_output=True, text=True,
                        env={"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(path)})
     assert r.returncode == 127
     assert r.stderr.count("\n") == 1 and "no real OCI runtime" in r.stderr
@@ -138,7 +138,7 @@ def test_python_missing_runtime_is_one_clear_line(tmp_path):
     path.write_text('runtime = "/nonexistent/runc"\n')
     r = subprocess.run([sys.executable, "-m", "gpuhook.runtime", "create", "--bundle", str(tmp_path), "x"],
                        capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(path),
-                                                             "PYTHONPATH": os.path.dirname(os.path.dirname(SH_FRONT))})
+                                                             "PYTHONPATH": os.path.dirname(os.path.dirname(FRONT))})
     assert r.returncode == 127
     assert "Traceback" not in r.stderr and "no real OCI runtime" in r.stderr
 
@@ -157,7 +157,7 @@ def test_relative_host_root_goes_to_python_which_refuses_it(tmp_path, fake_runti
     bundle = tmp_path / "bundle"
     bundle.mkdir()
     (bundle / "config.json").write_text("{}")
-    r = subprocess.run(["/bin/sh", SH_FRONT, "create", "--bundle", str(bundle), "x"], capture_output=True, text=True,
+    r = subprocess.run([FRONT, "create", "--bundle", str(bundle), "x"], capture_output=True, text=True,
                        env={"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(path), "GPUHOOK_PYTHON": sys.executable,
                             "GPUHOOK_CACHE_DIR": str(tmp_path / "cache")})
     assert r.returncode == 0 and r.stdout.strip() == "runc", r.stderr

@@ -1,0 +1,657 @@
+/*
+ * gpuhook-runtime: an OCI runtime with runc's command line (containerd's runc shim calls it
+ * through options.BinaryName, CRI-O through runtime_path, dockerd through `runtimes`).
+ *
+ * This small static front is the fast path. Every subcommand but create/run execs the real
+ * runtime at once, and so does create/run on a node with no sign of a GPU at all (after one
+ * log line). Python (gpuhook/runtime/__init__.py) starts only when there may be something to
+ * inject, for an exec into a container gpuhook injected (its exec record is there: one file
+ * check for the others), or when the node config has a line this front cannot read for sure
+ * (Python, with tomllib, decides everything then). A delete of an injected container runs the
+ * runtime, then removes the record.
+ *
+ * It replaced a POSIX sh front that did the same in ~1.5 ms more per call (dash's start, the
+ * script's parse, a fork to resolve its own directory).
+ *
+ * Each list and default here is Python's too, and tests/unit/test_front.py holds them equal
+ * (the arrays are parsed from this file): GLOBAL_VALUE_FLAGS, CREATE_VALUE_FLAGS and
+ * EXEC_VALUE_FLAGS (gpuhook.runtime), SIGNS (gpuhook.probe.SIGNS), the defaults
+ * (gpuhook.defaults), the exec record's key (gpuhook.runtime.execenv.record_path), the bundle's
+ * loader and interpreter (gpuhook.install.build) and the interpreter's start (STARTUP).
+ * Built static (gpuhook/hook/build.sh OUTPUT SOURCE): it runs on any node, whatever its libc.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+/* runc's and crun's global flags that take a value (Go's flag package: one dash or two) */
+static const char *const GLOBAL_VALUE_FLAGS[] = {"root", "log", "log-format", "criu", "rootless", "cgroup-manager", NULL};
+/* create/run flags that take a value */
+static const char *const CREATE_VALUE_FLAGS[] = {"bundle", "b", "console-socket", "pid-file", "preserve-fds",
+                                                 "pidfd-socket", NULL};
+/* exec flags that take a value */
+static const char *const EXEC_VALUE_FLAGS[] = {"console-socket", "pidfd-socket", "cwd", "env", "e", "user", "u",
+                                               "additional-gids", "g", "process", "p", "apparmor", "process-label",
+                                               "pid-file", "cap", "c", "preserve-fds", "cgroup", NULL};
+static const char *const NO_FLAGS[] = {NULL};
+/* where a GPU can show up, each once; a trailing "*" or "[0-9]*" matches names in that directory */
+static const char *const SIGNS[] = {"/dev/nvidiactl", "/dev/nvidia[0-9]*", "/proc/driver/nvidia/gpus/*", "/dev/kfd",
+                                    "/sys/class/kfd/kfd/topology/nodes", "/dev/dri/renderD*", "/sys/class/drm/renderD*",
+                                    "/dev/accel/accel*", "/sys/class/accel/accel*", "/dev/dxg", NULL};
+/* the node config keys this front reads */
+static const char *const KEYS[] = {"runtime", "host_root", "log_file", "fail_mode", NULL};
+
+#define CONFIG_FILE "/etc/gpuhook/config.toml"
+#define LOG_FILE "/var/log/gpuhook.log"
+#define CACHE_DIR "/run/gpuhook"
+#define RECORD_DIR "exec"
+#define LOADER "libexec/ld.so"
+#define INTERPRETER "libexec/python3"
+#define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+/* the interpreter's start: the site-packages dir is argv[1], the runtime's argv follows */
+#define STARTUP "import sys; sys.path.insert(0, sys.argv.pop(1)); from gpuhook.runtime import main; main()"
+#define MAX_CONFIG (1 << 20) /* what Python reads of it */
+/* the resident server (gpuhook/runtime/server.py): its socket in the cache dir, its wire */
+#define SOCKET_NAME "runtime.sock"
+#define SERVER_MAGIC "gpuhook-runtime 1"
+#define MAX_REPLY (1 << 20)
+#define SERVER_TIMEOUT_S 10 /* then Python starts here, as with no server */
+/* runc's container id characters (execenv.ID_CHARS); the log line's safe characters */
+#define ID_CHARS "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_+.-"
+#define LOG_SAFE_CHARS ID_CHARS ":/@=,"
+
+/* the node config: what the front read, and whether it read all of it for sure */
+struct config {
+    const char *path;
+    char *runtime, *host_root, *log_file, *fail_mode;
+    int slow; /* a line it cannot read for sure: Python decides */
+};
+
+/* what the command line says (gpuhook.runtime.parse_args, the same rules) */
+struct invocation {
+    const char *command, *root, *container_id;
+    char *bundle; /* create/run: absolute, the current directory when not given */
+};
+
+extern char **environ;
+
+static char *xstrdup(const char *s) {
+    char *p = strdup(s);
+    if (!p) _exit(127);
+    return p;
+}
+
+static char *join(const char *first, ...) {
+    va_list ap;
+    size_t n = 0;
+    va_start(ap, first);
+    for (const char *s = first; s; s = va_arg(ap, const char *)) n += strlen(s);
+    va_end(ap);
+    char *out = malloc(n + 1), *p = out;
+    if (!out) _exit(127);
+    va_start(ap, first);
+    for (const char *s = first; s; s = va_arg(ap, const char *)) p = stpcpy(p, s);
+    va_end(ap);
+    return out;
+}
+
+static int one_of(const char *word, const char *const *list) {
+    for (; *list; list++)
+        if (!strcmp(word, *list)) return 1;
+    return 0;
+}
+
+static int exists(const char *path) {
+    struct stat st;
+    return lstat(path, &st) == 0;
+}
+
+static int is_dir(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int is_executable(const char *path) { return access(path, X_OK) == 0 && !is_dir(path); }
+
+static char *cwd(void) {
+    char *p = getcwd(NULL, 0);
+    return p ? p : xstrdup("/");
+}
+
+/* read_config: the top-level `key = "value"` lines of the node config. Anything it cannot
+ * read for sure (a multi-line value, an escape, a quoted or dotted key, a key twice, a
+ * value Python would refuse, a file that is not a readable regular file) sets slow. */
+static void read_config(struct config *c) {
+    const char *env = getenv("GPUHOOK_CONFIG");
+    c->path = env && *env ? env : CONFIG_FILE;
+    int fd = open(c->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+        if (errno != ENOENT) c->slow = 1; /* there but not readable: Python says why */
+        return;
+    }
+    struct stat st;
+    char *text = NULL;
+    ssize_t len = 0;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > MAX_CONFIG ||
+        !(text = malloc((size_t)st.st_size + 1)) || (len = read(fd, text, (size_t)st.st_size + 1)) < 0 ||
+        len > st.st_size || memchr(text, 0, (size_t)len)) {
+        c->slow = 1;
+        close(fd);
+        free(text);
+        return;
+    }
+    close(fd);
+    text[len] = 0;
+    for (char *line = text, *next; line && !c->slow; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = 0;
+        line += strspn(line, " \t");
+        if (!*line || *line == '#') continue;
+        if (*line == '[') break; /* a table: its keys are not top-level ones */
+        char *eq = strchr(line, '=');
+        if (!eq) { /* not `key = value`: invalid, or inside a multi-line value */
+            c->slow = 1;
+            break;
+        }
+        char *key_end = eq;
+        while (key_end > line && (key_end[-1] == ' ' || key_end[-1] == '\t')) key_end--;
+        *key_end = 0;
+        char *val = eq + 1 + strspn(eq + 1, " \t");
+        if (!strncmp(val, "\"\"\"", 3) || !strncmp(val, "'''", 3)) { /* a multi-line string */
+            c->slow = 1;
+            break;
+        }
+        char **slot = NULL;
+        if (!strcmp(line, "runtime")) slot = &c->runtime;
+        else if (!strcmp(line, "host_root")) slot = &c->host_root;
+        else if (!strcmp(line, "log_file")) slot = &c->log_file;
+        else if (!strcmp(line, "fail_mode")) slot = &c->fail_mode;
+        else {
+            for (const char *const *k = KEYS; *k; k++)
+                if (strstr(line, *k)) c->slow = 1; /* "runtime", a.runtime: Python reads it */
+            continue;
+        }
+        char quote = *val;
+        char *end = quote == '"' || quote == '\'' ? strchr(val + 1, quote) : NULL;
+        if (!end || *slot) { /* not a plain string, or a key twice (TOML refuses it) */
+            c->slow = 1;
+            break;
+        }
+        *end = 0;
+        char *rest = end + 1 + strspn(end + 1, " \t");
+        if (*rest && *rest != '#') c->slow = 1;
+        for (const char *p = val + 1; *p; p++)
+            if (*p < ' ' || *p > '~' || (quote == '"' && *p == '\\')) c->slow = 1; /* Python decides */
+        *slot = val + 1;
+    }
+    if (c->host_root && c->host_root[0] != '/') c->slow = 1;
+    if (c->fail_mode && strcmp(c->fail_mode, "open") && strcmp(c->fail_mode, "closed")) c->slow = 1;
+    /* the values point into text, which lives as long as the process */
+}
+
+/* flag_name: a flag's name without its dashes, and its "=value" when it has one */
+static const char *flag_name(const char *arg, char *buf, size_t size, const char **value) {
+    while (*arg == '-') arg++;
+    const char *eq = strchr(arg, '=');
+    *value = eq ? eq + 1 : NULL;
+    size_t n = eq ? (size_t)(eq - arg) : strlen(arg);
+    if (n >= size) n = size - 1; /* no flag is that long: it matches none */
+    memcpy(buf, arg, n);
+    buf[n] = 0;
+    return buf;
+}
+
+static int is_flag(const char *arg) { return arg[0] == '-' && arg[1]; }
+
+/* parse_args: the subcommand and the global --root; create/run's bundle and container id,
+ * exec's and delete's container id. A flag's value is never taken for the subcommand. */
+static void parse_args(int argc, char **argv, struct invocation *inv) {
+    char name[64];
+    const char *value;
+    int i = 1;
+    while (i < argc) {
+        const char *arg = argv[i];
+        if (!strcmp(arg, "--")) {
+            i++;
+            break;
+        }
+        if (!is_flag(arg)) break;
+        flag_name(arg, name, sizeof name, &value);
+        if (one_of(name, GLOBAL_VALUE_FLAGS) && !value) value = ++i < argc ? argv[i] : NULL;
+        if (!strcmp(name, "root")) inv->root = value;
+        i++;
+    }
+    if (i >= argc) return;
+    inv->command = argv[i++];
+    int editing = !strcmp(inv->command, "create") || !strcmp(inv->command, "run");
+    int exec = !strcmp(inv->command, "exec");
+    const char *const *flags = editing                            ? CREATE_VALUE_FLAGS
+                               : exec                             ? EXEC_VALUE_FLAGS
+                               : !strcmp(inv->command, "delete") ? NO_FLAGS
+                                                                  : NULL;
+    if (!flags) return;
+    const char *bundle = NULL;
+    for (; i < argc; i++) {
+        const char *arg = argv[i];
+        if (!strcmp(arg, "--")) {
+            if (i + 1 < argc && !inv->container_id) inv->container_id = argv[i + 1];
+            break;
+        }
+        if (!is_flag(arg)) {
+            if (!inv->container_id) inv->container_id = arg;
+            if (exec) break; /* the process's own argv follows: never read as flags */
+            continue;
+        }
+        flag_name(arg, name, sizeof name, &value);
+        if (one_of(name, flags) && !value) value = ++i < argc ? argv[i] : NULL;
+        if (editing && (!strcmp(name, "bundle") || !strcmp(name, "b"))) bundle = value;
+    }
+    if (editing) {
+        if (!bundle || !*bundle) inv->bundle = cwd();
+        else if (bundle[0] != '/') inv->bundle = join(cwd(), "/", bundle, NULL);
+        else inv->bundle = xstrdup(bundle);
+    }
+}
+
+/* find_runtime: the real runtime, a path or a name on PATH (NULL: not found) */
+static char *find_runtime(const char *name) {
+    if (strchr(name, '/')) return is_executable(name) ? xstrdup(name) : NULL;
+    const char *path = getenv("PATH");
+    char *dirs = xstrdup(path && *path ? path : DEFAULT_PATH);
+    for (char *d = dirs, *next; d; d = next) {
+        next = strchr(d, ':');
+        if (next) *next++ = 0;
+        char *p = join(*d ? d : ".", "/", name, NULL);
+        if (is_executable(p)) return p;
+        free(p);
+    }
+    return NULL;
+}
+
+/* pwd: the current directory as Python's execenv._pwd names it ($PWD when it is this one) */
+static char *pwd(void) {
+    const char *p = getenv("PWD");
+    struct stat a, b;
+    if (p && p[0] == '/' && stat(p, &a) == 0 && stat(".", &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+        return xstrdup(p);
+    return cwd();
+}
+
+/* runtime_root: --root (relative to the current directory), or /run/<runtime's name> */
+static char *runtime_root(const char *root, const char *rt) {
+    if (!root || !*root) {
+        const char *base = strrchr(rt, '/');
+        return join("/run/", base ? base + 1 : rt, NULL);
+    }
+    return root[0] == '/' ? xstrdup(root) : join(pwd(), "/", root, NULL);
+}
+
+/* is_clean_abspath: absolute, no "", "." or ".." component (so no "//", no trailing "/"), not "/" */
+static int is_clean_abspath(const char *p) {
+    if (p[0] != '/' || !p[1]) return 0;
+    for (const char *c = p + 1;;) {
+        size_t n = strcspn(c, "/");
+        if (n == 0 || (n == 1 && c[0] == '.') || (n == 2 && c[0] == '.' && c[1] == '.')) return 0;
+        if (!c[n]) return 1;
+        c += n + 1;
+    }
+}
+
+static const char *cache_dir(void) {
+    const char *env = getenv("GPUHOOK_CACHE_DIR");
+    return env && *env ? env : CACHE_DIR;
+}
+
+/* record_path: the exec record of the container (execenv.record_path: the env gpuhook added
+ * at create), <cache dir>/exec/<runtime root, "/" as "%2F">/<id>; NULL when the key is not
+ * a clean one */
+static char *record_path(const char *rroot, const char *id) {
+    if (!is_clean_abspath(rroot) || strchr(rroot, '%')) return NULL;
+    if (!id || !*id || !strcmp(id, ".") || !strcmp(id, "..") || id[strspn(id, ID_CHARS)]) return NULL;
+    const char *dir = cache_dir();
+    char *key = malloc(strlen(rroot) * 3 + 1), *k = key;
+    if (!key) _exit(127);
+    for (const char *r = rroot; *r; r++) k = *r == '/' ? stpcpy(k, "%2F") : (*k++ = *r, k);
+    *k = 0;
+    size_t n = strlen(dir);
+    return join(dir, n && dir[n - 1] == '/' ? "" : "/", RECORD_DIR "/", key, "/", id, NULL);
+}
+
+/* gpu_present: is there any sign of a GPU under the host root (gpuhook.probe.SIGNS)? */
+static int gpu_present(const char *host_root) {
+    size_t n = strlen(host_root);
+    char *root = xstrdup(host_root);
+    while (n && root[n - 1] == '/') root[--n] = 0;
+    for (const char *const *s = SIGNS; *s; s++) {
+        const char *sign = *s;
+        size_t len = strlen(sign);
+        if (sign[len - 1] != '*') {
+            char *p = join(root, sign, NULL);
+            int there = exists(p);
+            free(p);
+            if (there) return 1;
+            continue;
+        }
+        const char *slash = strrchr(sign, '/');
+        char *parent = join(root, "", NULL);
+        parent = realloc(parent, n + (size_t)(slash - sign) + 1);
+        if (!parent) _exit(127);
+        memcpy(parent + n, sign, (size_t)(slash - sign));
+        parent[n + (size_t)(slash - sign)] = 0;
+        int digit = len > 6 && !strcmp(sign + len - 6, "[0-9]*");
+        size_t plen = len - (size_t)(slash + 1 - sign) - (digit ? 6 : 1);
+        DIR *d = opendir(parent);
+        free(parent);
+        if (!d) continue;
+        for (struct dirent *e; (e = readdir(d));) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            if (!strncmp(e->d_name, slash + 1, plen) && (!digit || (e->d_name[plen] >= '0' && e->d_name[plen] <= '9'))) {
+                closedir(d);
+                return 1;
+            }
+        }
+        closedir(d);
+    }
+    return 0;
+}
+
+/* log_no_gpu: the create's log line (decision no-gpu), one write with O_APPEND as Python's
+ * runtime.append_line; never through a link, never blocking on a FIFO; a new file is 0640. */
+static void log_no_gpu(const struct config *c, const struct invocation *inv) {
+    const char *file = c->log_file ? c->log_file : LOG_FILE;
+    if (!*file) return;
+    const char *id = inv->container_id ? inv->container_id : "", *bundle = inv->bundle;
+    if (id[strspn(id, LOG_SAFE_CHARS)] || bundle[strspn(bundle, LOG_SAFE_CHARS)]) id = bundle = "?";
+    struct timespec now;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &now);
+    gmtime_r(&now.tv_sec, &tm);
+    char *line;
+    int n = asprintf(&line,
+                     "{\"time\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"event\":\"create\",\"container_id\":\"%s\","
+                     "\"bundle\":\"%s\",\"decision\":\"no-gpu\",\"vendors\":[],\"nodes\":[],\"mounts\":[],\"hooks\":0}\n",
+                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                     now.tv_nsec / 1000000, id, bundle);
+    if (n < 0) return;
+    int fd = open(file, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0640);
+    if (fd >= 0) {
+        if (write(fd, line, (size_t)n) < 0) { /* a full disk: the container starts all the same */
+        }
+        close(fd);
+    }
+    free(line);
+}
+
+static void exec_runtime(const char *rt, char **argv) {
+    argv[0] = (char *)rt;
+    execv(rt, argv);
+    fprintf(stderr, "gpuhook-runtime: cannot run the real OCI runtime %s: %s\n", rt, strerror(errno));
+    _exit(127);
+}
+
+/* here: the directory this binary is in, every link resolved (/opt/gpuhook/bin is a link
+ * into the version now installed, and every path below must be in that one version,
+ * whatever an upgrade switches meanwhile: gpuhook/install/files.py, VERSIONS) */
+static char *here(const char *argv0) {
+    char *exe = realpath("/proc/self/exe", NULL);
+    if (!exe) exe = realpath(argv0, NULL);
+    if (!exe) return xstrdup(".");
+    char *slash = strrchr(exe, '/');
+    if (slash == exe) slash[1] = 0;
+    else *slash = 0;
+    return exe;
+}
+
+static int by_name(const struct dirent **a, const struct dirent **b) { return strcmp((*a)->d_name, (*b)->d_name); }
+static int python_dir(const struct dirent *e) { return !strncmp(e->d_name, "python3", 7); }
+
+/* site_packages: <here>/../lib/python3.../<kind> holding gpuhook, the first in name order */
+static char *site_packages(const char *dir, const char *kind) {
+    char *lib = join(dir, "/../lib", NULL);
+    struct dirent **names;
+    int n = scandir(lib, &names, python_dir, by_name);
+    char *found = NULL;
+    for (int i = 0; i < n; i++) {
+        char *sp = join(lib, "/", names[i]->d_name, "/", kind, NULL);
+        char *pkg = join(sp, "/gpuhook", NULL);
+        if (!found && is_dir(pkg)) found = sp;
+        else free(sp);
+        free(pkg);
+        free(names[i]);
+    }
+    if (n >= 0) free(names);
+    free(lib);
+    return found;
+}
+
+/* a growing buffer of NUL-terminated fields (the server's wire) */
+struct fields {
+    char *data;
+    size_t len, cap;
+};
+
+static void add_field(struct fields *f, const char *s) {
+    size_t n = strlen(s) + 1;
+    if (f->len + n > f->cap) {
+        f->cap = (f->len + n) * 2;
+        if (!(f->data = realloc(f->data, f->cap))) _exit(127);
+    }
+    memcpy(f->data + f->len, s, n);
+    f->len += n;
+}
+
+static void add_number(struct fields *f, long n) {
+    char buf[24];
+    snprintf(buf, sizeof buf, "%ld", n);
+    add_field(f, buf);
+}
+
+/* ask_server: a create, run or exec through the node's resident server (server.py): it runs
+ * what Python would, then this process execs the argv it answers (or exits as it says).
+ * Returns when there is no answer to act on (no server, another version, a timeout, any
+ * doubt): the caller starts Python, as on a node without a server. */
+static void ask_server(int argc, char **argv, const char *dir) {
+    const char *cache = cache_dir();
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    size_t n = strlen(cache);
+    if (n + sizeof("/" SOCKET_NAME) > sizeof addr.sun_path) return;
+    memcpy(addr.sun_path, cache, n);
+    memcpy(addr.sun_path + n, "/" SOCKET_NAME, sizeof("/" SOCKET_NAME));
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return;
+    struct timeval tv = {.tv_sec = SERVER_TIMEOUT_S};
+    struct ucred cred;
+    socklen_t len = sizeof cred;
+    if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) || setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) ||
+        connect(fd, (struct sockaddr *)&addr, sizeof addr) || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) ||
+        (cred.uid != 0 && cred.uid != geteuid())) {
+        close(fd);
+        return;
+    }
+    struct fields req = {0};
+    add_field(&req, SERVER_MAGIC);
+    add_field(&req, dir);
+    char *here_cwd = cwd();
+    add_field(&req, here_cwd);
+    long n_env = 0;
+    for (char **e = environ; *e; e++) n_env++;
+    add_number(&req, n_env);
+    for (char **e = environ; *e; e++) add_field(&req, *e);
+    add_number(&req, argc - 1);
+    for (int i = 1; i < argc; i++) add_field(&req, argv[i]);
+    for (size_t off = 0; off < req.len;) {
+        ssize_t w = write(fd, req.data + off, req.len - off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            close(fd);
+            return;
+        }
+        off += (size_t)w;
+    }
+    shutdown(fd, SHUT_WR);
+    char *reply = malloc(MAX_REPLY + 1);
+    size_t got = 0;
+    if (!reply) _exit(127);
+    for (;;) {
+        ssize_t r = read(fd, reply + got, MAX_REPLY - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 || (r > 0 && got + (size_t)r >= MAX_REPLY)) { /* a timeout, or too big to trust */
+            close(fd);
+            return;
+        }
+        if (r == 0) break;
+        got += (size_t)r;
+    }
+    close(fd);
+    if (!got || reply[got - 1]) return; /* not whole */
+    reply[got] = 0;
+    char *fields[4096];
+    int k = 0;
+    for (char *p = reply; p < reply + got && k < 4096; p += strlen(p) + 1) fields[k++] = p;
+    if (k >= 2 && !strcmp(fields[0], "exec") && k >= 3 && k < 4096) {
+        if (*fields[1]) fputs(fields[1], stderr);
+        char **args = fields + 2;
+        fields[k] = NULL;
+        execv(args[0], args);
+        fprintf(stderr, "gpuhook-runtime: cannot run the real OCI runtime %s: %s\n", args[0], strerror(errno));
+        _exit(127);
+    }
+    if (k == 3 && !strcmp(fields[0], "exit")) {
+        if (*fields[2]) fputs(fields[2], stderr);
+        fflush(stderr);
+        _exit(atoi(fields[1]));
+    }
+}
+
+/* exec_python: Python edits config.json, then execs the runtime itself. -I: no environment,
+ * no user site, and not the current directory (the bundle) on sys.path. In the host bundle
+ * (install/build.py) its own loader runs its interpreter. Returns only when no exec worked. */
+static void exec_python(int argc, char **argv) {
+    char *dir = here(argv[0]);
+    char **args = calloc((size_t)argc + 10, sizeof *args);
+    if (!args) _exit(127);
+    const char *py_env = getenv("GPUHOOK_PYTHON");
+    char *sp;
+    if (!(py_env && *py_env)) {
+        char *loader = join(dir, "/../" LOADER, NULL), *interpreter = join(dir, "/../" INTERPRETER, NULL);
+        if (is_executable(loader) && is_executable(interpreter) && (sp = site_packages(dir, "site-packages"))) {
+            const char *head[] = {loader, "--library-path", join(dir, "/../lib", NULL), interpreter, "-I", "-S", "-c",
+                                  STARTUP, sp};
+            int k = 0;
+            for (size_t j = 0; j < sizeof head / sizeof *head; j++) args[k++] = (char *)head[j];
+            for (int j = 1; j < argc; j++) args[k++] = argv[j];
+            execv(loader, args);
+        }
+    }
+    char *py = NULL;
+    if (py_env && *py_env) py = xstrdup(py_env);
+    const char *near[] = {"/python3", "/python", NULL};
+    for (int j = 0; !py && near[j]; j++) {
+        char *p = join(dir, near[j], NULL);
+        if (is_executable(p)) py = p;
+        else free(p);
+    }
+    const char *system[] = {"/usr/local/bin/python3", "/usr/bin/python3", NULL};
+    for (int j = 0; !py && system[j]; j++)
+        if (is_executable(system[j])) py = xstrdup(system[j]);
+    if (!py) {
+        fprintf(stderr, "gpuhook-runtime: no Python to inject GPUs with (set GPUHOOK_PYTHON)\n");
+        return;
+    }
+    int k = 0;
+    args[k++] = py;
+    args[k++] = "-I";
+    if ((sp = site_packages(dir, "site-packages")) || (sp = site_packages(dir, "dist-packages"))) {
+        args[k++] = "-S";
+        args[k++] = "-c";
+        args[k++] = STARTUP;
+        args[k++] = sp;
+    } else {
+        args[k++] = "-m";
+        args[k++] = "gpuhook.runtime";
+    }
+    for (int j = 1; j < argc; j++) args[k++] = argv[j];
+    execv(py, args);
+    fprintf(stderr, "gpuhook-runtime: cannot run Python (%s): %s\n", py, strerror(errno));
+}
+
+int main(int argc, char **argv) {
+    struct config c = {0};
+    struct invocation inv = {0};
+    read_config(&c);
+    parse_args(argc, argv, &inv);
+    if (!c.slow) {
+        char *rt = c.runtime ? find_runtime(c.runtime) : NULL;
+        if (!c.runtime && !(rt = find_runtime("runc"))) rt = find_runtime("crun");
+        const char *base = rt ? strrchr(rt, '/') : NULL;
+        if (!rt || !strcmp(base ? base + 1 : rt, "gpuhook-runtime")) {
+            fprintf(stderr, "gpuhook-runtime: no real OCI runtime: %s not found (set `runtime` in %s)\n",
+                    c.runtime ? c.runtime : "runc or crun", c.path);
+            return 127;
+        }
+        const char *cmd = inv.command ? inv.command : "";
+        if (!strcmp(cmd, "create") || !strcmp(cmd, "run")) {
+            if (!gpu_present(c.host_root ? c.host_root : "/")) {
+                /* No GPU at all: config.json stays as it is. An exec record of an earlier
+                 * container of this id (not of a running one) goes; one log line; the runtime. */
+                char *rroot = runtime_root(inv.root, rt), *rec = record_path(rroot, inv.container_id);
+                if (rec && exists(rec)) {
+                    char *state = join(rroot, "/", inv.container_id, NULL);
+                    if (!exists(state)) unlink(rec);
+                }
+                log_no_gpu(&c, &inv);
+                exec_runtime(rt, argv);
+            }
+        } else if (!strcmp(cmd, "exec") || !strcmp(cmd, "delete")) {
+            /* exec: Python only when gpuhook injected this container (its record is there).
+             * delete: the record goes once the runtime has no state for the container. */
+            char *rroot = runtime_root(inv.root, rt), *rec = record_path(rroot, inv.container_id);
+            struct stat st;
+            if (!rec || stat(rec, &st) != 0 || (!strcmp(cmd, "exec") && !S_ISREG(st.st_mode))) exec_runtime(rt, argv);
+            if (!strcmp(cmd, "delete")) {
+                pid_t pid = fork();
+                if (pid == 0) exec_runtime(rt, argv);
+                int status = 0;
+                while (pid > 0 && waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+                }
+                if (pid < 0) exec_runtime(rt, argv);
+                char *state = join(rroot, "/", inv.container_id, NULL);
+                if (!exists(state)) unlink(rec);
+                return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+            }
+        } else {
+            exec_runtime(rt, argv);
+        }
+    }
+    /* There may be GPUs, an exec into a container gpuhook injected, or a config line this
+     * front could not read for sure: Python decides everything, the node's resident one when
+     * it runs (server.py), else a fresh one. */
+    const char *cmd = inv.command ? inv.command : "";
+    if (!strcmp(cmd, "create") || !strcmp(cmd, "run") || !strcmp(cmd, "exec")) {
+        char *dir = here(argv[0]);
+        ask_server(argc, argv, dir);
+        free(dir);
+    }
+    exec_python(argc, argv);
+    if (c.fail_mode && !strcmp(c.fail_mode, "closed")) return 1;
+    char *rt = find_runtime(c.runtime ? c.runtime : "runc");
+    if (!rt) {
+        fprintf(stderr, "gpuhook-runtime: no real OCI runtime: %s not found\n", c.runtime ? c.runtime : "runc");
+        return 127;
+    }
+    exec_runtime(rt, argv);
+    return 127;
+}

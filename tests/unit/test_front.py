@@ -1,0 +1,236 @@
+"""The runtime's front (gpuhook/runtime/gpuhook-runtime.c) and Python say each fact once, and agree.
+
+Its lists are compared with Python's (the global flags with runtime.GLOBAL_VALUE_FLAGS, the
+create/exec value flags, where a GPU can show up with probe.SIGNS, the exec record's key with
+execenv, the bundle's loader with install.build), its command-line parse with
+runtime.parse_args on generated argvs, and its GPU-present check with the probe on every fake
+host kind. Also: the no-GPU log line, never through a link, and a config it cannot read for
+sure (a key twice) left to Python."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import FRONT, REPO, is_root, log_records
+from gpuhook.testing import fakehost
+from gpuhook import config, probe, runtime
+from gpuhook.install import build
+from gpuhook.probe import cache
+from gpuhook.probe.host import Host
+from gpuhook.runtime import execenv
+
+SOURCE = os.path.join(REPO, "gpuhook", "runtime", "gpuhook-runtime.c")
+TEXT = open(SOURCE).read()
+
+
+def strings(name: str) -> list[str]:
+    """The strings of the front's array NAME."""
+    m = re.search(rf"static const char \*const {name}\[\] = \{{(.*?)\}};", TEXT, re.S)
+    assert m, f"the front has no array {name}"
+    assert m.group(1).rstrip().endswith("NULL")
+    return re.findall(r'"([^"]*)"', m.group(1))
+
+
+def define(name: str) -> str:
+    m = re.search(rf'^#define {name} ((?:"[^"\n]*"\s*|[A-Z_]+\s*)+)', TEXT, re.M)
+    assert m, f"the front defines no {name}"
+    parts = re.findall(r'"([^"]*)"|([A-Z_]+)', m.group(1))
+    return "".join(lit if lit else define(ref) for lit, ref in parts)
+
+
+def test_the_front_is_built_from_its_source():
+    assert os.access(FRONT, os.X_OK), "make builds it (gpuhook/hook/build.sh)"
+    with open(FRONT, "rb") as f:
+        assert f.read(4) == b"\x7fELF"
+
+
+def test_global_value_flags_are_runtimes():
+    flags = strings("GLOBAL_VALUE_FLAGS")
+    assert len(flags) == len(set(flags)) and set(flags) == set(runtime.GLOBAL_VALUE_FLAGS)
+
+
+def test_create_and_exec_value_flags_are_runtimes():
+    assert set(strings("CREATE_VALUE_FLAGS")) == set(runtime.CREATE_VALUE_FLAGS)
+    assert set(strings("EXEC_VALUE_FLAGS")) == set(runtime.EXEC_VALUE_FLAGS)
+    assert strings("NO_FLAGS") == [] and runtime.VALUE_FLAGS["delete"] == frozenset()
+
+
+def test_gpu_signs_are_the_probes():
+    signs = strings("SIGNS")
+    assert len(signs) == len(set(signs))
+    assert set(signs) == {s for ss in probe.SIGNS.values() for s in ss}
+    # the probe cache watches the directory of each: a GPU appearing invalidates it
+    assert probe.sign_dirs() <= set(cache.WATCHED)
+
+
+def test_the_exec_record_key_is_execenvs():
+    assert set(define("ID_CHARS")) == set(execenv.ID_CHARS)
+    assert define("RECORD_DIR") == execenv.RECORD_DIR
+
+
+def test_the_keys_it_reads_are_configs():
+    assert set(strings("KEYS")) <= set(config.Config._fields)
+
+
+def test_bundle_loader_is_builds():
+    assert define("LOADER") == build.LOADER and define("INTERPRETER") == build.INTERPRETER
+    assert build.LOADER in build.PYTHON_SH and build.INTERPRETER in build.PYTHON_SH
+
+
+def fake_python(tmp_path) -> str:
+    """A stand-in interpreter that records that the front started Python, and its argv."""
+    p = tmp_path / "fake-python"
+    p.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$GPUHOOK_TEST_MARK"\n')
+    p.chmod(0o755)
+    return str(p)
+
+
+def front(tmp_path, host_root: str, *args: str, python: str | None = None,
+          log_file: str | None = None, path: str = "/usr/bin:/bin") -> tuple[subprocess.CompletedProcess, str]:
+    cfg = tmp_path / "config.toml"
+    log = log_file if log_file is not None else str(tmp_path / "gpuhook.log")
+    cfg.write_text(f'runtime = "/bin/true"\nhost_root = "{host_root}"\nlog_file = "{log}"\n')
+    mark = str(tmp_path / "python-ran")
+    if os.path.exists(mark):
+        os.unlink(mark)
+    env = {"PATH": path, "GPUHOOK_CONFIG": str(cfg), "GPUHOOK_CACHE_DIR": str(tmp_path / "cache"),
+           "GPUHOOK_TEST_MARK": mark, "GPUHOOK_PYTHON": python or fake_python(tmp_path)}
+    r = subprocess.run([FRONT, *args], env=env, capture_output=True, text=True, timeout=20)
+    return r, mark
+
+
+@pytest.mark.parametrize("scenario", sorted(fakehost.SCENARIOS))
+def test_the_front_and_probe_agree_on_every_host_kind(scenario, tmp_path):
+    """Python starts exactly on the hosts where the probe finds a GPU: never skipped where it
+    would inject, never started where there is nothing."""
+    root = str(tmp_path / "host")
+    fakehost.build(root, scenario, mknod=is_root())
+    found = bool(probe.probe(root).vendors)
+    assert bool(probe.present(Host(root))) == found
+    r, mark = front(tmp_path, root, "create", "--bundle", str(tmp_path), "c1")
+    assert r.returncode == 0, r.stderr
+    assert os.path.exists(mark) == found, (scenario, found)
+    if not found:
+        assert [rec["decision"] for rec in log_records(str(tmp_path / "gpuhook.log"))] == ["no-gpu"]
+
+
+def test_the_no_gpu_line(tmp_path):
+    """A CPU-only node's create: one line, as Python's log has it, in a new 0640 file."""
+    root = str(tmp_path / "cpu")
+    fakehost.build(root, "cpu", mknod=False)
+    r, mark = front(tmp_path, root, "--root", str(tmp_path / "st"), "create", "-b", str(tmp_path), "c2")
+    assert r.returncode == 0, r.stderr
+    assert not os.path.exists(mark)
+    (rec,) = log_records(str(tmp_path / "gpuhook.log"))
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", rec.pop("time"))
+    assert rec == {"event": "create", "container_id": "c2", "bundle": str(tmp_path), "decision": "no-gpu",
+                   "vendors": [], "nodes": [], "mounts": [], "hooks": 0}
+    assert oct((tmp_path / "gpuhook.log").stat().st_mode & 0o777) == oct(0o640)  # as Python creates it
+    # a name the line cannot hold as it is: "?" for both
+    r, _ = front(tmp_path, root, "create", "--bundle", str(tmp_path), 'c"3')
+    assert log_records(str(tmp_path / "gpuhook.log"))[-1]["container_id"] == "?"
+
+
+def test_a_key_twice_is_left_to_python(tmp_path):
+    """TOML refuses a key twice: the front cannot say which one counts, so Python decides
+    (and logs why), even on a CPU-only node."""
+    root = str(tmp_path / "cpu")
+    fakehost.build(root, "cpu", mknod=False)
+    r, mark = front(tmp_path, root, "create", "--bundle", str(tmp_path), "c5")
+    assert not os.path.exists(mark)
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(cfg.read_text() + 'runtime = "/bin/false"\n')
+    env = {"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(cfg), "GPUHOOK_TEST_MARK": mark,
+           "GPUHOOK_PYTHON": fake_python(tmp_path)}
+    subprocess.run([FRONT, "create", "--bundle", str(tmp_path), "c5"], env=env, capture_output=True, timeout=20)
+    assert os.path.exists(mark)
+
+
+# argvs from the words a runtime's caller uses: global and subcommand flags, values, ids
+WORDS = st.sampled_from(["--root", "-root", "--root=/run/r", "--log", "--log=/l", "--debug", "--systemd-cgroup",
+                         "--", "-", "create", "run", "exec", "delete", "state", "--bundle", "-b", "--bundle=/b2",
+                         "-b=rel", "--pid-file", "--console-socket", "--no-pivot", "-d", "--process", "/p", "rel/b",
+                         "/bundle", "id1", "id2", "x", "--cwd", "-e", "ctr_1"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(WORDS, max_size=8))
+def test_the_front_parses_as_python_does(tmp_path_factory, argv):
+    """The container id and the bundle the front's no-GPU line names are parse_args's, on
+    any argv of a runtime's words (create and run; the other subcommands run the runtime)."""
+    tmp = tmp_path_factory.mktemp("argv")
+    root = tmp / "cpu"
+    root.mkdir()
+    log = tmp / "gpuhook.log"
+    cfg = tmp / "config.toml"
+    cfg.write_text(f'runtime = "/bin/true"\nhost_root = "{root}"\nlog_file = "{log}"\n')
+    r = subprocess.run([FRONT, *argv], env={"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(cfg),
+                                             "GPUHOOK_CACHE_DIR": str(tmp / "cache")},
+                       cwd=tmp, capture_output=True, timeout=20)
+    assert r.returncode == 0, r.stderr
+    here = os.getcwd()
+    os.chdir(tmp)  # a relative bundle is the caller's current directory's
+    try:
+        inv = runtime.parse_args(list(argv))
+    finally:
+        os.chdir(here)
+    recs = log_records(str(log))
+    if inv.command not in runtime.EDITING_COMMANDS:
+        assert recs == []
+        return
+    (rec,) = recs
+    assert (rec["container_id"], rec["bundle"]) == (inv.container_id or "", inv.bundle)
+
+
+def test_no_gpu_log_never_follows_a_link(tmp_path):
+    root = str(tmp_path / "cpu")
+    fakehost.build(root, "cpu", mknod=False)
+    target = tmp_path / "elsewhere"
+    target.write_text("")
+    link = tmp_path / "gpuhook.log"
+    link.symlink_to(target)
+    r, _ = front(tmp_path, root, "create", "--bundle", str(tmp_path), "c3", log_file=str(link))
+    assert r.returncode == 0, r.stderr
+    assert target.read_text() == "" and link.is_symlink()
+    # Python's append_line refuses it the same way
+    runtime.append_line(str(link), "x")
+    assert target.read_text() == ""
+
+
+def test_the_bundle_front_runs_its_loader_directly(tmp_path):
+    """In the host bundle layout the front execs libexec/ld.so with the interpreter: no
+    bin/python3 sh script in between."""
+    b = tmp_path / "bundle"
+    (b / "bin").mkdir(parents=True)
+    shutil.copy(FRONT, b / "bin" / "gpuhook-runtime")
+    site = b / "lib" / "python3.11" / "site-packages" / "gpuhook"
+    site.mkdir(parents=True)
+    mark = tmp_path / "loader-argv"
+    for rel in (build.LOADER, build.INTERPRETER):
+        (b / rel).parent.mkdir(parents=True, exist_ok=True)
+    (b / build.LOADER).write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {mark}\n')
+    (b / build.LOADER).chmod(0o755)
+    (b / build.INTERPRETER).write_text("#!/bin/sh\nexit 99\n")
+    (b / build.INTERPRETER).chmod(0o755)
+    (b / "bin" / "python3").write_text("#!/bin/sh\nexit 98\n")  # must not be the one run
+    (b / "bin" / "python3").chmod(0o755)
+    root = str(tmp_path / "gpu")
+    fakehost.build(root, "nvidia", mknod=False)
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'runtime = "/bin/true"\nhost_root = "{root}"\nlog_file = ""\n')
+    r = subprocess.run([str(b / "bin" / "gpuhook-runtime"), "create", "--bundle", str(tmp_path), "c4"],
+                       env={"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(cfg)}, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    argv = mark.read_text().splitlines()
+    here = str(b / "bin")
+    assert argv[:5] == ["--library-path", f"{here}/../lib", f"{here}/../{build.INTERPRETER}", "-I", "-S"]
+    assert argv[5] == "-c" and "gpuhook.runtime" in argv[6]
+    assert argv[7:] == [f"{here}/../lib/python3.11/site-packages", "create", "--bundle", str(tmp_path), "c4"]
