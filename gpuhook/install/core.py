@@ -182,6 +182,7 @@ def install(opts: Options, say: Say) -> None:
             state["node_config"] = {"path": NODE_CONFIG, "written": sha256(NODE_CONFIG_TEXT.encode())}
         say(f"node config: {NODE_CONFIG} {would}written (all defaults)")
     devlinks.install_step(root, opts.dry_run, say)  # /dev/char links of the GPU nodes: left on uninstall
+    _install_server_units(root, opts, say)
 
     if runtime == "containerd":
         changed = _install_containerd(root, state, opts.dry_run, say, read)
@@ -199,6 +200,68 @@ def install(opts: Options, say: Say) -> None:
         files.save_state(root, state)  # before the restart: a failed one is retried next time
     if _restart(opts, runtime, root, config_file, state, say):
         files.save_state(root, state)
+
+
+def _install_server_units(root: str, opts: Options, say: Say) -> None:
+    """The runtime server's units (units.py) on a node with systemd; with --restart systemd
+    its socket enabled and started. Optional: a failure here is a line, not a failed install."""
+    from . import units
+
+    unit_dir = host(root, units.UNIT_DIR)
+    if not os.path.isdir(unit_dir):
+        say(
+            f"runtime server: no {units.UNIT_DIR} on this node: not installed (gpuhook-runtime starts Python per create)"
+        )
+        return
+    changed = [
+        name
+        for name, text in units.TEXTS.items()
+        if not os.path.isfile(os.path.join(unit_dir, name))
+        or open(os.path.join(unit_dir, name), "rb").read() != text.encode()
+    ]
+    if changed and not opts.dry_run:
+        for name in changed:
+            files.write(os.path.join(unit_dir, name), units.TEXTS[name].encode(), 0o644, f"{units.UNIT_DIR}/{name}")
+    names = " and ".join(units.TEXTS)
+    say(
+        f"runtime server: {units.UNIT_DIR}/{{{names}}} "
+        + (f"{'would be ' if opts.dry_run else ''}written" if changed else "up to date")
+    )
+    enable = ["enable", "--now", units.SOCKET_UNIT]
+    if opts.restart != "systemd" or opts.dry_run:
+        say(
+            f"runtime server: not started (--restart {opts.restart}): systemctl daemon-reload && systemctl {' '.join(enable)}"
+        )
+        return
+    try:
+        for args in (["daemon-reload"], enable):
+            restart.systemctl(args, root, opts.restart_timeout)
+        say(f"runtime server: {units.SOCKET_UNIT} enabled and listening (systemctl {' '.join(enable)})")
+    except InstallError as e:
+        say(f"runtime server: not started ({e}); gpuhook-runtime starts Python per create")
+
+
+def _uninstall_server_units(root: str, opts: Options, say: Say) -> None:
+    from . import units
+
+    unit_dir = host(root, units.UNIT_DIR)
+    ours = [
+        n
+        for n in units.TEXTS
+        if os.path.isfile(os.path.join(unit_dir, n))
+        and units.MARK.encode() in open(os.path.join(unit_dir, n), "rb").read()
+    ]
+    if not ours:
+        return
+    if opts.restart == "systemd" and not opts.dry_run:
+        try:
+            restart.systemctl(["disable", "--now", *units.TEXTS], root, opts.restart_timeout)
+        except InstallError as e:
+            say(f"runtime server: {e}")
+    for n in ours:
+        if not opts.dry_run:
+            files.remove(os.path.join(unit_dir, n))
+        say(f"runtime server: {units.UNIT_DIR}/{n} {'would be ' if opts.dry_run else ''}removed")
 
 
 def _install_bundle(root: str, src: str, state: dict, dry_run: bool, say: Say) -> None:
@@ -424,6 +487,8 @@ def uninstall(opts: Options, say: Say) -> None:
             if not opts.dry_run:
                 files.remove(path)
             say(f"agent file: {h.node_path(path)} {'would be ' if opts.dry_run else ''}removed")
+
+    _uninstall_server_units(root, opts, say)
 
     if opts.dry_run:
         say(_dry_restart(opts, runtime, bool(changed or state.get("restart_pending"))))

@@ -235,7 +235,18 @@ CLONE_NEWNS = 0x00020000
 
 
 def _systemctl(runtime: str, host_root: str, timeout: float) -> str:
-    cmd = ["systemctl", SYSTEMCTL[runtime], UNITS[runtime]]
+    enter = systemctl([SYSTEMCTL[runtime], UNITS[runtime]], host_root, timeout)
+    how = "" if SYSTEMCTL[runtime] == "restart" else f" {SYSTEMCTL[runtime]}"
+    return (
+        f"restart: {UNITS[runtime]} {'restarted' if not how else 'reloaded'} "
+        f"(systemctl{how}{' in the host mount namespace' if enter else ''})"
+    )
+
+
+def systemctl(args: list[str], host_root: str, timeout: float) -> bool:
+    """The host's `systemctl ARGS` (in PID 1's mount namespace when the host root is not /);
+    InstallError with its last line when it fails. True when it ran in the host's namespace."""
+    cmd = ["systemctl", *args]
     fd, enter = None, None
     if os.path.realpath(host_root) != "/":
         if not host_pid_namespace(host_root):
@@ -264,8 +275,4 @@ def _systemctl(runtime: str, host_root: str, timeout: float) -> str:
     if done.returncode != 0:
         why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
         raise InstallError(f"--restart systemd: `{' '.join(cmd)}` failed: {why}")
-    how = "" if SYSTEMCTL[runtime] == "restart" else f" {SYSTEMCTL[runtime]}"
-    return (
-        f"restart: {UNITS[runtime]} {'restarted' if not how else 'reloaded'} "
-        f"(systemctl{how}{' in the host mount namespace' if enter else ''})"
-    )
+    return enter is not None

@@ -3,7 +3,9 @@
 CDI mode, in one run, on the same fake hosts (root; runc, busybox-static, gcc).
 
 gpuhook is measured as installed on nodes: the host bundle gpuhook/install/build.py builds
-(its own interpreter, run by its own loader from the sh front). The peer: `--peer-dir DIR`
+(its C front, its own interpreter run by its own loader), with the node's resident runtime
+server running (`gpuhook runtime-server`, systemd/gpuhook-runtime.socket); the "no server"
+rows show the same creates with no server (the front starts the bundle's Python). The peer: `--peer-dir DIR`
 (or PEER_DIR) holding its bin.tar.xz or bin/ (../shared/peer/nvidia-container-toolkit/
 README.md), configured in CDI mode with the spec its own generator writes for each fake
 host (`nvidia-ctk cdi generate --mode=nvml`, over the NVML stub nvml-stub.c built into the
@@ -79,7 +81,8 @@ BUDGETS = {
     "16 at once": (1.35, "ratio"),
     "wrapper peak RSS MiB": (10.0, "value"),
 }
-CASES = ("pass-through", "cpu create", "cpu lifecycle", "8-GPU alone", "8-GPU lifecycle", "16-GPU lifecycle",
+CASES = ("pass-through", "cpu create", "cpu lifecycle", "8-GPU alone", "8-GPU alone, no server", "8-GPU lifecycle",
+         "8-GPU lifecycle, no server", "16-GPU lifecycle",
          "ld3000 lifecycle", "cold probe", "MI300X lifecycle", "exec plain", "exec injected", "16 at once")
 
 
@@ -204,9 +207,13 @@ def main() -> int:
         print("bench: could not mount a tmpfs; measuring on", tmp, file=sys.stderr)
     state = os.path.join(tmp, "state")
     started_ids: list[str] = []
+    servers: list[subprocess.Popen] = []
     try:
-        return bench(args, want, tmp, state, runc, started_ids)
+        return bench(args, want, tmp, state, runc, started_ids, servers)
     finally:
+        for srv in servers:
+            srv.terminate()
+            srv.wait(timeout=10)
         for cid in started_ids:
             subprocess.run([runc, "--root", state, "delete", "--force", cid], capture_output=True)
         if mounted:
@@ -214,7 +221,8 @@ def main() -> int:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def bench(args, want: set[str], tmp: str, state: str, runc: str, started_ids: list[str]) -> int:
+def bench(args, want: set[str], tmp: str, state: str, runc: str, started_ids: list[str],
+          servers: list[subprocess.Popen]) -> int:
     t_setup = time.monotonic()
     from gpuhook.install import build
 
@@ -256,6 +264,20 @@ def bench(args, want: set[str], tmp: str, state: str, runc: str, started_ids: li
             if ttl is not None:
                 f.write(f"probe_cache_ttl = {ttl}\n")
         return path
+
+    # the node's resident runtime server (gpuhook runtime-server; systemd/gpuhook-runtime.socket),
+    # as installed nodes run it; the "no server" rows use a cache dir with no socket in it
+    server_log = open(os.path.join(tmp, "runtime-server.log"), "w")
+    srv = subprocess.Popen([os.path.join(opt, "bin", "gpuhook"), "runtime-server"], env=env, stdin=subprocess.DEVNULL,
+                           stdout=server_log, stderr=server_log)
+    servers.append(srv)
+    for _ in range(500):
+        if os.path.exists(os.path.join(cache, "runtime.sock")) or srv.poll() is not None:
+            break
+        time.sleep(0.01)
+    if srv.poll() is not None:
+        raise SystemExit("bench: the runtime server did not start: " + open(server_log.name).read()[-300:])
+    no_server = dict(env, GPUHOOK_CACHE_DIR=cache + "-no-server")
 
     gh = {name: gh_config(name, root) for name, root in roots.items()}
     gh_alone = gh_config("gpu8-alone", roots["gpu8"], "/bin/true")
@@ -381,6 +403,12 @@ def bench(args, want: set[str], tmp: str, state: str, runc: str, started_ids: li
                             "gpuhook": side(original, [[wrapper, *alone[0][1:]]], 1, ghe(gh_alone))}
         if P:
             d["8-GPU alone"]["peer"] = side(nvidia_req, [[P, *alone[0][1:]]], 1, pe(peer_cfg["gpu8-alone"]))
+        d["8-GPU alone, no server"] = {
+            "true": side(original, [[true]], 1, env),
+            "gpuhook": side(original, [[wrapper, *alone[0][1:]]], 1, dict(no_server, GPUHOOK_CONFIG=gh_alone))}
+        d["8-GPU lifecycle, no server"] = {
+            "runc": side(plain["gpu8"], lifecycle(runc, state, b, "g"), 3, env),
+            "gpuhook": side(original, lifecycle(wrapper, state, b, "g"), 3, dict(no_server, GPUHOOK_CONFIG=gh["gpu8"]))}
         for row, host in (("8-GPU lifecycle", "gpu8"), ("16-GPU lifecycle", "gpu16"), ("ld3000 lifecycle", "ld3000"),
                           ("MI300X lifecycle", "mi300")):
             d[row] = {"runc": side(plain[host], lifecycle(runc, state, b, "g"), 3, env),
@@ -432,6 +460,8 @@ def bench(args, want: set[str], tmp: str, state: str, runc: str, started_ids: li
                    pe(peer_cfg["gpu8-alone"]) if P else None, pe(peer_cfg["gpu8"]) if P else None)
     rows["wrapper peak RSS MiB"] = {"base": None, "ms": {}, "added": {k: v for k, v in mem["wrapper"].items()}}
 
+    with open(f"/proc/{srv.pid}/status") as f:  # the resident server: its high-water mark so far
+        mem["server"] = round(int(next(x for x in f if x.startswith("VmHWM:")).split()[1]) / 1024, 1)
     report(rows, mem, peer, entries)
     where = where_time_goes(opt, b, original, ghe(gh_alone), log)
     if args.json:
@@ -565,6 +595,8 @@ def report(rows: dict, mem: dict, peer, entries: dict) -> None:
           + ", ".join(f"{k} {v}" for k, v in mem["wrapper"].items())
           + f"  (budget gpuhook <= {BUDGETS['wrapper peak RSS MiB'][0]:g}: "
           + ("ok" if mem["wrapper"]["gpuhook"] <= BUDGETS["wrapper peak RSS MiB"][0] else "OVER") + ")")
+    if "server" in mem:
+        print(f"  gpuhook's runtime server (resident, one per node; not a wrapper's): {mem['server']}")
     for who, hooks in mem["hooks"].items():
         print(f"  {who}'s createContainer hooks: " + (", ".join(f"{k} {v}" for k, v in hooks.items()) or "none"))
 

@@ -941,3 +941,46 @@ def test_uninstall_removes_what_the_agent_wrote(tmp_path, stock, fake_bundle):
     out = ok(gpuhook("uninstall", "--host-root", node))
     assert "agent file: /etc/kubernetes/node-feature-discovery/features.d/gpuhook removed" in out
     assert sorted(os.listdir(nfd)) == ["other"] and sorted(os.listdir(cdi)) == ["nvidia.yaml"]
+
+
+# -- the runtime server's units (install/units.py) -----------------------------------------
+
+def test_server_units_written_on_a_systemd_node_and_removed_on_uninstall(tmp_path, fake_bundle):
+    from gpuhook.install import units
+
+    node = make_node(tmp_path, "version = 2\n")
+    out = ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))
+    assert "runtime server: no /etc/systemd/system on this node: not installed" in out
+    (node / "etc/systemd/system").mkdir(parents=True)
+    out = ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))
+    for name, text in units.TEXTS.items():
+        assert (node / "etc/systemd/system" / name).read_text() == text
+    assert "written" in out and "systemctl daemon-reload && systemctl enable --now gpuhook-runtime.socket" in out
+    assert "runtime server: /etc/systemd/system/{gpuhook-runtime.socket and gpuhook-runtime.service} up to date" in ok(
+        gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))
+    other = node / "etc/systemd/system/other.service"
+    other.write_text("[Service]\n")
+    out = ok(gpuhook("uninstall", "--host-root", node))
+    assert not any((node / "etc/systemd/system" / n).exists() for n in units.TEXTS) and other.exists()
+    assert "runtime server: /etc/systemd/system/gpuhook-runtime.socket removed" in out
+
+
+@pytest.mark.skipif(not is_root(), reason="needs root (unshare: a PID namespace of the test's own)")
+def test_server_socket_enabled_with_restart_systemd(tmp_path, fake_bundle):
+    node = make_node(tmp_path, "version = 2\n")
+    (node / "etc/systemd/system").mkdir(parents=True)
+    os.symlink("/proc", node / "proc")
+    record = tmp_path / "systemctl.argv"
+    fake_systemctl(tmp_path / "bin", record)
+    env = dict(os.environ, PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    r = run_as_pod([sys.executable, "-m", "gpuhook", "install", "--host-root", node, "--bundle-dir", fake_bundle,
+                    "--restart", "systemd"], tmp_path / "pid1.ns", env=env)
+    assert "gpuhook-runtime.socket enabled and listening" in ok(r)
+    lines = record.read_text().splitlines()
+    assert lines[0::2][:3] == ["daemon-reload", "enable --now gpuhook-runtime.socket", "restart containerd.service"]
+    assert set(lines[1::2]) == {(tmp_path / "pid1.ns").read_text().strip()}
+    record.unlink()
+    r = run_as_pod([sys.executable, "-m", "gpuhook", "uninstall", "--host-root", node, "--restart", "systemd"],
+                   tmp_path / "pid1.ns", env=env)
+    ok(r)
+    assert record.read_text().splitlines()[0] == "disable --now gpuhook-runtime.socket gpuhook-runtime.service"

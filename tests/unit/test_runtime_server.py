@@ -207,10 +207,10 @@ def test_the_socket_is_named_once():
     source = open(os.path.join(REPO, "gpuhook", "runtime", "gpuhook-runtime.c")).read()
     assert re.findall(r'^#define SOCKET_NAME "([^"]+)"', source, re.M) == [server.SOCKET_NAME]
     assert re.findall(r'^#define SERVER_MAGIC "([^"]+)"', source, re.M) == [server.MAGIC]
-    unit = open(os.path.join(REPO, "systemd", "gpuhook-runtime.socket")).read()
-    assert re.findall(r"^ListenStream=(.+)$", unit, re.M) == [f"{defaults.CACHE_DIR}/{server.SOCKET_NAME}"]
-    service = open(os.path.join(REPO, "systemd", "gpuhook-runtime.service")).read()
-    assert re.search(rf"^ExecStart={defaults.INSTALL_PREFIX}/bin/gpuhook runtime-server$", service, re.M)
+    from gpuhook.install import units
+
+    assert re.findall(r"^ListenStream=(.+)$", units.SOCKET_TEXT, re.M) == [f"{defaults.CACHE_DIR}/{server.SOCKET_NAME}"]
+    assert re.search(rf"^ExecStart={defaults.INSTALL_PREFIX}/bin/gpuhook runtime-server$", units.SERVICE_TEXT, re.M)
 
 
 @pytest.mark.parametrize("data", [b"", b"gpuhook-runtime 1\0", b"other\0/\0/\x000\x000\0",

@@ -1,0 +1,70 @@
+"""The runtime server's systemd units (runtime/server.py), from the node paths in defaults.py.
+
+`gpuhook install` writes them on a node with systemd (and with --restart systemd enables the
+socket); the .deb ships them (packaging/build-deb.sh: `python -m gpuhook.install.units DIR`).
+The server is optional: without it gpuhook-runtime starts Python per create, as before.
+"""
+
+import os
+import sys
+
+from .. import defaults
+from ..runtime.server import SOCKET_NAME
+
+UNIT_DIR = "/etc/systemd/system"
+SOCKET_UNIT = "gpuhook-runtime.socket"
+SERVICE_UNIT = "gpuhook-runtime.service"
+MARK = "runtime-server"  # in every unit gpuhook writes: uninstall removes only those
+
+SOCKET_TEXT = f"""# gpuhook: the socket of the runtime server ({SERVICE_UNIT}). gpuhook-runtime asks the
+# server to edit a GPU container's config.json instead of starting an interpreter per
+# container; systemd starts the server on the first connection. Optional: when it is not
+# there (not enabled, stopped, another gpuhook version), gpuhook-runtime starts Python itself.
+# Written by `gpuhook install` ({MARK}).
+[Unit]
+Description=gpuhook: the runtime server's socket
+
+[Socket]
+ListenStream={defaults.CACHE_DIR}/{SOCKET_NAME}
+SocketMode=0600
+DirectoryMode=0700
+
+[Install]
+WantedBy=sockets.target
+"""
+
+SERVICE_TEXT = f"""# gpuhook: the runtime server, started by {SOCKET_UNIT}. It edits what gpuhook-runtime
+# would have edited with a fresh interpreter, one request at a time, and exits when a front
+# of another installed version connects (an upgrade): the next connection starts the new one.
+# Written by `gpuhook install` ({MARK}).
+[Unit]
+Description=gpuhook: the runtime server (GPU container creates without an interpreter's start)
+Requires={SOCKET_UNIT}
+After={SOCKET_UNIT}
+ConditionPathExists={defaults.INSTALL_PREFIX}/bin/gpuhook
+
+[Service]
+Type=simple
+ExecStart={defaults.INSTALL_PREFIX}/bin/gpuhook runtime-server
+Restart=on-failure
+
+[Install]
+Also={SOCKET_UNIT}
+"""
+
+TEXTS = {SOCKET_UNIT: SOCKET_TEXT, SERVICE_UNIT: SERVICE_TEXT}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or not os.path.isdir(args[0]):
+        print("usage: python -m gpuhook.install.units DIR", file=sys.stderr)
+        return 2
+    for name, text in TEXTS.items():
+        with open(os.path.join(args[0], name), "w") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
