@@ -1,5 +1,5 @@
 """Where gpuhook keeps things on a node, and the defaults that several parts share: each
-written once, here. The sh front (runtime/gpuhook-runtime) cannot import this; a test holds its
+written once, here. The C front (runtime/gpuhook-runtime.c) cannot import this; a test holds its
 copies to these values (tests/unit/test_defaults.py), as it does the docs' mentions.
 
 This module imports nothing: it is on the per-container path.

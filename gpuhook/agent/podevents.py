@@ -163,7 +163,7 @@ class PodReporter:
                 self.retry.append((self.clock() + self.backoff * (2**attempt), attempt + 1, rec))
 
     def _from_bundle(self, rec: dict) -> dict | None:
-        """The sh front's line on a node with no GPU node (it forks no Python) has no pod:
+        """The C front's line on a node with no GPU node (it forks no Python) has no pod:
         read it from the bundle's config.json while the container exists. None when the
         bundle is gone or is a sandbox's."""
         bundle = rec.get("bundle")

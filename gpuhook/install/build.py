@@ -3,7 +3,7 @@
 A relocatable copy of the interpreter this runs on, its stdlib, gpuhook and gpuhook's
 dependencies, and every shared library they load, glibc's dynamic loader and libc included:
 
-    bin/gpuhook-runtime      the sh front (containerd's BinaryName, CRI-O's runtime_path)
+    bin/gpuhook-runtime      the C front (containerd's BinaryName, CRI-O's runtime_path)
     bin/python3              sh: the bundled loader runs the bundled interpreter
     libexec/ld.so            the bundled loader (lib/ld-linux-*.so.*) under one name on every arch
     bin/gpuhook              sh: the gpuhook CLI (install, uninstall, probe...)
@@ -19,7 +19,7 @@ whatever its glibc version, and the library path does not leak into the runtime 
 gpuhook-runtime execs next. Python finds its stdlib next to itself (lib/python3.X/os.py above
 libexec/), so the bundle can live anywhere; it is installed as /opt/gpuhook.
 
-The sh front runs `$here/../libexec/ld.so --library-path $here/../lib $here/../libexec/python3`
+The C front runs `$here/../libexec/ld.so --library-path $here/../lib $here/../libexec/python3`
 itself (what bin/python3 does, one exec sooner: LOADER, INTERPRETER) and puts
 `$here/../lib/python3*/site-packages` first on sys.path. Modules are compiled ahead
 (unchecked-hash .pyc): a container create never compiles, and copying keeps them valid.
@@ -75,7 +75,7 @@ SKIP_DYNLOAD = re.compile(
     r"|_dbm|_gdbm|nis|ossaudiodev|_crypt)"
 )
 
-# the bundle's loader and interpreter, as the sh front (gpuhook/runtime/gpuhook-runtime: run_python)
+# the bundle's loader and interpreter, as the C front (gpuhook/runtime/gpuhook-runtime.c: exec_python)
 # and bin/python3 run them
 LOADER = "libexec/ld.so"
 INTERPRETER = "libexec/python3"

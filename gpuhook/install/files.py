@@ -138,7 +138,7 @@ def is_installed(src: str, dst: str) -> bool:
 #
 # A new version's unchanged files are hard links to the previous version's (only what changed
 # is written); every link is relative, so the tree works under a host root and bind mounts.
-# The sh front and bin/python3 resolve their own directory once (cd -P), so one create runs
+# The C front (/proc/self/exe) and bin/python3 (cd -P) resolve their own directory once, so one create runs
 # one version's interpreter, libc and gpuhook whatever is switched meanwhile. The previous
 # version stays (a create may still run from it); older ones go once retired RETIRE_GRACE s.
 VERSIONS = ".versions"

@@ -1,11 +1,12 @@
 """gpuhook-runtime: an OCI runtime with runc's command line that edits config.json at create.
 
 containerd's io.containerd.runc.v2 shim (options.BinaryName) and CRI-O (runtime_path) call
-it exactly as they call runc. The POSIX sh front (bin/gpuhook-runtime) execs the real runtime
+it exactly as they call runc. The C front (bin/gpuhook-runtime, gpuhook-runtime.c) execs the real runtime
 itself for every subcommand but create/run, and for create/run on a node with no GPU node
 at all, so Python starts only when there may be something to inject, or for an exec into a
 container gpuhook injected (execenv.py: the recorded GPUHOOK_* env goes into the exec's
-process). Here:
+process). It asks the node's runtime server first (server.py: this same path in a warm
+interpreter) when one listens. Here:
 
     parse argv -> load node config -> read <bundle>/config.json -> probe -> plan -> apply
     -> write config.json atomically -> one JSON log line -> exec the real runtime
@@ -20,8 +21,8 @@ import sys
 import time
 
 # runc's and crun's global flags that take a value (both "--flag value" and "--flag=value";
-# Go's flag parsing also accepts a single dash). The sh front's global_value_flag and operands
-# list these and the two below again, in sh: tests/unit/test_sh_front.py holds them equal.
+# Go's flag parsing also accepts a single dash). The C front's GLOBAL_VALUE_FLAGS and the two
+# lists below it say these again, in C: tests/unit/test_front.py holds them equal.
 GLOBAL_VALUE_FLAGS = frozenset({"root", "log", "log-format", "criu", "rootless", "cgroup-manager"})
 # create/run flags that take a value
 CREATE_VALUE_FLAGS = frozenset({"bundle", "b", "console-socket", "pid-file", "preserve-fds", "pidfd-socket"})

@@ -1,4 +1,4 @@
-"""python -m gpuhook.runtime: the create path, as the sh front runs it without a bundle."""
+"""python -m gpuhook.runtime: the create path, as the front runs it without a site-packages dir of its own."""
 
 from . import main
 

@@ -13,7 +13,7 @@ nodes but not GPUHOOK_ACCELERATOR / GPUHOOK_DEVICES. So:
   --env flags;
 - at `delete`, once the runtime has no state for the container any more, the record goes.
 
-The sh front (runtime/gpuhook-runtime) computes the same path and starts Python for exec and delete
+The C front (runtime/gpuhook-runtime.c) computes the same path and starts Python for exec and delete
 only when the record exists: a container gpuhook did not inject pays one file check. The key
 holds the runtime's --root (a containerd namespace has its own), so the same id under another
 root is another container; without --root it is the runtime's default, /run/<runtime name>.
@@ -37,7 +37,7 @@ ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012345
 
 def runtime_root(root: str | None, runtime: str) -> str:
     """The state root the real runtime uses: --root, relative to the current directory as
-    the sh front reads it ($PWD/ROOT), or /run/<runtime name>."""
+    the front reads it ($PWD/ROOT), or /run/<runtime name>."""
     if not root:
         return "/run/" + os.path.basename(runtime)
     if not root.startswith("/"):

@@ -111,7 +111,7 @@ def test_cpu_only_leaves_config_untouched(make_host, runtime):
 
 
 def test_display_only_chips_are_cpu_only(tmp_path, runtime):
-    """An ASPEED BMC (card0 only: the sh front decides alone) and a virtio-gpu with a render
+    """An ASPEED BMC (card0 only: the front decides alone) and a virtio-gpu with a render
     node (Python starts, probes, and finds no GPU): both leave config.json as it was."""
     fh = fakehost.FakeHost(str(tmp_path / "host"), mknod=True)
     fakehost.bmc_only(fh)

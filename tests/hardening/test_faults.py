@@ -65,7 +65,7 @@ def log_lines_parse(path: str) -> int:
 
 @needs_runc
 def test_sigkill_at_random_moments_leaves_old_or_new_config(make_host, runtime, tmp_path):
-    """The installed gpuhook-runtime (sh front, Python, write, exec) SIGKILLed 120 times at
+    """The installed gpuhook-runtime (front, Python, write, exec) SIGKILLed 120 times at
     random moments over the whole of a create: every time config.json is the old or the new
     whole file, the caches parse, the log has only whole lines; then a create through real
     runc on the same bundle, among whatever the killed ones left, injects all GPUs."""
@@ -324,13 +324,13 @@ def _runtime_value(kind: str, tmp_path) -> str:
 @pytest.mark.parametrize("front", ["sh-create", "sh-pass-through", "python-create", "python-slow-config"])
 @pytest.mark.parametrize("kind", ["missing-path", "not-on-path", "directory", "not-executable", "bad-interpreter"])
 def test_real_runtime_missing_or_not_runnable(make_host, runtime, tmp_path, kind, front):
-    """One clear line on stderr, exit status 127, whichever front decides (the sh front on a
+    """One clear line on stderr, exit status 127, whichever front decides (the front on a
     CPU node or for a pass-through command; Python on a GPU node, or when the config is one
-    the sh front leaves to Python); never a traceback."""
+    the front leaves to Python); never a traceback."""
     root = make_host("cpu" if front.startswith("sh") else "nvidia", mknod=True, **({} if front.startswith("sh") else {"gpus": 1, "libs": False}))
     value = _runtime_value(kind, tmp_path)
     rt = runtime(root, runtime=value)
-    if front == "python-slow-config":  # a quoted key: the sh front hands everything to Python
+    if front == "python-slow-config":  # a quoted key: the front hands everything to Python
         with open(rt.config) as f:
             text = f.read()
         with open(rt.config, "w") as f:

@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 
-from conftest import is_root, log_records, needs_runc, requires, wrapper_path
+from conftest import is_root, needs_runc, requires, wrapper_path
 from gpuhook.probe import ldcache
 
 pytestmark = needs_runc
@@ -488,7 +488,6 @@ def test_broken_node_config_fails_open(runtime, tmp_path, case):
     assert r.returncode == 0, r.stderr
     assert "started" in r.stdout and "Traceback" not in r.stderr
     log = varlog / "gpuhook.log"
-    log_records(str(log))  # the sh front's no-GPU line comes from a background subshell
     assert log.exists(), "no log line at the default path"
     recs = [x for x in log_lines_are_whole_json(str(log)) if x.get("container_id") == cid]
     assert len(recs) == 1 and recs[0]["decision"] in ("no-gpu", "injected"), recs

@@ -1,4 +1,4 @@
-"""exec sees the env gpuhook added at create (gpuhook/runtime/execenv.py, the sh front's exec path).
+"""exec sees the env gpuhook added at create (gpuhook/runtime/execenv.py, the front's exec path).
 
 Against a fake runtime that shows what it was given (argv, the --process file as it read it),
 then real runc: a process exec'd the way containerd's shim does it sees GPUHOOK_*.
@@ -77,10 +77,10 @@ def test_set_env_replaces_and_appends():
     assert not execenv.set_env(env, ENV)
 
 
-# -- the sh front and Python, with a fake runtime ------------------------------------------
+# -- the front and Python, with a fake runtime ------------------------------------------
 
 class Front:
-    """gpuhook-runtime's sh front (this checkout's), a fake runtime, a cache dir, a log."""
+    """gpuhook-runtime's front (this checkout's), a fake runtime, a cache dir, a log."""
 
     def __init__(self, tmp_path, config_extra: str = ""):
         self.tmp = tmp_path
@@ -99,7 +99,7 @@ class Front:
         host.mkdir()
         self.config.write_text(config_extra + f'runtime = "{self.runtime}"\nhost_root = "{host}"\n'
                                f'log_file = "{self.log}"\n')
-        # the Python the sh front starts leaves a mark: a container gpuhook did not inject never starts it
+        # the Python the front starts leaves a mark: a container gpuhook did not inject never starts it
         self.python = str(bindir / "python-marked")
         with open(self.python, "w") as f:
             f.write(f'#!/bin/sh\necho started >> {tmp_path / "python-started"}\nexec {sys.executable} "$@"\n')
@@ -173,7 +173,7 @@ def test_exec_of_an_injected_container_gets_the_recorded_env(front, form, tmp_pa
 @pytest.mark.parametrize("flag", sorted(EXEC_VALUE_FLAGS))
 def test_sh_front_and_python_agree_on_the_container_id(front, flag):
     """Every exec flag that takes a value, with a value that looks like a container id: the
-    sh front finds the record of the real id (it starts Python), as parse_args does."""
+    front finds the record of the real id (it starts Python), as parse_args does."""
     front.record("/r", "c1")
     dash = "-" if len(flag) == 1 else "--"
     for argv in (["--root", "/r", "exec", f"{dash}{flag}", "decoy", "c1", "true"],
@@ -186,7 +186,7 @@ def test_sh_front_and_python_agree_on_the_container_id(front, flag):
 
 
 def test_exec_when_only_python_can_read_the_node_config(tmp_path):
-    front = Front(tmp_path, '"y" = 2\n')  # a quoted key: the sh front hands everything to Python
+    front = Front(tmp_path, '"y" = 2\n')  # a quoted key: the front hands everything to Python
     front.record("/r", "c1")
     p = front.process_file()
     assert front.run("--root", "/r", "exec", "-p", p, "c1").returncode == 0
@@ -276,7 +276,7 @@ def test_a_record_not_written_by_gpuhook_is_not_trusted(front):
 
 @pytest.mark.parametrize("slow", [False, True], ids=["sh", "python"])
 def test_delete_removes_the_record_once_the_state_is_gone(tmp_path, slow):
-    # a quoted key: the sh front cannot read the config for sure and hands everything to Python
+    # a quoted key: the front cannot read the config for sure and hands everything to Python
     front = Front(tmp_path, 'x = 1\n"y" = 2\n' if slow else "")
     state = tmp_path / "state"
     (state / "c1").mkdir(parents=True)

@@ -239,7 +239,7 @@ def test_cri_creates_become_pod_events_and_metrics(make_host, runtime, container
         assert api.pods[("default", "gpu-pod")]["metadata"]["labels"]["gpuhook.dev/accelerator"] == "nvidia"
         assert api.pods[("default", "cpu-pod")]["metadata"]["labels"]["gpuhook.dev/accelerator"] == "cpu"
         # the sandboxes went through the handler too: counted, but no Event (on the CPU-only
-        # host the sh front logs the sandbox as no-gpu: it reads no spec)
+        # host the front logs the sandbox as no-gpu: it reads no spec)
         after = urllib.request.urlopen(url, timeout=5).read().decode()
         assert 'gpuhook_container_creates_total{decision="injected",vendor="nvidia"} 1.0' in after
         assert 'gpuhook_container_creates_total{decision="no-gpu",vendor="none"} 2.0' in after

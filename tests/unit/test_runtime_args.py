@@ -1,5 +1,5 @@
 """gpuhook-runtime's command line, against every form containerd's shim and CRI-O use,
-and the sh front's reading of the node config against tomllib's."""
+and the front's reading of the node config against tomllib's."""
 
 from __future__ import annotations
 
@@ -67,10 +67,10 @@ def test_parse_args_never_raises(argv):
     parse_args(argv)
 
 
-# -- the sh front and Python agree on the node config ------------------------------------
+# -- the front and Python agree on the node config ------------------------------------
 
 def sh_view(config_path: str, path_env: str) -> str:
-    """What the sh front decides: it prints the runtime it would exec (through a fake
+    """What the front decides: it prints the runtime it would exec (through a fake
     runtime that echoes) for a pass-through call."""
     r = subprocess.run([FRONT, "state", "x"], capture_output=True, text=True,
                        env={"PATH": path_env, "GPUHOOK_CONFIG": config_path, "GPUHOOK_PYTHON": sys.executable})
@@ -99,7 +99,7 @@ CONFIGS = [
     'log_file = ""\nruntime = "crun"\n',
     'runtime = "{bin}/crun"\n',
     'runtime = "{bin}/my runtime"\n',
-    '"runtime" = "crun"\n',            # quoted key: the sh front hands over to Python
+    '"runtime" = "crun"\n',            # quoted key: the front hands over to Python
     'runtime = "cr\\u0075n"\n',         # escape: idem
     'runtime = """crun"""\n',          # multi-line string: idem
 ]
@@ -119,8 +119,8 @@ def test_sh_front_and_tomllib_pick_the_same_runtime(text, tmp_path, fake_runtime
         os.environ["PATH"] = old
     got = sh_view(str(path), str(fake_runtimes))
     if got.startswith("error"):
-        # the sh front could not read it for sure: it must then not have picked anything else
-        pytest.fail(f"sh front failed on {text!r}: {got}")
+        # the front could not read it for sure: it must then not have picked anything else
+        pytest.fail(f"front failed on {text!r}: {got}")
     assert got == os.path.basename(want).replace(" ", "_"), (text, got, want)
 
 
@@ -151,7 +151,7 @@ def test_a_deeply_nested_node_config_means_defaults_not_a_traceback(tmp_path):
 
 
 def test_relative_host_root_goes_to_python_which_refuses_it(tmp_path, fake_runtimes):
-    """The sh front must not look for GPUs relative to the bundle: Python says why instead."""
+    """The front must not look for GPUs relative to the bundle: Python says why instead."""
     path = tmp_path / "config.toml"
     path.write_text(f'host_root = "relative/dir"\nlog_file = "{tmp_path}/log"\nruntime = "{fake_runtimes}/runc"\n')
     bundle = tmp_path / "bundle"
