@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os  # loaded at interpreter start anyway
 import struct
+import sys
 from ..record import Record
 
 __all__ = ["LdCacheError", "Entry", "parse", "machine_flags", "lookup"]
@@ -32,6 +33,8 @@ _OLD_ENTRY = 12
 _NEW_HEADER = 48
 _NEW_ENTRY = 24
 _MAX_STRING = 4096  # PATH_MAX, NUL included: bounds the scan for each string
+_HEAD = 5  # _keyed scans the data once per distinct head of this many bytes of the prefixes
+_NATIVE = "<" if sys.byteorder == "little" else ">"  # the endianness flag's order that is this machine's
 
 FLAG_TYPE_MASK = 0x00FF
 FLAG_ELF_LIBC6 = 0x0003
@@ -114,12 +117,36 @@ def _parse_new(data, start, prefixes=None):
     end = start + _NEW_HEADER + nlibs * _NEW_ENTRY
     if end > len(data):
         raise LdCacheError(f"new-format nlibs {nlibs} does not fit in {len(data)} bytes")
-    rows = struct.iter_unpack(order + "iIIIQ", data[start + _NEW_HEADER : end])
+    if prefixes is not None and order in ("=", _NATIVE):
+        rows = [
+            struct.unpack_from(order + "iIIIQ", data, start + _NEW_HEADER + i * _NEW_ENTRY)
+            for i in _keyed(data, start, end, prefixes)
+        ]
+    else:
+        rows = struct.iter_unpack(order + "iIIIQ", data[start + _NEW_HEADER : end])
     return [
         Entry(_string(data, start, key), _string(data, start, value), flags, hwcap)
         for flags, key, value, _osversion, hwcap in rows
         if prefixes is None or data.startswith(prefixes, start + key)
     ]
+
+
+def _keyed(data: bytes, start: int, end: int, prefixes: tuple[bytes, ...]) -> list[int]:
+    """The indexes of the (native-order) new-format entries whose key may start with one of
+    prefixes: where the prefixes are in the data is found first (one scan per head) (a few dozen places on a
+    node's cache of thousands of entries), then every key is read in one go and compared
+    with those places; the caller decodes only these rows (and checks them again)."""
+    at = set()
+    for head in {p[:_HEAD] for p in prefixes}:  # one scan per distinct head ("libnv", "libcu"...)
+        i = data.find(head)
+        while i >= 0:
+            if data.startswith(prefixes, i):
+                at.add(i - start)
+            i = data.find(head, i + 1)
+    if not at:
+        return []
+    keys = memoryview(data)[start + _NEW_HEADER : end].cast("I")[1 :: _NEW_ENTRY // 4].tolist()
+    return [i for i, k in enumerate(keys) if k in at]
 
 
 def _string(data, base, offset):

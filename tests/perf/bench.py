@@ -624,7 +624,7 @@ def where_time_goes(opt: str, b: str, original: bytes, e: dict, log: str) -> dic
                 self_us.setdefault(name.strip(), []).append(int(us))
     best = {k: min(v) for k, v in self_us.items() if len(v) >= 5}  # imported on a warm create
     ours = {k: v for k, v in best.items() if k.startswith("gpuhook")}
-    print(f"\nwhere the 8-GPU create's time goes (min of 10, warm caches): {len(best)} modules imported, "
+    print(f"\nwhere the 8-GPU create's time goes in a fresh interpreter (no server; min of 10, warm caches): {len(best)} modules imported, "
           f"{sum(best.values()) / 1000:.2f} ms of import (self), of which gpuhook's {len(ours)} modules "
           f"{sum(ours.values()) / 1000:.2f} ms; the dearest: "
           + ", ".join(f"{k} {v / 1000:.2f}" for k, v in sorted(best.items(), key=lambda kv: -kv[1])[:8]))
@@ -642,7 +642,7 @@ def where_time_goes(opt: str, b: str, original: bytes, e: dict, log: str) -> dic
             stages.setdefault(name, []).append(t - prev)
             prev = t
     med = {k: round(statistics.median(v), 2) for k, v in stages.items() if k != "start"}
-    print("in-process stages, median ms each (from main() on; GPUHOOK_STAGES=1): "
+    print("in-process stages in the runtime server, median ms each (from the request on; GPUHOOK_STAGES=1): "
           + ", ".join(f"{k} {v}" for k, v in med.items()) + f"; total {sum(med.values()):.2f}")
     return {"import_self_us": best, "stages_ms": med}
 

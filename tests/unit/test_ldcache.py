@@ -463,6 +463,18 @@ def test_round_trip_compat(raw, old, align):
     assert parse(build_compat(raw, old_entries=old, align=align)) == as_entries(raw)
 
 
+@settings(max_examples=300, deadline=None)
+@given(raw_entries, st.sampled_from(["<", ">", "="]), st.lists(names.filter(bool), min_size=1, max_size=3))
+def test_prefixes_select_what_the_full_parse_has(raw, order, prefixes):
+    """parse(data, prefixes) reads only the rows whose name may start with a prefix (found
+    by where the prefixes are in the data): the same rows as the whole parse, filtered."""
+    # "=": written before the endianness flag existed (0): native order
+    data = build_new(raw, endian=0) if order == "=" else build_new(raw, order=order)
+    whole = parse(data)
+    assert parse(data, tuple(prefixes)) == [e for e in whole if e.name.encode("utf-8", "surrogateescape").startswith(
+        tuple(prefixes))]
+
+
 def _check(data):
     try:
         out = parse(data)
