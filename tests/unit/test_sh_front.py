@@ -17,7 +17,7 @@ import pytest
 
 from conftest import REPO, is_root, log_records
 from gpuhook.testing import fakehost
-from gpuhook import probe, runtime
+from gpuhook import defaults, probe, runtime
 from gpuhook.install import build
 from gpuhook.probe import cache
 from gpuhook.probe.host import Host
@@ -74,6 +74,14 @@ def test_bundle_loader_is_builds():
     body = function("run_python")
     assert f'"$here/../{build.LOADER}"' in body and f'"$here/../{build.INTERPRETER}"' in body
     assert build.LOADER in build.PYTHON_SH and build.INTERPRETER in build.PYTHON_SH
+
+
+def test_the_front_runs_the_entry_of_defaults():
+    """Every Python the front starts on a site-packages dir runs defaults.RUNTIME_MAIN (the
+    module store's entry, gpuhook/startup.py), as the C front will."""
+    body = function("run_python")
+    assert f"main='{defaults.RUNTIME_MAIN}'" in body
+    assert body.count('-c "$main"') == 2
 
 
 def fake_python(tmp_path) -> str:
@@ -191,5 +199,5 @@ def test_the_bundle_front_runs_its_loader_directly(tmp_path):
     argv = mark.read_text().splitlines()
     here = str(b / "bin")
     assert argv[:5] == ["--library-path", f"{here}/../lib", f"{here}/../{build.INTERPRETER}", "-I", "-S"]
-    assert argv[5] == "-c" and "gpuhook.runtime" in argv[6]
+    assert argv[5:7] == ["-c", defaults.RUNTIME_MAIN]
     assert argv[7:] == [f"{here}/../lib/python3.11/site-packages", "create", "--bundle", str(tmp_path), "c4"]
