@@ -94,13 +94,19 @@ class Record(tuple):
         if not isinstance(data, dict):
             raise TypeError(f"{cls.__name__}: not an object")
         kinds = cls._kinds()
-        values = {}
+        defaults = cls._defaults
+        values = []
         for name in cls._fields:
             if name in data:
-                values[name] = _rebuild(kinds[name], data[name])
-            elif name not in cls._defaults:
+                value, (what, inner, _) = data[name], kinds[name]
+                # most fields: a plain value of exactly one of the field's types, as it is
+                ok = what == "value" and inner is not None and type(value) in inner
+                values.append(value if ok else _rebuild(kinds[name], value))
+            elif name in defaults:
+                values.append(defaults[name])
+            else:
                 raise KeyError(f"{cls.__name__}.{name}")
-        return cls(**values)
+        return tuple.__new__(cls, values)  # every field in order: what cls(**fields) makes
 
     @classmethod
     def _kinds(cls) -> dict:
