@@ -15,8 +15,9 @@ write() and read by install() only:
 
     the interpreter's importlib MAGIC_NUMBER (4 bytes)
     the index's length in bytes (4 bytes, little-endian)
-    the index: one "name path is_package offset length" line per module (ASCII; the path
-      relative to the directory that holds gpuhook/; offset and length in the code blob)
+    the index: one "name path pyc is_package offset length" line per module (ASCII; its .py
+      and .pyc files relative to the directory that holds gpuhook/; offset and length in the
+      code blob)
     the code blob: each module's marshalled code object
 
 A store of another interpreter (another MAGIC_NUMBER), one that is missing, unreadable or
@@ -44,13 +45,13 @@ class Store:
     def __init__(self, base: str, fd: int, index: dict):
         self.base = base  # the directory that holds gpuhook/, with a trailing "/"
         self.fd = fd  # close-on-exec: it goes with the exec of the real runtime
-        self.index = index  # name: (path, is_package, offset, length)
+        self.index = index  # name: (path, pyc, is_package, offset, length)
 
     def find_spec(self, name, path=None, target=None):
         entry = self.index.get(name)
         if entry is None:
             return None
-        rel, is_package, offset, length = entry
+        rel, pyc, is_package, offset, length = entry
         try:
             data = os.pread(self.fd, length, offset)
             code = marshal.loads(data) if len(data) == length else None
@@ -60,6 +61,7 @@ class Store:
             return None  # a plain import, then
         spec = _ModuleSpec(name, self, origin=self.base + rel, is_package=is_package)
         spec.has_location = True
+        spec.cached = self.base + pyc
         if is_package:
             spec.submodule_search_locations = [self.base + rel.rpartition("/")[0]]
         spec.loader_state = code
@@ -88,12 +90,12 @@ def read(path: str, base: str) -> Store | None:
         end = os.fstat(fd).st_size
         index = {}
         for line in os.pread(fd, size, 8).decode("ascii").splitlines():
-            name, rel, is_package, offset, length = line.split(" ")
+            name, rel, pyc, is_package, offset, length = line.split(" ")
             if not (name == "gpuhook" or name.startswith("gpuhook.")) or is_package not in ("0", "1"):
                 raise ValueError(f"not a gpuhook module: {name}")
             if int(offset) < 0 or int(length) < 0 or start + int(offset) + int(length) > end:
                 raise ValueError(f"{name}: out of the file")
-            index[name] = (rel, is_package == "1", start + int(offset), int(length))
+            index[name] = (rel, pyc, is_package == "1", start + int(offset), int(length))
     except Exception:  # noqa: BLE001  (whatever is wrong with it, a store only costs plain imports)
         if fd >= 0:
             os.close(fd)
@@ -114,18 +116,20 @@ def install(path: str, base: str) -> bool:
     return True
 
 
-def write(path: str, base: str, modules: dict[str, tuple[str, bytes]]) -> None:
-    """Write the store of `modules` (name: (its .py file under `base`, its marshalled code)),
-    byte for byte the same for the same modules. Build time (install/build.py)."""
+def write(path: str, base: str, modules: dict[str, tuple[str, str, bytes]]) -> None:
+    """Write the store of `modules` (name: (its .py and .pyc files under `base`, its
+    marshalled code)), byte for byte the same for the same modules. Build time
+    (install/build.py)."""
     lines, blob = [], bytearray()
     prefix = base.rstrip("/") + "/"
     for name in sorted(modules):
-        file, code = modules[name]
-        if not file.startswith(prefix) or " " in file or "\n" in file:
-            raise ValueError(f"module store: {file} is not a plain path under {prefix}")
+        file, pyc, code = modules[name]
+        for p in (file, pyc):
+            if not p.startswith(prefix) or " " in p or "\n" in p:
+                raise ValueError(f"module store: {p} is not a plain path under {prefix}")
         rel = file[len(prefix) :]
         is_package = rel.endswith("/__init__.py")
-        lines.append(f"{name} {rel} {int(is_package)} {len(blob)} {len(code)}\n")
+        lines.append(f"{name} {rel} {pyc[len(prefix) :]} {int(is_package)} {len(blob)} {len(code)}\n")
         blob += code
     if _MAGIC is None:
         raise ValueError("module store: this interpreter has no importlib MAGIC_NUMBER")

@@ -346,15 +346,16 @@ def write_store(site: str) -> None:
 
     modules = {}
     for name, path in store_modules(site).items():
+        pyc = importlib.util.cache_from_source(path)
         try:
-            with open(importlib.util.cache_from_source(path), "rb") as f:
+            with open(pyc, "rb") as f:
                 data = f.read()
         except OSError:
             continue
         # an unchecked hash-based .pyc of this interpreter: magic, flags (hash-based), hash, code
         if data[:4] != importlib.util.MAGIC_NUMBER or int.from_bytes(data[4:8], "little") != 0b01:
             continue
-        modules[name] = (path, data[16:])
+        modules[name] = (path, pyc, data[16:])
     modstore.write(os.path.join(site, "gpuhook", modstore.FILE), site, modules)
 
 

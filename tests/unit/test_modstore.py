@@ -119,7 +119,7 @@ def test_a_store_that_is_not_right_means_plain_imports(damage, tmp_path, site, h
     elif damage == "empty":
         data = b""
     elif damage == "one module":  # gpuhook.plan's code is no code any more
-        name, rel, pkg, offset, length = next(line.split(" ") for line in data[8:].decode("ascii", "replace")
+        name, rel, pyc, pkg, offset, length = next(line.split(" ") for line in data[8:].decode("ascii", "replace")
                                               .splitlines() if line.startswith("gpuhook.plan "))
         start = 8 + int.from_bytes(data[4:8], "little") + int(offset)
         data = data[:start] + b"\x00" * int(length) + data[start + int(length):]
