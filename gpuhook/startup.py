@@ -14,8 +14,8 @@ runtime without the store.
 
 from . import modstore
 
-_package = __file__.rpartition("/")[0]  # .../site-packages/gpuhook
-modstore.install(_package + "/" + modstore.FILE, _package.rpartition("/")[0])
+_package = __file__.rpartition("/")[0]  # .../lib/python3.X/site-packages/gpuhook
+modstore.install(_package + "/" + modstore.FILE, _package.rpartition("/")[0].rpartition("/")[0])
 
 from .runtime import main  # noqa: E402  (after the store: served from it)
 

@@ -339,13 +339,37 @@ def store_modules(site: str) -> dict[str, str]:
     return found
 
 
+def store_extensions(site: str, modules: dict[str, str]) -> dict[str, str]:
+    """{module name: its file} of the extension modules of the stdlib next to `site`
+    (lib-dynload) that `modules` ({name: .py file}) import: the module store says where they
+    are, which saves the search of sys.path (_json: fastjson's)."""
+    import ast
+
+    dynload = os.path.join(os.path.dirname(site), "lib-dynload")
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    found = {}
+    for path in modules.values():
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module]
+            for name in names:
+                file = os.path.join(dynload, name + suffix)
+                if "." not in name and os.path.isfile(file):
+                    found[name] = file
+    return found
+
+
 def write_store(site: str) -> None:
     """The module store (modstore.py), from the .pyc files compiled ahead: a module whose
     .pyc is not one of this interpreter (or is missing) is left out, and imported as usual."""
     import importlib.util
 
     modules = {}
-    for name, path in store_modules(site).items():
+    sources = store_modules(site)
+    for name, path in sources.items():
         pyc = importlib.util.cache_from_source(path)
         try:
             with open(pyc, "rb") as f:
@@ -356,7 +380,8 @@ def write_store(site: str) -> None:
         if data[:4] != importlib.util.MAGIC_NUMBER or int.from_bytes(data[4:8], "little") != 0b01:
             continue
         modules[name] = (path, pyc, data[16:])
-    modstore.write(os.path.join(site, "gpuhook", modstore.FILE), site, modules)
+    store = os.path.join(site, "gpuhook", modstore.FILE)
+    modstore.write(store, os.path.dirname(site), modules, store_extensions(site, sources))
 
 
 def describe(record: dict, out: str) -> str:

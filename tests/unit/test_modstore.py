@@ -29,6 +29,8 @@ _execv = os.execv
 def execv(path, args):  # (repr, not json: json would import what the test looks for)
     with open(os.environ["GPUHOOK_TEST_MODULES"], "w") as f:
         f.write(repr({n: type(getattr(m, "__loader__", None)).__name__ for n, m in sys.modules.items()}))
+    with open(os.environ["GPUHOOK_TEST_MODULES"] + ".json-file", "w") as f:
+        f.write(getattr(sys.modules.get("_json"), "__file__", ""))
     _execv(path, args)
 os.execv = execv
 """
@@ -36,11 +38,18 @@ os.execv = execv
 BEFORE_STORE = {"gpuhook", "gpuhook.startup", "gpuhook.modstore"}
 
 
+# this interpreter's _json, when it is an extension module (the store says where it is)
+JSON_EXT = getattr(__import__("_json"), "__file__", None)
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> str:
-    """gpuhook as the bundle has it: a site-packages dir, its unchecked-hash .pyc files, the
-    store (build.write_store, as build() writes it)."""
-    site = str(tmp_path_factory.mktemp("site"))
+    """gpuhook as the bundle has it: lib/python3.X/site-packages, its unchecked-hash .pyc
+    files, _json in lib-dynload beside it, the store (build.write_store, as build() writes it)."""
+    site = str(tmp_path_factory.mktemp("bundle") / "lib" / "python3" / "site-packages")
+    if JSON_EXT:
+        os.makedirs(os.path.join(site, "..", "lib-dynload"))
+        shutil.copy(JSON_EXT, os.path.join(site, "..", "lib-dynload", os.path.basename(JSON_EXT)))
     shutil.copytree(os.path.join(REPO, "gpuhook"), os.path.join(site, "gpuhook"),
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     assert compileall.compile_dir(site, quiet=2, workers=0,
@@ -73,7 +82,9 @@ def create(tmp_path, site: str, host: str, cid: str = "c1", cache: str | None = 
     assert r.returncode == 0 and not r.stderr, r.stderr
     record = [json.loads(line) for line in log.read_text().splitlines()][-1]
     assert record["container_id"] == cid
-    return ast.literal_eval(mods.read_text()), record
+    loaders = ast.literal_eval(mods.read_text())
+    loaders["_json file"] = open(str(mods) + ".json-file").read()
+    return loaders, record
 
 
 def test_a_create_imports_only_modules_the_store_serves(tmp_path, site, host):
@@ -87,6 +98,10 @@ def test_a_create_imports_only_modules_the_store_serves(tmp_path, site, host):
             dear = {"__future__", "re", "typing", "json", "enum", "tomllib", "datetime"} & set(loaders)
             assert not dear, f"a warm create imported {sorted(dear)}"
             assert "gpuhook.log" not in loaders  # (structlog's side: the runtime has utc_now)
+        if JSON_EXT:  # found where the store says, loaded as a plain import loads it
+            assert loaders["_json"] == "ExtensionFileLoader"
+            assert loaders["_json file"] == os.path.join(os.path.dirname(site), "lib-dynload",
+                                                         os.path.basename(JSON_EXT))
         loaders = {n: kind for n, kind in loaders.items() if n.startswith("gpuhook")}
         plain = {n: kind for n, kind in loaders.items() if kind != "Store" and n not in BEFORE_STORE}
         assert not plain, f"imported by a create, not served by the store: {plain}"
@@ -104,10 +119,10 @@ def _served(loaders: dict) -> set[str]:
     return {n for n, kind in loaders.items() if kind == "Store" and n.startswith("gpuhook")}
 
 
-@pytest.mark.parametrize("damage", ["magic", "cut", "garbage", "empty", "missing", "one module"])
+@pytest.mark.parametrize("damage", ["magic", "cut", "garbage", "empty", "missing", "one module", "no _json"])
 def test_a_store_that_is_not_right_means_plain_imports(damage, tmp_path, site, host):
-    other = str(tmp_path / "site")
-    shutil.copytree(site, other, symlinks=True)
+    shutil.copytree(os.path.dirname(site), str(tmp_path / "lib"), symlinks=True)
+    other = str(tmp_path / "lib" / os.path.basename(site))
     store = os.path.join(other, "gpuhook", modstore.FILE)
     data = open(store, "rb").read()
     if damage == "magic":  # another interpreter's
@@ -119,11 +134,15 @@ def test_a_store_that_is_not_right_means_plain_imports(damage, tmp_path, site, h
     elif damage == "empty":
         data = b""
     elif damage == "one module":  # gpuhook.plan's code is no code any more
-        name, rel, pyc, pkg, offset, length = next(line.split(" ") for line in data[8:].decode("ascii", "replace")
+        name, kind, rel, pyc, offset, length = next(line.split(" ") for line in data[8:].decode("ascii", "replace")
                                               .splitlines() if line.startswith("gpuhook.plan "))
         start = 8 + int.from_bytes(data[4:8], "little") + int(offset)
         data = data[:start] + b"\x00" * int(length) + data[start + int(length):]
-    if damage == "missing":
+    if damage == "no _json":  # where the store says it is: plain imports find another
+        if not JSON_EXT:
+            pytest.skip("this interpreter's _json is built in")
+        os.unlink(os.path.join(tmp_path, "lib", "lib-dynload", os.path.basename(JSON_EXT)))
+    elif damage == "missing":
         os.unlink(store)
     else:
         with open(store, "wb") as f:
@@ -132,6 +151,8 @@ def test_a_store_that_is_not_right_means_plain_imports(damage, tmp_path, site, h
     assert record["decision"] == "injected", record
     if damage == "one module":
         assert loaders["gpuhook.plan"] == "SourceFileLoader" and "gpuhook.plan.policy" in _served(loaders)
+    elif damage == "no _json":
+        assert loaders["_json file"] == JSON_EXT and "gpuhook.plan" in _served(loaders)
     else:
         assert not _served(loaders)
         assert loaders["gpuhook.runtime"] == "SourceFileLoader"
@@ -140,7 +161,8 @@ def test_a_store_that_is_not_right_means_plain_imports(damage, tmp_path, site, h
 def test_served_modules_are_the_ones_a_plain_import_loads(site):
     """The same __file__, __path__ and __cached__, and the .pyc's very code."""
     code = (f"import sys; sys.path.insert(0, {site!r}); from gpuhook import modstore; "
-            f"s = modstore.read({site!r} + '/gpuhook/' + modstore.FILE, {site!r}) if sys.argv[1] == 'store' else None; "
+            f"s = modstore.read({site!r} + '/gpuhook/' + modstore.FILE, {os.path.dirname(site)!r}) "
+            "if sys.argv[1] == 'store' else None; "
             "s and sys.meta_path.insert(0, s); import json, gpuhook.plan, gpuhook.probe.cache; "
             "print(json.dumps([[m.__file__, getattr(m, '__path__', None), m.__cached__, m.__spec__.origin, "
             "m.__spec__.parent, type(m.__loader__).__name__, m.plan.__code__.co_filename if hasattr(m, 'plan') "
