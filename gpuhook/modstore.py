@@ -12,7 +12,9 @@ it is gpuhook/startup.py.
 
 The store holds exactly the code of the bundle's own .pyc files (the same marshalled bytes,
 their header checked at build time), so a module served from it is the one a plain import
-would load, with the same __file__, __path__ and __cached__. Layout, all of it written by
+would load, with the same __file__, __path__ and __cached__. Like those unchecked .pyc files
+(a .py changed without them runs the old code) it is part of the build: .pyc files changed
+in a bundle without writing the store again (install/build.py: write_store) are not run. Layout, all of it written by
 write() and read by read() only:
 
     the interpreter's importlib MAGIC_NUMBER (4 bytes)
@@ -149,5 +151,6 @@ def write(path: str, base: str, modules: dict[str, tuple[str, str, bytes]], exte
     if _MAGIC is None:
         raise ValueError("module store: this interpreter has no importlib MAGIC_NUMBER")
     index = "".join(lines).encode("ascii")
-    with open(path, "wb") as f:
+    with open(path + ".tmp", "wb") as f:
         f.write(_MAGIC + len(index).to_bytes(4, "little") + index + blob)
+    os.replace(path + ".tmp", path)  # a new file: never one linked into another bundle, written over
