@@ -31,6 +31,8 @@ def execv(path, args):  # (repr, not json: json would import what the test looks
         f.write(repr({n: type(getattr(m, "__loader__", None)).__name__ for n, m in sys.modules.items()}))
     with open(os.environ["GPUHOOK_TEST_MODULES"] + ".json-file", "w") as f:
         f.write(getattr(sys.modules.get("_json"), "__file__", ""))
+    with open(os.environ["GPUHOOK_TEST_MODULES"] + ".gc", "w") as f:
+        f.write(str(__import__("gc").isenabled()))
     _execv(path, args)
 os.execv = execv
 """
@@ -84,6 +86,7 @@ def create(tmp_path, site: str, host: str, cid: str = "c1", cache: str | None = 
     assert record["container_id"] == cid
     loaders = ast.literal_eval(mods.read_text())
     loaders["_json file"] = open(str(mods) + ".json-file").read()
+    assert open(str(mods) + ".gc").read() == "False"  # startup.py: no collector passes in a create
     return loaders, record
 
 
