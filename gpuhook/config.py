@@ -11,8 +11,6 @@ changes, and a cache that cannot be written or read only costs the parse. `gpuho
 the same keys with a pydantic model (config_model.py) for humans.
 """
 
-from __future__ import annotations
-
 import os
 from .probe.driverroot import AUTO as NVIDIA_DRIVER_ROOT_AUTO
 from . import defaults
@@ -42,11 +40,11 @@ class Config(Record):
     nvidia_driver_root: where the NVIDIA driver's userspace is: "auto" (the host, the GPU
     Operator's /run/nvidia/driver, GKE's /home/kubernetes/bin/nvidia) or one node path."""
 
-    runtime: str | None = None
+    runtime: "str | None" = None
     host_root: str = "/"
     log_file: str = defaults.LOG_FILE
     fail_mode: str = "open"
-    ldconfig: str | None = None
+    ldconfig: "str | None" = None
     probe_cache_ttl: float = 10.0
     share: str = DEFAULT_SHARE
     mps_pipe_dir: str = MPS_PIPE_DIR
@@ -55,7 +53,7 @@ class Config(Record):
     __slots__ = ()
 
 
-_TYPES: dict[str, type | tuple[type, ...]] = {
+_TYPES: "dict[str, type | tuple[type, ...]]" = {
     "runtime": str,
     "host_root": str,
     "log_file": str,
@@ -72,7 +70,7 @@ def config_path() -> str:
     return os.environ.get("GPUHOOK_CONFIG") or DEFAULT_PATH
 
 
-def parse(text: str) -> tuple[Config, list[str]]:
+def parse(text: str) -> "tuple[Config, list[str]]":
     import tomllib
 
     try:
@@ -82,7 +80,7 @@ def parse(text: str) -> tuple[Config, list[str]]:
     return from_dict(data)
 
 
-def from_dict(data: dict) -> tuple[Config, list[str]]:
+def from_dict(data: dict) -> "tuple[Config, list[str]]":
     errors: list[str] = []
     values: dict = {}
     for key, value in data.items():
@@ -147,7 +145,7 @@ def cache_dir() -> str:
     return os.environ.get("GPUHOOK_CACHE_DIR") or defaults.CACHE_DIR
 
 
-def load(path: str | None = None) -> tuple[Config, list[str]]:
+def load(path: "str | None" = None) -> "tuple[Config, list[str]]":
     """(config, errors). Never raises."""
     path = path or config_path()
     try:
@@ -185,7 +183,7 @@ def _cache_file(key: list) -> str:
     return os.path.join(cache_dir(), f"config-{name}.json")
 
 
-def _cache_get(key: list) -> tuple[Config, list[str]] | None:
+def _cache_get(key: list) -> "tuple[Config, list[str]] | None":
     from . import fastjson
 
     try:
@@ -202,7 +200,7 @@ def _cache_get(key: list) -> tuple[Config, list[str]] | None:
         return None
 
 
-def _cache_put(key: list, config: Config, errors: list[str]) -> None:
+def _cache_put(key: list, config: "Config", errors: "list[str]") -> None:
     from . import fastjson
     from .spec import write_atomic
 
@@ -214,7 +212,7 @@ def _cache_put(key: list, config: Config, errors: list[str]) -> None:
         pass
 
 
-def find_runtime(name: str | None) -> str | None:
+def find_runtime(name: "str | None") -> "str | None":
     """The real runtime's path: `name` (a path, or a name on PATH), else runc, else crun."""
     candidates = [name] if name else ["runc", "crun"]
     for c in candidates:

@@ -5,8 +5,6 @@ generator writes them into a CDI document. Immutable records (see record.py
 for why not dataclasses).
 """
 
-from __future__ import annotations
-
 from .record import Record
 
 BIND_RO = ("ro", "nosuid", "nodev", "rbind", "rprivate")
@@ -20,9 +18,9 @@ class DeviceNode(Record):
     major: int
     minor: int
     permissions: str = "rwm"
-    file_mode: int | None = None
-    uid: int | None = None
-    gid: int | None = None
+    file_mode: "int | None" = None
+    uid: "int | None" = None
+    gid: "int | None" = None
 
     __slots__ = ()
 
@@ -47,7 +45,7 @@ class Mount(Record):
     host_path: str
     container_path: str
     type: str = "bind"
-    options: tuple[str, ...] = BIND_RO
+    options: "tuple[str, ...]" = BIND_RO
 
     __slots__ = ()
 
@@ -67,10 +65,10 @@ class Hook(Record):
 
     hook_name: str
     path: str
-    args: tuple[str, ...] = ()
-    env: tuple[str, ...] = ()
-    timeout: int | None = None
-    kind: str | None = None
+    args: "tuple[str, ...]" = ()
+    env: "tuple[str, ...]" = ()
+    timeout: "int | None" = None
+    kind: "str | None" = None
 
     __slots__ = ()
 
@@ -84,11 +82,11 @@ class Hook(Record):
 class Edits(Record):
     """env: "KEY=value" strings. Everything is a tuple, in the order it is applied."""
 
-    env: tuple[str, ...] = ()
-    device_nodes: tuple[DeviceNode, ...] = ()
-    mounts: tuple[Mount, ...] = ()
-    hooks: tuple[Hook, ...] = ()
-    additional_gids: tuple[int, ...] = ()
+    env: "tuple[str, ...]" = ()
+    device_nodes: "tuple[DeviceNode, ...]" = ()
+    mounts: "tuple[Mount, ...]" = ()
+    hooks: "tuple[Hook, ...]" = ()
+    additional_gids: "tuple[int, ...]" = ()
 
     __slots__ = ()
 

@@ -3,12 +3,10 @@
 Records (record.py), not dataclasses or namedtuples: these sit on the per-container path.
 """
 
-from __future__ import annotations
-
 from .record import Record
 
 
-def node_number(name: str) -> tuple[str, int] | None:
+def node_number(name: str) -> "tuple[str, int] | None":
     """ "card0" -> ("card", 0), "renderD128" -> ("render", 128); None for connectors and the rest."""
     for prefix, kind in (("renderD", "render"), ("card", "card")):
         num = name[len(prefix) :]
@@ -29,9 +27,9 @@ class Node(Record):
     type: str
     major: int
     minor: int
-    file_mode: int | None = None
-    uid: int | None = None
-    gid: int | None = None
+    file_mode: "int | None" = None
+    uid: "int | None" = None
+    gid: "int | None" = None
     present: bool = True
 
     __slots__ = ()
@@ -49,11 +47,11 @@ class Device(Record):
     kind: str
     index: int  # type: ignore[assignment]  # a field, over tuple.index
     id: str
-    nodes: tuple[Node, ...]
-    pci: str | None = None
-    model: str | None = None
-    driver: str | None = None
-    parent: str | None = None
+    nodes: "tuple[Node, ...]"
+    pci: "str | None" = None
+    model: "str | None" = None
+    driver: "str | None" = None
+    parent: "str | None" = None
 
     __slots__ = ()
 
@@ -65,7 +63,7 @@ class Library(Record):
     """
 
     path: str
-    soname: str | None
+    soname: "str | None"
     capability: str
 
     __slots__ = ()
@@ -80,13 +78,13 @@ class VendorInventory(Record):
     mounted at their own path (see container_path)."""
 
     vendor: str
-    devices: tuple[Device, ...]
-    control_nodes: tuple[Node, ...] = ()
-    libraries: tuple[Library, ...] = ()
-    binaries: tuple[str, ...] = ()
-    driver_version: str | None = None
-    driver_root: str | None = None
-    mount_map: tuple[tuple[str, str], ...] = ()
+    devices: "tuple[Device, ...]"
+    control_nodes: "tuple[Node, ...]" = ()
+    libraries: "tuple[Library, ...]" = ()
+    binaries: "tuple[str, ...]" = ()
+    driver_version: "str | None" = None
+    driver_root: "str | None" = None
+    mount_map: "tuple[tuple[str, str], ...]" = ()
 
     __slots__ = ()
 
@@ -103,16 +101,16 @@ class Inventory(Record):
     """Everything the probe found under one host root."""
 
     root: str
-    vendors: tuple[VendorInventory, ...]
-    warnings: tuple[str, ...] = ()
+    vendors: "tuple[VendorInventory, ...]"
+    warnings: "tuple[str, ...]" = ()
 
     __slots__ = ()
 
     @property
-    def devices(self) -> tuple[Device, ...]:
+    def devices(self) -> "tuple[Device, ...]":
         return tuple(d for v in self.vendors for d in v.devices)
 
-    def vendor(self, name: str) -> VendorInventory | None:
+    def vendor(self, name: str) -> "VendorInventory | None":
         for v in self.vendors:
             if v.vendor == name:
                 return v

@@ -11,25 +11,18 @@ Every record is one JSON object per line with `time` (ISO-8601 UTC, milliseconds
 
 On a terminal the same records are printed by structlog's console renderer instead.
 structlog is imported only by configure(): gpuhook-runtime writes its line itself
-(runtime.log_line) and never imports this module.
+(runtime.log_line, with runtime.utc_now, the one time format) and never imports this module.
 """
 
 import os
 import sys
-import time
 
 from . import defaults
+from .runtime import utc_now  # the runtime's time format (there: the runtime never imports this module)
 
 _configured = False
 
 DEFAULT_RUNTIME_LOG = defaults.LOG_FILE
-
-
-def utc_now(ms: bool = True, t: float | None = None) -> str:
-    """2026-11-29T19:40:49.577Z, the runtime's log time format (ms=False: whole seconds)."""
-    t = time.time() if t is None else t
-    head = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
-    return head + (f".{int(t * 1000) % 1000:03d}Z" if ms else "Z")
 
 
 def _stamp(logger, method, event_dict: dict) -> dict:

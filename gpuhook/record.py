@@ -12,13 +12,19 @@ field with a value in the class body has that default, and only trailing fields 
         present: bool = True
         __slots__ = ()
 
-Modules that define records use `from __future__ import annotations`: the annotations stay
-strings, never evaluated, so they cost nothing at import.
+A field's annotation is a plain class (str, int, bool, float, a record class defined above)
+or a string, which is never evaluated: `pci: "str | None" = None`, `nodes: "tuple[Node, ...]"`
+(evaluating `X | None` or `tuple[...]` at import costs time on every container start, as
+`from __future__ import annotations` does, by importing __future__). A field reads
+through namedtuple's own C accessor where the interpreter has it.
 """
 
+try:
+    from _collections import _tuplegetter  # namedtuple's field accessor: C, built in
+except ImportError:  # another interpreter
 
-def _getter(i: int):
-    return lambda self: tuple.__getitem__(self, i)
+    def _tuplegetter(index: int, doc: str):  # type: ignore[misc]
+        return property(lambda self: tuple.__getitem__(self, index), doc=doc)
 
 
 class Record(tuple):
@@ -29,7 +35,11 @@ class Record(tuple):
 
     def __init_subclass__(cls, **kw) -> None:
         super().__init_subclass__(**kw)
-        names = tuple(n for n in cls.__dict__.get("__annotations__", {}) if not n.startswith("_"))
+        annotations = cls.__dict__.get("__annotations__", {})
+        names = tuple(n for n in annotations if not n.startswith("_"))
+        for n in names:
+            if not isinstance(annotations[n], (str, type)):
+                raise TypeError(f"{cls.__name__}.{n}: quote the annotation (a string, never evaluated)")
         defaults = {n: cls.__dict__[n] for n in names if n in cls.__dict__}
         first_default = next((i for i, n in enumerate(names) if n in defaults), len(names))
         if any(n not in defaults for n in names[first_default:]):
@@ -37,7 +47,7 @@ class Record(tuple):
         cls._fields = names
         cls._defaults = defaults
         for i, name in enumerate(names):
-            setattr(cls, name, property(_getter(i), doc=f"field {i}: {name}"))
+            setattr(cls, name, _tuplegetter(i, f"field {i}: {name}"))
 
     def __new__(cls, *args, **kwargs):
         fields = cls._fields
@@ -84,13 +94,19 @@ class Record(tuple):
         if not isinstance(data, dict):
             raise TypeError(f"{cls.__name__}: not an object")
         kinds = cls._kinds()
-        values = {}
+        defaults = cls._defaults
+        values = []
         for name in cls._fields:
             if name in data:
-                values[name] = _rebuild(kinds[name], data[name])
-            elif name not in cls._defaults:
+                value, (what, inner, _) = data[name], kinds[name]
+                # most fields: a plain value of exactly one of the field's types, as it is
+                ok = what == "value" and inner is not None and type(value) in inner
+                values.append(value if ok else _rebuild(kinds[name], value))
+            elif name in defaults:
+                values.append(defaults[name])
+            else:
                 raise KeyError(f"{cls.__name__}.{name}")
-        return cls(**values)
+        return tuple.__new__(cls, values)  # every field in order: what cls(**fields) makes
 
     @classmethod
     def _kinds(cls) -> dict:
@@ -99,7 +115,8 @@ class Record(tuple):
             import sys
 
             names = vars(sys.modules[cls.__module__])
-            kinds = {n: _kind(cls.__annotations__[n], names) for n in cls._fields}
+            annotations = cls.__annotations__
+            kinds = {n: _kind(_text(annotations[n]), names) for n in cls._fields}
             cls._kinds_cache = kinds
         return kinds
 
@@ -110,6 +127,11 @@ def _plain(value):
     if isinstance(value, (tuple, list)):
         return [_plain(v) for v in value]
     return value
+
+
+def _text(annotation) -> str:
+    """A field's annotation as its text: a plain class by its name."""
+    return annotation if isinstance(annotation, str) else annotation.__name__
 
 
 def _kind(annotation: str, names: dict) -> tuple:

@@ -28,8 +28,6 @@ are appended to `warnings`: the runtime logs them, and the container starts as t
 policy says.
 """
 
-from __future__ import annotations
-
 import os
 
 from .. import defaults, hook
@@ -74,11 +72,11 @@ class Request(Record):
     minor), or None where the spec gives no numbers), the destinations of its mounts, and
     whether it has a user namespace of its own."""
 
-    env: dict[str, str]
-    annotations: dict[str, str]
-    rootfs: str | None
-    spec_devices: dict[str, tuple[str, int, int] | None] | None = None
-    mounts: tuple[str, ...] = ()
+    env: "dict[str, str]"
+    annotations: "dict[str, str]"
+    rootfs: "str | None"
+    spec_devices: "dict[str, tuple[str, int, int] | None] | None" = None
+    mounts: "tuple[str, ...]" = ()
     userns: bool = False
 
     __slots__ = ()
@@ -88,7 +86,7 @@ class Request(Record):
         return any(self.annotations.get(k) == v for k, v in SANDBOX_ANNOTATIONS)
 
 
-def request_from_spec(spec: dict, bundle: str | None = None) -> Request:
+def request_from_spec(spec: dict, bundle: "str | None" = None) -> "Request":
     process: dict = spec["process"] if isinstance(spec.get("process"), dict) else {}
     env = {}
     for item in process.get("env") or ():
@@ -119,12 +117,12 @@ def request_from_spec(spec: dict, bundle: str | None = None) -> Request:
     return Request(env, annotations, rootfs and os.path.normpath(rootfs), numbers, dests, userns)
 
 
-def find_ldconfig() -> str | None:
+def find_ldconfig() -> "str | None":
     """The node's own ldconfig (the hook runs on the real node, not in a fake host root)."""
     return next((p for p in LDCONFIG_CANDIDATES if os.access(p, os.X_OK)), None)
 
 
-def _node(n: Node) -> DeviceNode:
+def _node(n: "Node") -> "DeviceNode":
     return DeviceNode(n.path, n.type, n.major, n.minor, "rwm", n.file_mode, n.uid, n.gid)
 
 
@@ -142,15 +140,15 @@ class _Choice(Record):
     from the spec first), whether it gives driver files without any device, and (NVIDIA)
     the driver capabilities the container asks for."""
 
-    vendor: VendorInventory
-    devices: list[Device]
+    vendor: "VendorInventory"
+    devices: "list[Device]"
     driver_only: bool
-    caps: frozenset[str] | None = None
+    caps: "frozenset[str] | None" = None
 
     __slots__ = ()
 
 
-def unusable(v: VendorInventory, caps: frozenset | None = None) -> tuple[str, str] | None:
+def unusable(v: "VendorInventory", caps: "frozenset | None" = None) -> "tuple[str, str] | None":
     """(code, reason) when the vendor's devices are there but what its userspace needs is
     not, for a container asking for `caps` (NVIDIA; None: the default capabilities); None
     when it can work. code is short enough for a label value (agent/labels.py)."""
@@ -169,7 +167,7 @@ def unusable(v: VendorInventory, caps: frozenset | None = None) -> tuple[str, st
     return None
 
 
-def _in_spec(d: Device, req: Request) -> bool:
+def _in_spec(d: "Device", req: "Request") -> bool:
     """Does the spec already hold a node of this device (a device plugin's)? By number; by
     path only where the spec gives no number."""
     known = req.spec_devices or {}
@@ -189,7 +187,7 @@ def _numbers(known: dict) -> frozenset:
     return frozenset(v for v in known.values() if v is not None)
 
 
-def _visible_nvidia(v: VendorInventory, vis: policy.Visible, warn) -> list[Device]:
+def _visible_nvidia(v: "VendorInventory", vis: "policy.Visible", warn) -> "list[Device]":
     if vis.mode == "all":
         return list(v.devices)
     if vis.mode != "list":
@@ -219,12 +217,12 @@ def _visible_nvidia(v: VendorInventory, vis: policy.Visible, warn) -> list[Devic
 DRI_DIR = "/dev/dri/"
 
 
-def _dri_name(path: str) -> str | None:
+def _dri_name(path: str) -> "str | None":
     """card1 of /dev/dri/card1; None for a node elsewhere."""
     return path[len(DRI_DIR) :] if path.startswith(DRI_DIR) else None
 
 
-def _allocated(d: Device, allocations: list[tuple[str, str, str]]) -> tuple[str, str, str] | None:
+def _allocated(d: "Device", allocations: "list[tuple[str, str, str]]") -> "tuple[str, str, str] | None":
     """The kubelet's allocation of the device to another pod, (resource, id, pod uid), or
     None. Device plugins name NVIDIA GPUs by UUID (or index), AMD and others by PCI address
     (a partition is taken when its GPU is), Intel's by card name (card1, card1-0)."""
@@ -246,7 +244,7 @@ def _allocated(d: Device, allocations: list[tuple[str, str, str]]) -> tuple[str,
     return None
 
 
-def _hold_back(v: VendorInventory, candidates: list[Device], allocated, held: list) -> list[Device]:
+def _hold_back(v: "VendorInventory", candidates: "list[Device]", allocated, held: list) -> "list[Device]":
     """The candidates the kubelet did not allocate to other pods; each one held back is
     appended to `held` as {"device", "why"}."""
     keep = []
@@ -265,15 +263,15 @@ def _hold_back(v: VendorInventory, candidates: list[Device], allocated, held: li
 
 
 def plan(
-    inv: Inventory,
-    req: Request,
-    ldconfig: str | None = None,
+    inv: "Inventory",
+    req: "Request",
+    ldconfig: "str | None" = None,
     config=None,
-    state_dir: str | None = None,
-    warnings: list | None = None,
-    helper: str | None = None,
-    explain: dict | None = None,
-) -> Edits:
+    state_dir: "str | None" = None,
+    warnings: "list | None" = None,
+    helper: "str | None" = None,
+    explain: "dict | None" = None,
+) -> "Edits":
     """The edits for one container. Empty Edits mean: leave the spec exactly as it is.
 
     ldconfig: the node's (None: find_ldconfig()). helper: gpuhook-hook as the node sees it
@@ -349,7 +347,7 @@ def plan(
     return edits
 
 
-def _why_none(inv: Inventory, pod, held: list, choices: list) -> str:
+def _why_none(inv: "Inventory", pod, held: list, choices: list) -> str:
     """One line: why a node with GPUs gave this container none."""
     if held and not any(c.devices for c in choices):
         return f'all {len(held)} GPU(s) held back: allocated by the kubelet to other pods (share = "unallocated")'
@@ -362,7 +360,7 @@ def _why_none(inv: Inventory, pod, held: list, choices: list) -> str:
     )
 
 
-def _limit(choices: list[_Choice], req: Request, budget: int, state_dir, warn) -> list[_Choice]:
+def _limit(choices: "list[_Choice]", req: "Request", budget: int, state_dir, warn) -> "list[_Choice]":
     keys = [f"{c.vendor.vendor}:{d.id}" for c in choices for d in c.devices if not _in_spec(d, req)]
     keep = set(policy.least_used(keys, budget, state_dir, warn))
     return [
@@ -371,7 +369,7 @@ def _limit(choices: list[_Choice], req: Request, budget: int, state_dir, warn) -
     ]
 
 
-def _edits(inv: Inventory, req: Request, choices: list[_Choice], ldconfig, config, warn, helper) -> Edits:
+def _edits(inv: "Inventory", req: "Request", choices: "list[_Choice]", ldconfig, config, warn, helper) -> "Edits":
     nodes: list[DeviceNode] = []
     mounts: list[Mount] = []
     lib_paths: list[str] = []
@@ -448,7 +446,7 @@ def _edits(inv: Inventory, req: Request, choices: list[_Choice], ldconfig, confi
     return Edits(env, tuple(nodes), tuple(dict.fromkeys(mounts)), tuple(hooks), _group_gids(nodes))
 
 
-def _group_gids(nodes: list[DeviceNode]) -> tuple[int, ...]:
+def _group_gids(nodes: "list[DeviceNode]") -> "tuple[int, ...]":
     """The host groups of nodes that only their group may open (0660 render, video): without
     them a non-root container cannot use the device."""
     gids = []
@@ -462,14 +460,14 @@ class _Part(Record):
     """What one vendor's choice adds to a container: device nodes, mounts, and the library
     paths (in the container) whose directories the ld-cache hook covers."""
 
-    nodes: list[DeviceNode]
-    mounts: list[Mount]
-    lib_paths: list[str]
+    nodes: "list[DeviceNode]"
+    mounts: "list[Mount]"
+    lib_paths: "list[str]"
 
     __slots__ = ()
 
 
-def _nvidia(inv: Inventory, req: Request, c: _Choice, config, warn) -> _Part:
+def _nvidia(inv: "Inventory", req: "Request", c: "_Choice", config, warn) -> "_Part":
     nodes: list[DeviceNode] = []
     mounts: list[Mount] = []
     lib_paths: list[str] = []
@@ -506,7 +504,7 @@ def _nvidia(inv: Inventory, req: Request, c: _Choice, config, warn) -> _Part:
     return _Part(nodes, mounts, lib_paths)
 
 
-def _mps(inv: Inventory, req: Request, v: VendorInventory, config, mounts: list, warn) -> None:
+def _mps(inv: "Inventory", req: "Request", v: "VendorInventory", config, mounts: list, warn) -> None:
     """The MPS control daemon's pipe directory, read-write, where the container's CUDA looks
     for it (its CUDA_MPS_PIPE_DIRECTORY, else the default). The host side is the node's
     (config mps_pipe_dir), never a path the container names."""

@@ -12,8 +12,6 @@ not valid (unknown key, unknown vendor, not a small whole number, too long) is i
 whole, with a warning, and the container gets what the node policy gives.
 """
 
-from __future__ import annotations
-
 import os
 import stat as _stat
 
@@ -72,13 +70,13 @@ class PodPolicy(Record):
     max_gpus: at most that many devices (GPUs or partitions), None = no limit."""
 
     inject: bool = True
-    vendors: frozenset[str] | None = None
-    max_gpus: int | None = None
+    vendors: "frozenset[str] | None" = None
+    max_gpus: "int | None" = None
 
     __slots__ = ()
 
 
-def pod_policy(annotations: dict, warn) -> PodPolicy:
+def pod_policy(annotations: dict, warn) -> "PodPolicy":
     inject, vendors, max_gpus = True, None, None
     for key in sorted(annotations):
         if not key.startswith(PREFIX):
@@ -130,7 +128,7 @@ def pod_of(annotations: dict) -> dict:
     return out
 
 
-def pod_uid(annotations: dict) -> str | None:
+def pod_uid(annotations: dict) -> "str | None":
     return next((annotations[k] for k in POD_UID_ANNOTATIONS if annotations.get(k)), None)
 
 
@@ -141,12 +139,12 @@ class Visible(Record):
     """mode: all (every GPU), none (driver files, no GPU), void (nothing), list (tokens)."""
 
     mode: str
-    tokens: tuple[str, ...] = ()
+    tokens: "tuple[str, ...]" = ()
 
     __slots__ = ()
 
 
-def nvidia_visible(env: dict, mounts: tuple = ()) -> Visible:
+def nvidia_visible(env: dict, mounts: tuple = ()) -> "Visible":
     """NVIDIA_VISIBLE_DEVICES. Unset: every GPU (a gpu-optional container asks for what the
     node has). Empty or "void": nothing at all. "none": driver files, no GPU. "all". Else a
     comma-separated list of indices, UUIDs or UUID prefixes (the device plugin's envvar
@@ -184,7 +182,7 @@ def nvidia_caps(env: dict, warn) -> frozenset:
     return frozenset(caps) or DEFAULT_CAPS
 
 
-def imex_channels(env: dict) -> frozenset | None:
+def imex_channels(env: dict) -> "frozenset | None":
     """NVIDIA_IMEX_CHANNELS: None = every channel the node has; else the channel numbers."""
     if IMEX_ENV not in env:
         return None
@@ -196,7 +194,7 @@ def imex_channels(env: dict) -> frozenset | None:
     )
 
 
-def container_dir(path: str) -> str | None:
+def container_dir(path: str) -> "str | None":
     """A directory path the container names for itself (CUDA_MPS_PIPE_DIRECTORY): absolute,
     normal, not / and not in /proc, /sys or /dev; None when it is not."""
     if not path.startswith("/") or len(path) > 255 or "\0" in path:
@@ -210,7 +208,7 @@ def container_dir(path: str) -> str | None:
 # -- round robin -----------------------------------------------------------------------
 
 
-def least_used(keys: list[str], n: int, state_dir: str | None, warn) -> list[str]:
+def least_used(keys: "list[str]", n: int, state_dir: "str | None", warn) -> "list[str]":
     """The n of `keys` given out least often on this node (ties: least recently, then in
     the order given), remembered in <state_dir>/gpu-usage.json. The read-choose-write runs
     under an exclusive fcntl lock and the file is replaced atomically, so concurrent creates
@@ -283,7 +281,7 @@ def least_used(keys: list[str], n: int, state_dir: str | None, warn) -> list[str
 # -- kubelet device allocations ---------------------------------------------------------
 
 
-def allocated_devices(root: str, own_pod: str | None) -> tuple[list[tuple[str, str, str]] | None, str | None]:
+def allocated_devices(root: str, own_pod: "str | None") -> "tuple[list[tuple[str, str, str]] | None, str | None]":
     """(resource, device id, pod uid) the kubelet's device manager allocated to pods other than
     `own_pod`, from its checkpoint (<root>/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint:
     {"Data": {"PodDeviceEntries": [{"PodUID", "ContainerName", "ResourceName",

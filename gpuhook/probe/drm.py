@@ -10,8 +10,6 @@ reported with present=False (runc creates it in the container).
 Connectors (card0-DP-1) and anything else in /sys/class/drm are ignored.
 """
 
-from __future__ import annotations
-
 from ..record import Record
 
 from ..inventory import Node, node_number
@@ -26,18 +24,18 @@ class DrmDevice(Record):
     """One DRM device: pci address or None, ids or None, driver or None, the node path of its
     device directory, and its card / render Node (None when it has none)."""
 
-    pci: str | None
-    vendor_id: int | None
-    device_id: int | None
-    driver: str | None
+    pci: "str | None"
+    vendor_id: "int | None"
+    device_id: "int | None"
+    driver: "str | None"
     sysfs: str
-    card: Node | None
-    render: Node | None
+    card: "Node | None"
+    render: "Node | None"
 
     __slots__ = ()
 
 
-def _pci_ids(host: Host, sysfs: str, ev: dict[str, str]) -> tuple[int | None, int | None]:
+def _pci_ids(host: "Host", sysfs: str, ev: "dict[str, str]") -> "tuple[int | None, int | None]":
     """vendor/device from the hex files, else from uevent PCI_ID ("1002:687F")."""
     ids = [read_hex(host, sysfs + "/vendor"), read_hex(host, sysfs + "/device")]
     for i, text in enumerate(ev.get("PCI_ID", "").partition(":")[::2]):
@@ -49,7 +47,7 @@ def _pci_ids(host: Host, sysfs: str, ev: dict[str, str]) -> tuple[int | None, in
     return ids[0], ids[1]
 
 
-def _node(host: Host, name: str, number: int, drm_major: int) -> Node | None:
+def _node(host: "Host", name: str, number: int, drm_major: int) -> "Node | None":
     dev = None
     text = host.read_text(f"{CLASS_DIR}/{name}/dev", quiet=True)
     if text is not None:
@@ -60,7 +58,7 @@ def _node(host: Host, name: str, number: int, drm_major: int) -> Node | None:
     return device_node(host, f"/dev/dri/{name}", major, minor, lazy=True)
 
 
-def drm_devices(host: Host, drm_major: int = DRM_MAJOR) -> list[DrmDevice]:
+def drm_devices(host: "Host", drm_major: int = DRM_MAJOR) -> "list[DrmDevice]":
     """Every DRM device, in card-number order (render-only devices after)."""
     entries = []
     for name in host.listdir(CLASS_DIR):

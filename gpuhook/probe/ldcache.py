@@ -17,8 +17,6 @@ glibc-hwcaps names) is ignored. parse() raises LdCacheError, and nothing else,
 on any malformed input.
 """
 
-from __future__ import annotations
-
 import os  # loaded at interpreter start anyway
 import struct
 import sys
@@ -77,7 +75,7 @@ class Entry(Record):
     __slots__ = ()
 
 
-def parse(data: bytes, prefixes: tuple[bytes, ...] | None = None) -> list[Entry]:
+def parse(data: bytes, prefixes: "tuple[bytes, ...] | None" = None) -> "list[Entry]":
     """Entries of an ld.so.cache image, in file order (bytes-like input). prefixes: only the
     entries whose name starts with one of them (the others are not decoded, nor checked: a
     node's cache has thousands, the NVIDIA probe wants a few dozen)."""
@@ -157,14 +155,14 @@ def _string(data, base, offset):
     return data[pos:nul].decode("utf-8", "surrogateescape")
 
 
-def machine_flags(machine: str | None = None) -> int | None:
+def machine_flags(machine: "str | None" = None) -> "int | None":
     """Arch bits (flags & 0xff00) of native libraries for a uname -m style name, or None."""
     if machine is None:
         machine = os.uname().machine  # what platform.machine() returns, without its imports
     return _MACHINE_FLAGS.get(machine.lower())
 
 
-def lookup(entries, machine: str | None = None) -> dict[str, str]:
+def lookup(entries, machine: "str | None" = None) -> "dict[str, str]":
     """name -> path for libc6 entries of `machine` (None: this one); first entry wins.
 
     When the machine's arch bits are unknown, entries of every arch are accepted.

@@ -34,8 +34,6 @@ decides what a container gets:
   sockets ("ipc") and the MPS pipe directory ("mps").
 """
 
-from __future__ import annotations
-
 import stat as _stat
 
 from .. import defaults
@@ -60,7 +58,7 @@ FIRMWARE_DIR = "/lib/firmware/nvidia"
 
 CUDA_SONAME = "libcuda.so.1"
 # file stem -> (soname, or None where the soname is the versioned name itself; capability)
-LIBRARIES: dict[str, tuple[str | None, str]] = {
+LIBRARIES: "dict[str, tuple[str | None, str]]" = {
     "libcuda": (CUDA_SONAME, "compute"),
     "libcudadebugger": ("libcudadebugger.so.1", "compute"),
     "libnvidia-ptxjitcompiler": ("libnvidia-ptxjitcompiler.so.1", "compute"),
@@ -128,7 +126,7 @@ XORG_DIRS = (
 BIN_DIRS = ("/usr/bin", "/usr/local/bin", "/bin", "/usr/sbin", "/sbin")
 
 
-def parse_information(text: str) -> dict[str, str]:
+def parse_information(text: str) -> "dict[str, str]":
     """The `information` file: "Key: \\t value" lines."""
     out = {}
     for line in text.splitlines():
@@ -138,7 +136,7 @@ def parse_information(text: str) -> dict[str, str]:
     return out
 
 
-def parse_version(text: str) -> str | None:
+def parse_version(text: str) -> "str | None":
     """/proc/driver/nvidia/version: "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.14  ..."."""
     for line in text.splitlines():
         if line.startswith("NVRM version:"):
@@ -152,7 +150,7 @@ def parse_version(text: str) -> str | None:
     return None
 
 
-def parse_mig_minors(text: str) -> dict[str, int]:
+def parse_mig_minors(text: str) -> "dict[str, int]":
     """/proc/driver/nvidia-caps/mig-minors: "gpu0/gi1/access 12", "config 1", "monitor 2" lines."""
     out: dict[str, int] = {}
     for line in text.splitlines():
@@ -168,7 +166,7 @@ def _is_version(s: str) -> bool:
     return len(parts) >= 2 and all(is_uint(p) for p in parts)
 
 
-def _gpus_from_proc(host: Host, major: int) -> list[Device]:
+def _gpus_from_proc(host: "Host", major: int) -> "list[Device]":
     bus_ids = [b for b in host.listdir(GPUS_DIR) if ":" in b]
     devices = []
     unknown_minor = []
@@ -208,7 +206,7 @@ def _gpus_from_proc(host: Host, major: int) -> list[Device]:
     return out
 
 
-def _gpus_from_dev(host: Host, major: int) -> list[Device]:
+def _gpus_from_dev(host: "Host", major: int) -> "list[Device]":
     minors = [n for n, _ in numbered_names(host.listdir("/dev"), "nvidia")]
     out = []
     for index, minor in enumerate(minors):
@@ -221,7 +219,7 @@ def _gpus_from_dev(host: Host, major: int) -> list[Device]:
 # -- per-GPU extras: MIG capabilities, DRM nodes --------------------------------------
 
 
-def _access_minor(host: Host, path: str, table: dict[str, int], name: str) -> int | None:
+def _access_minor(host: "Host", path: str, table: "dict[str, int]", name: str) -> "int | None":
     """A MIG capability's minor: its `access` file ("DeviceFileMinor: 12"), else mig-minors."""
     text = host.read_text(path, limit=4096, quiet=True) or ""
     for line in text.splitlines():
@@ -231,7 +229,7 @@ def _access_minor(host: Host, path: str, table: dict[str, int], name: str) -> in
     return table.get(name)
 
 
-def _mig_nodes(host: Host, gpu_minor: int, table: dict[str, int], caps_major: int | None) -> list[Node]:
+def _mig_nodes(host: "Host", gpu_minor: int, table: "dict[str, int]", caps_major: "int | None") -> "list[Node]":
     """The access capabilities of the GPU's MIG instances (GIs and their CIs): what a process
     needs, besides /dev/nvidia<minor>, to use them. Never config/monitor (MIG management)."""
     names: list[tuple[str, str | None]] = []
@@ -262,7 +260,7 @@ def _mig_nodes(host: Host, gpu_minor: int, table: dict[str, int], caps_major: in
     return out
 
 
-def _drm_nodes(host: Host, pcis: set[str], drm_major: int) -> dict[str, tuple[Node, ...]]:
+def _drm_nodes(host: "Host", pcis: "set[str]", drm_major: int) -> "dict[str, tuple[Node, ...]]":
     """PCI address -> the nvidia-drm card/render nodes of that GPU."""
     if not host.listdir("/sys/class/drm"):
         return {}
@@ -275,7 +273,7 @@ def _drm_nodes(host: Host, pcis: set[str], drm_major: int) -> dict[str, tuple[No
     return out
 
 
-def _with_extras(host: Host, devices: list[Device], majors: dict[str, list[int]]) -> list[Device]:
+def _with_extras(host: "Host", devices: "list[Device]", majors: "dict[str, list[int]]") -> "list[Device]":
     table_text = host.read_text(MIG_MINORS, quiet=True)
     table = parse_mig_minors(table_text) if table_text else {}
     caps_major = first_major(majors, "nvidia-caps")
@@ -293,7 +291,7 @@ def _with_extras(host: Host, devices: list[Device], majors: dict[str, list[int]]
 # -- control nodes ---------------------------------------------------------------------
 
 
-def _control_nodes(host: Host, majors: dict[str, list[int]], major: int) -> tuple[Node, ...]:
+def _control_nodes(host: "Host", majors: "dict[str, list[int]]", major: int) -> "tuple[Node, ...]":
     uvm = first_major(majors, "nvidia-uvm")
     wanted: list[tuple[str, int | None, int | None, bool]] = [
         ("/dev/nvidiactl", major, CTL_MINOR, True),
@@ -327,11 +325,11 @@ class Layout(Record):
     directory) pairs; a path under none of them keeps its path inside the root."""
 
     name: str
-    lib_dirs: tuple[str, ...]
-    xorg_dirs: tuple[str, ...]
-    bin_dirs: tuple[str, ...]
+    lib_dirs: "tuple[str, ...]"
+    xorg_dirs: "tuple[str, ...]"
+    bin_dirs: "tuple[str, ...]"
     firmware_dir: str
-    dest: tuple[tuple[str, str], ...]
+    dest: "tuple[tuple[str, str], ...]"
 
     __slots__ = ()
 
@@ -354,7 +352,7 @@ FLAT = Layout(
 _CACHE_PREFIXES = tuple(f"{stem}.so".encode() for stem in LIBRARIES)
 
 
-def _ldcache(host: Host) -> dict[str, str]:
+def _ldcache(host: "Host") -> "dict[str, str]":
     data = host.read_bytes("/etc/ld.so.cache", limit=64 << 20, quiet=True)
     if data is None:
         return {}
@@ -367,7 +365,7 @@ def _ldcache(host: Host) -> dict[str, str]:
         return {}
 
 
-def _version_suffix(path: str, stem: str) -> str | None:
+def _version_suffix(path: str, stem: str) -> "str | None":
     base = path.rsplit("/", 1)[-1]
     prefix = stem + ".so."
     return base[len(prefix) :] if base.startswith(prefix) and _is_version(base[len(prefix) :]) else None
@@ -378,7 +376,7 @@ class _Dirs:
 
     __slots__ = ("host", "names")
 
-    def __init__(self, host: Host) -> None:
+    def __init__(self, host: "Host") -> None:
         self.host = host
         self.names: dict[str, frozenset] = {}
 
@@ -389,7 +387,7 @@ class _Dirs:
         return name in names
 
 
-def _search_dirs(stem: str, hit: str | None, layout: Layout) -> list[str]:
+def _search_dirs(stem: str, hit: "str | None", layout: "Layout") -> "list[str]":
     dirs = [hit.rpartition("/")[0]] if hit else []
     if stem == "libglxserver_nvidia":
         dirs += layout.xorg_dirs
@@ -400,8 +398,14 @@ def _search_dirs(stem: str, hit: str | None, layout: Layout) -> list[str]:
 
 
 def _find_library(
-    host: Host, stem: str, soname: str | None, version: str | None, cache: dict[str, str], dirs: _Dirs, layout: Layout
-) -> str | None:
+    host: "Host",
+    stem: str,
+    soname: "str | None",
+    version: "str | None",
+    cache: "dict[str, str]",
+    dirs: "_Dirs",
+    layout: "Layout",
+) -> "str | None":
     """The real file of `stem` for the running driver, as a node path; None (with a warning
     where something of another version or a dangling name was found instead)."""
     hit = (cache.get(soname) if soname else None) or (cache.get(f"{stem}.so.{version}") if version else None)
@@ -428,7 +432,7 @@ def _find_library(
     return real
 
 
-def _libraries(host: Host, version: str | None, layout: Layout) -> tuple[tuple[Library, ...], str | None]:
+def _libraries(host: "Host", version: "str | None", layout: "Layout") -> "tuple[tuple[Library, ...], str | None]":
     cache = _ldcache(host)
     dirs = _Dirs(host)
     if version is None:  # no /proc: the version libcuda.so.1 leads to
@@ -445,7 +449,7 @@ def _libraries(host: Host, version: str | None, layout: Layout) -> tuple[tuple[L
     return tuple(dict.fromkeys(libs)), version
 
 
-def _binaries(host: Host, layout: Layout) -> tuple[str, ...]:
+def _binaries(host: "Host", layout: "Layout") -> "tuple[str, ...]":
     out = []
     for name in BINARIES:
         for d in layout.bin_dirs:
@@ -455,7 +459,7 @@ def _binaries(host: Host, layout: Layout) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def _driver_files(host: Host, version: str | None, layout: Layout) -> tuple[Library, ...]:
+def _driver_files(host: "Host", version: "str | None", layout: "Layout") -> "tuple[Library, ...]":
     """ICD/vendor files and the GSP firmware of the running version, from a driver root."""
     out = []
     for path, capability in FILES if layout is ROOTED else ():
@@ -472,7 +476,7 @@ def _driver_files(host: Host, version: str | None, layout: Layout) -> tuple[Libr
     return tuple(dict.fromkeys(out))
 
 
-def _ipc_files(host: Host) -> tuple[Library, ...]:
+def _ipc_files(host: "Host") -> "tuple[Library, ...]":
     """The node's IPC sockets and MPS pipe directory (the host's, whatever the driver root)."""
     out = []
     for path in SOCKETS:
@@ -494,16 +498,16 @@ class Userspace(Record):
     """What one driver root gave, with node paths: root is the node path of the driver root
     (None: nothing found anywhere); mount_map as VendorInventory.mount_map."""
 
-    root: str | None
-    libraries: tuple[Library, ...]
-    binaries: tuple[str, ...]
-    version: str | None
-    mount_map: tuple[tuple[str, str], ...]
+    root: "str | None"
+    libraries: "tuple[Library, ...]"
+    binaries: "tuple[str, ...]"
+    version: "str | None"
+    mount_map: "tuple[tuple[str, str], ...]"
 
     __slots__ = ()
 
 
-def _open_root(host: Host, root: str) -> tuple[Host, Layout] | str:
+def _open_root(host: "Host", root: str) -> "tuple[Host, Layout] | str":
     """A Host for the driver root `root` (links inside it resolved inside it) and its
     layout; or, as a string, why it cannot be one."""
     if root == driverroot.HOST:
@@ -522,7 +526,7 @@ def _open_root(host: Host, root: str) -> tuple[Host, Layout] | str:
     return sub, FLAT if flat else ROOTED
 
 
-def _scan(host: Host, sub: Host, layout: Layout, version: str | None) -> Userspace:
+def _scan(host: "Host", sub: "Host", layout: "Layout", version: "str | None") -> "Userspace":
     """Libraries, tools and driver files of the driver root `sub`, as node paths of `host`."""
     libs, found = _libraries(sub, version, layout)
     files = _driver_files(sub, found, layout)
@@ -544,7 +548,7 @@ def _scan(host: Host, sub: Host, layout: Layout, version: str | None) -> Userspa
     )
 
 
-def _why_not(sub: Host, layout: Layout, version: str | None) -> str:
+def _why_not(sub: "Host", layout: "Layout", version: "str | None") -> str:
     """Why `sub` gave no libcuda of the running driver, in a few words."""
     cache = _ldcache(sub)
     dirs = _Dirs(sub)
@@ -571,7 +575,7 @@ def _why_not(sub: Host, layout: Layout, version: str | None) -> str:
     return why
 
 
-def _userspace(host: Host, version: str | None) -> Userspace:
+def _userspace(host: "Host", version: "str | None") -> "Userspace":
     """The driver userspace of the running driver: from the first driver root (the node
     config's nvidia_driver_root, or every one of driverroot.AUTO_ROOTS) that has libcuda of
     that version. None has: one warning that says what each lacked; then the host's own
@@ -606,7 +610,7 @@ def _userspace(host: Host, version: str | None) -> Userspace:
     return found if found.libraries or found.binaries else found._replace(root=None)
 
 
-def probe(host: Host) -> VendorInventory | None:
+def probe(host: "Host") -> "VendorInventory | None":
     majors = char_majors(host)
     major = first_major(majors, "nvidia", "nvidia-frontend") or FRONTEND_MAJOR
     devices = _gpus_from_proc(host, major)

@@ -234,7 +234,6 @@ def log_line(config, inv: Invocation, out: Outcome, started: float) -> None:
     if not config.log_file:
         return
     from .. import fastjson
-    from ..log import utc_now
 
     record = {
         "time": utc_now(),
@@ -302,7 +301,6 @@ def exec_env(inv: Invocation, args: list[str], real: str, config) -> list[str]:
         why = f"{type(e).__name__}: {e}"
     if why and config.log_file:
         from .. import fastjson
-        from ..log import utc_now
 
         append_line(
             config.log_file,
@@ -340,6 +338,14 @@ def delete_and_forget(inv: Invocation, args: list[str], real: str) -> None:
     sys.exit(rc if rc >= 0 else 128 - rc)
 
 
+def utc_now(ms: bool = True, t: float | None = None) -> str:
+    """2026-11-29T19:40:49.577Z, the log time format of the runtime and of gpuhook.log (ms=False:
+    whole seconds)."""
+    t = time.time() if t is None else t
+    head = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
+    return head + (f".{int(t * 1000) % 1000:03d}Z" if ms else "Z")
+
+
 def append_line(path: str, line: str) -> None:
     """One write(2) of a whole line with O_APPEND: concurrent creates never interleave."""
     try:
@@ -359,7 +365,6 @@ def _runtime_error(inv: Invocation, msg: str) -> None:
     sys.stderr.write(f"gpuhook-runtime: {msg}\n")
     if inv.log:
         from .. import fastjson
-        from ..log import utc_now
 
         if inv.log_format == "json":
             line = fastjson.dumps({"level": "error", "msg": f"gpuhook-runtime: {msg}", "time": utc_now(ms=False)})

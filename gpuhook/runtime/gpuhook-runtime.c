@@ -62,7 +62,7 @@ static const char *const KEYS[] = {"runtime", "host_root", "log_file", "fail_mod
 #define INTERPRETER "libexec/python3"
 #define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 /* the interpreter's start: the site-packages dir is argv[1], the runtime's argv follows */
-#define STARTUP "import sys; sys.path.insert(0, sys.argv.pop(1)); from gpuhook.runtime import main; main()"
+#define STARTUP "import sys; sys.path.insert(0, sys.argv.pop(1)); import gpuhook.startup" /* defaults.RUNTIME_MAIN */
 #define MAX_CONFIG (1 << 20) /* what Python reads of it */
 /* the resident server (gpuhook/runtime/server.py): its socket in the cache dir, its wire */
 #define SOCKET_NAME "runtime.sock"

@@ -607,12 +607,12 @@ def where_time_goes(opt: str, b: str, original: bytes, e: dict, log: str) -> dic
     import glob
 
     site = glob.glob(os.path.join(opt, "lib", "python3*", "site-packages"))[0]
+    from gpuhook.defaults import RUNTIME_MAIN
     from gpuhook.install.build import INTERPRETER, LOADER
 
+    # the front's own entry (the module store's: gpuhook/startup.py)
     cmd = [os.path.join(opt, LOADER), "--library-path", os.path.join(opt, "lib"), os.path.join(opt, INTERPRETER),
-           "-X", "importtime", "-I", "-S", "-c",
-           "import sys; sys.path.insert(0, sys.argv.pop(1)); from gpuhook.runtime import main; main()",
-           site, "create", "--bundle", b, "w"]
+           "-X", "importtime", "-I", "-S", "-c", RUNTIME_MAIN, site, "create", "--bundle", b, "w"]
     self_us: dict[str, list[int]] = {}
     for _ in range(10):
         with open(os.path.join(b, "config.json"), "wb") as f:

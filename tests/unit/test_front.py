@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from conftest import FRONT, REPO, is_root, log_records
 from gpuhook.testing import fakehost
-from gpuhook import config, probe, runtime
+from gpuhook import config, defaults, probe, runtime
 from gpuhook.install import build
 from gpuhook.probe import cache
 from gpuhook.probe.host import Host
@@ -78,6 +78,12 @@ def test_the_exec_record_key_is_execenvs():
 
 def test_the_keys_it_reads_are_configs():
     assert set(strings("KEYS")) <= set(config.Config._fields)
+
+
+def test_the_front_runs_the_entry_of_defaults():
+    """Every Python the front starts on a site-packages dir runs defaults.RUNTIME_MAIN (the
+    module store's entry, gpuhook/startup.py)."""
+    assert define("STARTUP") == defaults.RUNTIME_MAIN
 
 
 def test_bundle_loader_is_builds():
@@ -232,5 +238,5 @@ def test_the_bundle_front_runs_its_loader_directly(tmp_path):
     argv = mark.read_text().splitlines()
     here = str(b / "bin")
     assert argv[:5] == ["--library-path", f"{here}/../lib", f"{here}/../{build.INTERPRETER}", "-I", "-S"]
-    assert argv[5] == "-c" and "gpuhook.runtime" in argv[6]
+    assert argv[5:7] == ["-c", defaults.RUNTIME_MAIN]
     assert argv[7:] == [f"{here}/../lib/python3.11/site-packages", "create", "--bundle", str(tmp_path), "c4"]
