@@ -15,12 +15,15 @@ runtime on each GPU host must show the GPU nodes and libcuda in its ld cache.
 Each round runs every runtime once, in a fresh random order, each after a short pause (a
 fixed alternation lets one side absorb the other's asynchronous teardown); a figure is the
 median over rounds of the difference to runc (or to /bin/true for the "alone" rows) in
-the same round. Rows (budgets from issue 14, checked at the end):
+the same round; the rows with a budget of a millisecond or so (FINE) get four times the
+rounds. Rows (budgets from issues 10 and 14, checked at the end):
 
   pass-through         `state <unknown id>`                                        <= 1 ms
   cpu create           `create` alone on a CPU-only node                            <= 1.5 ms
+  cpu create alone     the same with `/bin/true` as the real runtime: the front's own cost
   cpu lifecycle        create+start+delete of busybox `true` on a CPU-only node
   8-GPU alone          the wrapper's create with `/bin/true` as the real runtime    <= 11 ms (total)
+  ..., no server       the same two rows with no runtime server (a fresh interpreter per create)
   8-GPU lifecycle      create+start+delete on 8 GPUs, the wrapper and its hooks vs
                        runc given the same devices and mounts (gpuhook's), no hook  <= 15 ms
   16-GPU lifecycle     the same on 16 GPUs
@@ -63,7 +66,10 @@ sys.path.insert(0, REPO)
 from gpuhook.testing import bundle, fakehost  # noqa: E402
 
 PAUSE_S = 0.02
-EXEC_FACTOR = 4      # the exec rows are a millisecond out of ~25: more rounds (they are quick)
+# the rows whose budget is a millisecond or so out of runc's ~5 to 30 (and its spread of a few):
+# four times the rounds (they are quick)
+FINE = ("pass-through", "cpu create", "exec plain", "exec injected")
+FINE_FACTOR = 4
 BURST = 16
 BURST_ROUNDS = 5
 PAD_ENTRIES = 3000
@@ -81,7 +87,7 @@ BUDGETS = {
     "16 at once": (1.35, "ratio"),
     "wrapper peak RSS MiB": (10.0, "value"),
 }
-CASES = ("pass-through", "cpu create", "cpu lifecycle", "8-GPU alone", "8-GPU alone, no server", "8-GPU lifecycle",
+CASES = ("pass-through", "cpu create", "cpu create alone", "cpu lifecycle", "8-GPU alone", "8-GPU alone, no server", "8-GPU lifecycle",
          "8-GPU lifecycle, no server", "16-GPU lifecycle",
          "ld3000 lifecycle", "cold probe", "MI300X lifecycle", "exec plain", "exec injected", "16 at once")
 
@@ -281,6 +287,7 @@ def bench(args, want: set[str], tmp: str, state: str, runc: str, started_ids: li
 
     gh = {name: gh_config(name, root) for name, root in roots.items()}
     gh_alone = gh_config("gpu8-alone", roots["gpu8"], "/bin/true")
+    gh_cpu_alone = gh_config("cpu-alone", roots["cpu"], "/bin/true")
     gh_cold = {n: gh_config(f"{n}-cold", roots[n], "/bin/true", ttl=0) for n in ("gpu8", "ld3000")}
 
     # runc's side of each GPU figure: the spec gpuhook makes there, minus gpuhook's hooks
@@ -393,6 +400,9 @@ def bench(args, want: set[str], tmp: str, state: str, runc: str, started_ids: li
             d["pass-through"]["peer"] = side(None, [[P, "--root", state, "state", "nope"]], 1, pe(peer_cfg["cpu"]))
         d["cpu create"] = {"runc": side(original, lifecycle(runc, state, b, "c"), 1, env),
                            "gpuhook": side(original, lifecycle(wrapper, state, b, "c"), 1, ghe(gh["cpu"]))}
+        d["cpu create alone"] = {  # the front's own cost, without runc's spread
+            "true": side(original, [[true]], 1, env),
+            "gpuhook": side(original, [[wrapper, "create", "--bundle", b, "a"]], 1, ghe(gh_cpu_alone))}
         d["cpu lifecycle"] = {"runc": side(original, lifecycle(runc, state, b, "c"), 3, env),
                               "gpuhook": side(original, lifecycle(wrapper, state, b, "c"), 3, ghe(gh["cpu"]))}
         if P:
@@ -430,7 +440,7 @@ def bench(args, want: set[str], tmp: str, state: str, runc: str, started_ids: li
         if row not in want:
             continue
         base = "true" if "true" in sides else "runc"
-        n = args.rounds * (EXEC_FACTOR if row.startswith("exec") else 1)
+        n = args.rounds * (FINE_FACTOR if row in FINE else 1)
         times: dict[str, list[float]] = {k: [] for k in sides}
         for i in range(n + 2):  # two warm-up rounds
             got = {}
