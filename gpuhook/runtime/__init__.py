@@ -56,6 +56,8 @@ MAX_SPEC_BYTES = 16 << 20
 # GPUHOOK_STAGES set in the runtime's environment (the node's, never a tenant's): the log line
 # gets the milliseconds of each create stage since the interpreter started (tests/perf/bench.py)
 STAGES: list | None = None
+# set by the runtime server (server.py): its creates' log lines say so ("runtime_server": true)
+IN_SERVER = False
 
 
 def stage(name: str) -> None:
@@ -248,6 +250,8 @@ def log_line(config, inv: Invocation, out: Outcome, started: float) -> None:
         "hooks": out.hooks,
         "duration_ms": round((time.monotonic() - started) * 1000, 2),
     }
+    if IN_SERVER:
+        record["runtime_server"] = True
     if out.explain.get("devices"):
         record["devices"] = out.explain["devices"][:256]
     if out.explain.get("held_back"):

@@ -29,6 +29,7 @@ import socket
 import struct
 import sys
 
+from .. import runtime
 from ..config import cache_dir
 from . import EDITING_COMMANDS, parse_args, prepare
 
@@ -180,6 +181,7 @@ def serve(sock: socket.socket, requests: int | None = None) -> None:
         except ImportError:
             pass
     root = install_root()
+    runtime.IN_SERVER = True
     os.chdir("/")
     served = 0
     while requests is None or served < requests:

@@ -55,6 +55,7 @@ def test_nvidia_8_gpus(make_host, runtime):
     assert os.readlink(os.path.join(b, "rootfs/usr/lib/x86_64-linux-gnu/libcuda.so.1")) == "libcuda.so.550.54.14"
     rec = rt.log_records()[-1]
     assert rec["decision"] == "injected" and rec["container_id"] == "nv8" and rec["vendors"] == ["nvidia"]
+    assert "runtime_server" not in rec  # no server here: a fresh interpreter made it
 
 
 def test_without_cgroup_rule_open_is_eperm(make_host, runtime):
@@ -165,3 +166,37 @@ def test_fail_open_on_broken_host_and_closed_refuses(make_host, runtime, tmp_pat
         else:
             assert r.returncode != 0
             assert "gpuhook-runtime: GPU injection failed" in r.stderr
+
+
+def test_nvidia_8_gpus_through_the_runtime_server(make_host, runtime, tmp_path):
+    """The same container with the node's runtime server running (`gpuhook runtime-server`,
+    as gpuhook-runtime.socket starts it): the same nodes, cgroup rules and libraries; the log
+    line says the server made them."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = make_host("nvidia", mknod=True)
+    rt = runtime(root)
+    srv = subprocess.Popen([sys.executable, "-m", "gpuhook", "runtime-server"], env=rt.env, cwd=tmp_path,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        sock = os.path.join(rt.env["GPUHOOK_CACHE_DIR"], "runtime.sock")
+        for _ in range(500):
+            if os.path.exists(sock) or srv.poll() is not None:
+                break
+            time.sleep(0.01)
+        assert srv.poll() is None, srv.stderr.read()
+        b = rt.bundle("b", ["sh", "-c", SHOW])
+        r = rt.run(b, "nv8s")
+        assert r.returncode == 0, r.stderr
+        nodes = nodes_of(r.stdout)
+        assert all(nodes[f"/dev/nvidia{m}"] == (195, m) for m in range(8))
+        assert "open /dev/nvidia0: cat: can't open '/dev/nvidia0': No such device or address" in r.stdout
+        assert "accel=nvidia" in r.stdout
+        rec = rt.log_records()[-1]
+        assert rec["decision"] == "injected" and rec.get("runtime_server") is True, rec
+    finally:
+        srv.send_signal(signal.SIGTERM)
+        srv.wait(timeout=10)
