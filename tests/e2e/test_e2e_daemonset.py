@@ -377,6 +377,17 @@ def test_daemonset_pod_installs_the_node_and_a_gpu_optional_pod_gets_the_gpus(
                           binds={core.PREFIX: os.path.join(host, core.PREFIX.lstrip("/"))})
     # containerd started on the config the agent edited (what --install-restart does on a node),
     # with the node's /opt/gpuhook at /opt/gpuhook: the handler runs the bundle the pod installed
+    # the node's systemd starting the runtime server on its socket (gpuhook-runtime.socket, which
+    # the agent's install writes): the installed bundle's own server, where the handler runs
+    srv = subprocess.Popen(["nsenter", "-t", str(node_ctd.proc.pid), "-m", "--",
+                            os.path.join(core.PREFIX, "bin", "gpuhook"), "runtime-server"],
+                           env=rt.env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    node_ctd.before_stop(lambda: (srv.terminate(), srv.wait(timeout=10)))
+    for _ in range(1000):
+        if os.path.exists(os.path.join(rt.env["GPUHOOK_CACHE_DIR"], "runtime.sock")) or srv.poll() is not None:
+            break
+        time.sleep(0.01)
+    assert srv.poll() is None, srv.stderr.read()
     cri = cri_client.CRIClient(node_ctd.address, cri_stubs)
     node_ctd.before_stop(cri.close)
     node_ctd.before_stop(cri.remove_all)
@@ -396,7 +407,8 @@ def test_daemonset_pod_installs_the_node_and_a_gpu_optional_pod_gets_the_gpus(
     for minor in range(8):
         assert nodes[f"/dev/nvidia{minor}"] == (195, minor)
     assert "accel=nvidia" in out and "No such device or address" in out
-    decisions = {r["container_id"]: r["decision"] for r in rt.log_records()}
-    assert decisions[cid] == "injected" and decisions[pod_id] == "sandbox"
+    records = {r["container_id"]: r for r in rt.log_records()}
+    assert records[cid]["decision"] == "injected" and records[pod_id]["decision"] == "sandbox"
+    assert records[cid].get("runtime_server") is True, records[cid]  # the installed server made it
     print(f"\nagent: ready after {len(seen['probes'])} probe(s) {seen['probes']}; "
           f"idle CPU {seen['cpu']:.3f}s in {seen['wall']:.1f}s")
