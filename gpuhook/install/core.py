@@ -142,6 +142,14 @@ def _build_bundle(say: Say) -> tuple[str, str]:
 
 def install(opts: Options, say: Say) -> None:
     root = _root(opts.host_root)
+    if opts.dry_run:
+        _install(opts, say, root)
+        return
+    with files.node_lock(root, say):
+        _install(opts, say, root)
+
+
+def _install(opts: Options, say: Say, root: str) -> None:
     runtime = detect(root) if opts.runtime == "auto" else opts.runtime
     state = files.load_state(root)
     if state.get("runtime") not in (None, runtime):
@@ -439,6 +447,14 @@ def _restart(opts: Options, runtime: str, root: str, config_file: str | None, st
 
 def uninstall(opts: Options, say: Say) -> None:
     root = _root(opts.host_root)
+    if opts.dry_run:
+        _uninstall(opts, say, root)
+        return
+    with files.node_lock(root, say):
+        _uninstall(opts, say, root)
+
+
+def _uninstall(opts: Options, say: Say, root: str) -> None:
     state = files.load_state(root)
     runtime = state.get("runtime")
     if runtime and opts.runtime not in ("auto", runtime):

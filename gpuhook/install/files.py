@@ -10,7 +10,9 @@ other file (configs, backup, state) goes through gpuhook.spec.write_atomic.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
@@ -18,6 +20,7 @@ import shutil
 import stat
 import sys
 import time
+from typing import Iterator
 
 from .. import defaults
 from ..spec import write_atomic
@@ -66,6 +69,43 @@ def remove(path: str, what: str | None = None) -> None:
 
 
 # -- state ---------------------------------------------------------------------------
+
+
+LOCK_WAIT = 120.0  # s an install waits for another one on the same node
+LOCK_DIR = "/etc"
+
+
+@contextlib.contextmanager
+def node_lock(root: str, say) -> Iterator[None]:
+    """One install or uninstall at a time on a node (the boot unit, the agent, an operator):
+    an exclusive flock on the node's /etc (the node's / when it has none), a directory that
+    is there before and after any install, so nothing is written for the lock, and every
+    installer of the node, whatever its view of it (/ or /host), locks the same inode.
+    Waited for up to LOCK_WAIT seconds."""
+    d = host(root, LOCK_DIR) if os.path.isdir(host(root, LOCK_DIR)) else root
+    try:
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        raise InstallError(f"{d}: cannot lock it ({e.strerror or e})") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say("waiting for another gpuhook install or uninstall on this node to finish")
+            deadline = time.monotonic() + LOCK_WAIT
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise InstallError(
+                            f"another gpuhook install or uninstall has held the node ({d}) for {LOCK_WAIT:.0f} s"
+                        ) from None
+                    time.sleep(0.1)
+        yield
+    finally:
+        os.close(fd)
 
 
 def load_state(root: str) -> dict:

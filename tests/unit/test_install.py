@@ -984,3 +984,27 @@ def test_server_socket_enabled_with_restart_systemd(tmp_path, fake_bundle):
                    tmp_path / "pid1.ns", env=env)
     ok(r)
     assert record.read_text().splitlines()[0] == "disable --now gpuhook-runtime.socket gpuhook-runtime.service"
+
+
+def test_one_install_at_a_time_on_a_node(tmp_path, fake_bundle):
+    """The boot unit, the agent and an operator may run install together: the second waits
+    for the first (an flock on the node's /etc), says so, then does its own run."""
+    import fcntl
+
+    from gpuhook.install import files as install_files
+
+    node = make_node(tmp_path, "version = 2\n")
+    fd = os.open(node / install_files.LOCK_DIR.lstrip("/"), os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    proc = subprocess.Popen([sys.executable, "-m", "gpuhook", "install", "--host-root", str(node), "--bundle-dir",
+                             fake_bundle], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.5)
+        assert proc.poll() is None, proc.communicate()
+        assert "gpu-optional" not in (node / CONFIG).read_text()  # nothing written while it waits
+    finally:
+        os.close(fd)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "waiting for another gpuhook install or uninstall on this node to finish" in out
+    assert "gpu-optional" in (node / CONFIG).read_text()
