@@ -58,6 +58,19 @@ MAX_SPEC_BYTES = 16 << 20
 STAGES: list | None = None
 # set by the runtime server (server.py): its creates' log lines say so ("runtime_server": true)
 IN_SERVER = False
+# the runtime server's: past this (time.monotonic_ns) its caller has started Python itself, so
+# the request writes nothing (Abandoned)
+DEADLINE_NS: int | None = None
+
+
+class Abandoned(BaseException):
+    """The runtime server's caller stopped waiting: nothing more is written (not an Exception:
+    no fail-open handler may turn it into a create that goes on)."""
+
+
+def still_awaited() -> None:
+    if DEADLINE_NS is not None and time.monotonic_ns() > DEADLINE_NS:
+        raise Abandoned()
 
 
 def stage(name: str) -> None:
@@ -188,9 +201,11 @@ def edit_bundle(bundle: str, config, out: Outcome) -> None:
     from ..spec import apply, check, write_atomic
 
     path = os.path.join(bundle, "config.json")
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO never hangs it
     try:
         st = os.fstat(fd)
+        if st.st_mode & 0o170000 != 0o100000:
+            raise ValueError("config.json is not a regular file")
         if st.st_size > MAX_SPEC_BYTES:
             raise ValueError(f"config.json is {st.st_size} bytes, over the {MAX_SPEC_BYTES} limit")
         raw = os.read(fd, MAX_SPEC_BYTES + 1)
@@ -222,6 +237,7 @@ def edit_bundle(bundle: str, config, out: Outcome) -> None:
         return
     spec = apply(spec, edits)
     stage("applied")
+    still_awaited()
     write_atomic(path, fastjson.dumps(spec).encode(), st.st_mode & 0o7777, sync_dir=False)
     stage("written")
     out.decision = "injected"
@@ -353,7 +369,7 @@ def utc_now(ms: bool = True, t: float | None = None) -> str:
 def append_line(path: str, line: str) -> None:
     """One write(2) of a whole line with O_APPEND: concurrent creates never interleave."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o640)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o640)
     except OSError:
         return
     try:

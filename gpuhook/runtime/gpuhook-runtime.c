@@ -24,14 +24,15 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -66,7 +67,7 @@ static const char *const KEYS[] = {"runtime", "host_root", "log_file", "fail_mod
 #define MAX_CONFIG (1 << 20) /* what Python reads of it */
 /* the resident server (gpuhook/runtime/server.py): its socket in the cache dir, its wire */
 #define SOCKET_NAME "runtime.sock"
-#define SERVER_MAGIC "gpuhook-runtime 1"
+#define SERVER_MAGIC "gpuhook-runtime 2"
 #define MAX_REPLY (1 << 20)
 #define SERVER_TIMEOUT_S 10 /* then Python starts here, as with no server */
 /* runc's container id characters (execenv.ID_CHARS); the log line's safe characters */
@@ -131,6 +132,25 @@ static char *cwd(void) {
     return p ? p : xstrdup("/");
 }
 
+/* plain_value: a one-line value TOML reads as one scalar with nothing after it but a comment:
+ * a basic string with no escape, a literal string, or a number, boolean or date */
+static int plain_value(const char *v) {
+    const char *end;
+    if (*v == '"' || *v == '\'') {
+        end = strchr(v + 1, *v);
+        if (!end || (*v == '"' && memchr(v + 1, '\\', (size_t)(end - v - 1)))) return 0;
+        end++;
+    } else if (!strncmp(v, "true", 4) || !strncmp(v, "false", 5)) {
+        end = v + (v[0] == 't' ? 4 : 5);
+    } else if ((*v >= '0' && *v <= '9') || *v == '+' || *v == '-') {
+        end = v + strspn(v, "0123456789abcdefABCDEFoxTZ_.:+-");
+    } else {
+        return 0;
+    }
+    end += strspn(end, " \t");
+    return !*end || *end == '#';
+}
+
 /* read_config: the top-level `key = "value"` lines of the node config. Anything it cannot
  * read for sure (a multi-line value, an escape, a quoted or dotted key, a key twice, a
  * value Python would refuse, a file that is not a readable regular file) sets slow. */
@@ -144,16 +164,30 @@ static void read_config(struct config *c) {
     }
     struct stat st;
     char *text = NULL;
-    ssize_t len = 0;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > MAX_CONFIG ||
-        !(text = malloc((size_t)st.st_size + 1)) || (len = read(fd, text, (size_t)st.st_size + 1)) < 0 ||
-        len > st.st_size || memchr(text, 0, (size_t)len)) {
+    size_t len = 0;
+    ssize_t r = 0;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size <= MAX_CONFIG &&
+        (text = malloc((size_t)st.st_size + 1))) {
+        while (len <= (size_t)st.st_size && (r = read(fd, text + len, (size_t)st.st_size + 1 - len)) != 0) {
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0) break;
+            len += (size_t)r;
+        }
+    }
+    close(fd);
+    /* read whole, as it was stat'ed, and nothing but printable ASCII, tabs and newlines (a
+     * control character, CR, or any non-ASCII byte, valid UTF-8 or not: Python decides) */
+    if (!text || r < 0 || len != (size_t)st.st_size) {
         c->slow = 1;
-        close(fd);
         free(text);
         return;
     }
-    close(fd);
+    for (size_t i = 0; i < len; i++)
+        if ((text[i] < ' ' && text[i] != '\t' && text[i] != '\n') || text[i] > '~') {
+            c->slow = 1;
+            free(text);
+            return;
+        }
     text[len] = 0;
     for (char *line = text, *next; line && !c->slow; line = next) {
         next = strchr(line, '\n');
@@ -182,6 +216,7 @@ static void read_config(struct config *c) {
         else {
             for (const char *const *k = KEYS; *k; k++)
                 if (strstr(line, *k)) c->slow = 1; /* "runtime", a.runtime: Python reads it */
+            if (!plain_value(val)) c->slow = 1; /* an array, a table, a bare word...: Python reads it */
             continue;
         }
         char quote = *val;
@@ -261,7 +296,10 @@ static void parse_args(int argc, char **argv, struct invocation *inv) {
     }
     if (editing) {
         if (!bundle || !*bundle) inv->bundle = cwd();
-        else if (bundle[0] != '/') inv->bundle = join(cwd(), "/", bundle, NULL);
+        else if (bundle[0] != '/') {
+            char *dir = cwd();
+            inv->bundle = join(dir, dir[1] ? "/" : "", bundle, NULL); /* as os.path.join: "/b" under / */
+        }
         else inv->bundle = xstrdup(bundle);
     }
 }
@@ -373,18 +411,19 @@ static int gpu_present(const char *host_root) {
 static void log_no_gpu(const struct config *c, const struct invocation *inv) {
     const char *file = c->log_file ? c->log_file : LOG_FILE;
     if (!*file) return;
-    const char *id = inv->container_id ? inv->container_id : "", *bundle = inv->bundle;
+    const char *id = inv->container_id ? inv->container_id : "", *bundle = inv->bundle, *q = "\"";
     if (id[strspn(id, LOG_SAFE_CHARS)] || bundle[strspn(bundle, LOG_SAFE_CHARS)]) id = bundle = "?";
+    else if (!inv->container_id) id = "null", q = ""; /* no id: null, as Python's line has it */
     struct timespec now;
     struct tm tm;
     clock_gettime(CLOCK_REALTIME, &now);
     gmtime_r(&now.tv_sec, &tm);
     char *line;
     int n = asprintf(&line,
-                     "{\"time\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"event\":\"create\",\"container_id\":\"%s\","
+                     "{\"time\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"event\":\"create\",\"container_id\":%s%s%s,"
                      "\"bundle\":\"%s\",\"decision\":\"no-gpu\",\"vendors\":[],\"nodes\":[],\"mounts\":[],\"hooks\":0}\n",
                      tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-                     now.tv_nsec / 1000000, id, bundle);
+                     now.tv_nsec / 1000000, q, id, q, bundle);
     if (n < 0) return;
     int fd = open(file, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0640);
     if (fd >= 0) {
@@ -459,6 +498,32 @@ static void add_number(struct fields *f, long n) {
     add_field(f, buf);
 }
 
+/* identity: "dev:ino" of a file ("0:0" when it cannot be stat'ed) */
+static const char *identity(const char *path, char *buf, size_t size) {
+    struct stat st;
+    if (stat(path, &st)) st.st_dev = st.st_ino = 0;
+    snprintf(buf, size, "%llu:%llu", (unsigned long long)st.st_dev, (unsigned long long)st.st_ino);
+    return buf;
+}
+
+static long long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+/* wait_for: fd ready for `events` before the deadline (CLOCK_MONOTONIC ns)? */
+static int wait_for(int fd, short events, long long deadline) {
+    for (;;) {
+        long long left = deadline - now_ns();
+        if (left <= 0) return 0;
+        struct pollfd p = {.fd = fd, .events = events};
+        int n = poll(&p, 1, (int)((left + 999999) / 1000000));
+        if (n > 0) return 1;
+        if (n < 0 && errno != EINTR) return 0;
+    }
+}
+
 /* ask_server: a create, run or exec through the node's resident server (server.py): it runs
  * what Python would, then this process execs the argv it answers (or exits as it says).
  * Returns when there is no answer to act on (no server, another version, a timeout, any
@@ -470,20 +535,27 @@ static void ask_server(int argc, char **argv, const char *dir) {
     if (n + sizeof("/" SOCKET_NAME) > sizeof addr.sun_path) return;
     memcpy(addr.sun_path, cache, n);
     memcpy(addr.sun_path + n, "/" SOCKET_NAME, sizeof("/" SOCKET_NAME));
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) return;
-    struct timeval tv = {.tv_sec = SERVER_TIMEOUT_S};
+    long long deadline = now_ns() + SERVER_TIMEOUT_S * 1000000000LL; /* for all of it, not per read */
     struct ucred cred;
     socklen_t len = sizeof cred;
-    if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) || setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) ||
-        connect(fd, (struct sockaddr *)&addr, sizeof addr) || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) ||
-        (cred.uid != 0 && cred.uid != geteuid())) {
+    if ((connect(fd, (struct sockaddr *)&addr, sizeof addr) && !(errno == EINPROGRESS && wait_for(fd, POLLOUT, deadline))) ||
+        getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) || (cred.uid != 0 && cred.uid != geteuid())) {
         close(fd);
         return;
     }
     struct fields req = {0};
+    char buf[64];
     add_field(&req, SERVER_MAGIC);
     add_field(&req, dir);
+    add_field(&req, identity("/proc/self/exe", buf, sizeof buf)); /* which front: the server serves its own */
+    add_field(&req, identity("/proc/self/ns/mnt", buf, sizeof buf)); /* where paths resolve: its own namespace */
+    mode_t mask = umask(0);
+    umask(mask);
+    add_number(&req, (long)mask);
+    snprintf(buf, sizeof buf, "%lld", deadline);
+    add_field(&req, buf); /* past it the server does nothing: this front has started Python */
     char *here_cwd = cwd();
     add_field(&req, here_cwd);
     long n_env = 0;
@@ -493,8 +565,9 @@ static void ask_server(int argc, char **argv, const char *dir) {
     add_number(&req, argc - 1);
     for (int i = 1; i < argc; i++) add_field(&req, argv[i]);
     for (size_t off = 0; off < req.len;) {
-        ssize_t w = write(fd, req.data + off, req.len - off);
-        if (w < 0 && errno == EINTR) continue;
+        ssize_t w = send(fd, req.data + off, req.len - off, MSG_NOSIGNAL); /* a closed socket: no SIGPIPE */
+        if (w < 0 && (errno == EINTR || ((errno == EAGAIN || errno == EWOULDBLOCK) && wait_for(fd, POLLOUT, deadline))))
+            continue;
         if (w <= 0) {
             close(fd);
             return;
@@ -507,8 +580,9 @@ static void ask_server(int argc, char **argv, const char *dir) {
     if (!reply) _exit(127);
     for (;;) {
         ssize_t r = read(fd, reply + got, MAX_REPLY - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0 || (r > 0 && got + (size_t)r >= MAX_REPLY)) { /* a timeout, or too big to trust */
+        if (r < 0 && (errno == EINTR || ((errno == EAGAIN || errno == EWOULDBLOCK) && wait_for(fd, POLLIN, deadline))))
+            continue;
+        if (r < 0 || (r > 0 && got + (size_t)r >= MAX_REPLY)) { /* the deadline passed, or too big to trust */
             close(fd);
             return;
         }
@@ -588,14 +662,21 @@ static void exec_python(int argc, char **argv) {
     fprintf(stderr, "gpuhook-runtime: cannot run Python (%s): %s\n", py, strerror(errno));
 }
 
+/* the real runtime: the config's (a path or a name on PATH), else runc, else crun */
+static char *real_runtime(const char *configured) {
+    char *rt = configured ? find_runtime(configured) : NULL;
+    if (!configured && !(rt = find_runtime("runc"))) rt = find_runtime("crun");
+    return rt;
+}
+
 int main(int argc, char **argv) {
     struct config c = {0};
     struct invocation inv = {0};
     read_config(&c);
+    if (c.runtime && !*c.runtime) c.runtime = NULL; /* "": unset, as Python reads it */
     parse_args(argc, argv, &inv);
     if (!c.slow) {
-        char *rt = c.runtime ? find_runtime(c.runtime) : NULL;
-        if (!c.runtime && !(rt = find_runtime("runc"))) rt = find_runtime("crun");
+        char *rt = real_runtime(c.runtime);
         const char *base = rt ? strrchr(rt, '/') : NULL;
         if (!rt || !strcmp(base ? base + 1 : rt, "gpuhook-runtime")) {
             fprintf(stderr, "gpuhook-runtime: no real OCI runtime: %s not found (set `runtime` in %s)\n",
@@ -622,12 +703,20 @@ int main(int argc, char **argv) {
             struct stat st;
             if (!rec || stat(rec, &st) != 0 || (!strcmp(cmd, "exec") && !S_ISREG(st.st_mode))) exec_runtime(rt, argv);
             if (!strcmp(cmd, "delete")) {
+                /* SIGCHLD may come ignored (then waitpid has no status to give): default while
+                 * the front waits, the caller's own again in the runtime */
+                struct sigaction dfl = {.sa_handler = SIG_DFL}, caller;
+                sigaction(SIGCHLD, &dfl, &caller);
                 pid_t pid = fork();
-                if (pid == 0) exec_runtime(rt, argv);
-                int status = 0;
-                while (pid > 0 && waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+                if (pid == 0) {
+                    sigaction(SIGCHLD, &caller, NULL);
+                    exec_runtime(rt, argv);
                 }
                 if (pid < 0) exec_runtime(rt, argv);
+                int status, w;
+                while ((w = waitpid(pid, &status, 0)) < 0 && errno == EINTR) {
+                }
+                if (w < 0) return 127; /* no status: never a success */
                 char *state = join(rroot, "/", inv.container_id, NULL);
                 if (!exists(state)) unlink(rec);
                 return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -647,9 +736,9 @@ int main(int argc, char **argv) {
     }
     exec_python(argc, argv);
     if (c.fail_mode && !strcmp(c.fail_mode, "closed")) return 1;
-    char *rt = find_runtime(c.runtime ? c.runtime : "runc");
+    char *rt = real_runtime(c.runtime);
     if (!rt) {
-        fprintf(stderr, "gpuhook-runtime: no real OCI runtime: %s not found\n", c.runtime ? c.runtime : "runc");
+        fprintf(stderr, "gpuhook-runtime: no real OCI runtime: %s not found\n", c.runtime ? c.runtime : "runc or crun");
         return 127;
     }
     exec_runtime(rt, argv);

@@ -8,9 +8,14 @@ create, run or exec that needs Python; the server runs runtime.prepare, exactly 
 interpreter would run, in the caller's environment and current directory, and answers with
 the argv the front then execs (or the exit status and the lines to print).
 
-When there is no server, or it refuses, is another installed version than the front's (an
-upgrade: the server then exits, and systemd starts the new one on the next connection), or
-does not answer in time, the front starts Python itself: the server only ever saves time.
+When there is no server, or it refuses, or does not answer within the front's deadline, the
+front starts Python itself: the server only ever saves time. It serves only the front of its
+own installation (the same directory and the same file, by device and inode) in its own
+mount namespace, and only before the front's deadline (less a margin: past it the front has
+started Python, so the request writes nothing: runtime.Abandoned). Any other front gets
+"fallback"; when its own installation has changed under it (an upgrade: a new front file, or
+the bundle's current version is another), "stale", and it exits: systemd starts the new
+one on the next connection.
 
 One request at a time, in one thread: prepare changes the process's environment and current
 directory for the request, and ~2 ms of work each leaves nothing to gain from threads under
@@ -18,8 +23,9 @@ one interpreter lock. A caller has REQUEST_TIMEOUT seconds to send its request; 
 server's own user may connect (SO_PEERCRED), and the socket is 0600 in a 0700 directory.
 
 The wire: NUL-terminated fields. Request: MAGIC, the front's directory (its links resolved),
-the current directory, the number of env entries and the entries, the number of arguments
-and the arguments. Reply: "exec", the text for stderr, then the argv; or "exit", the status,
+its file's "dev:ino", its mount namespace's "dev:ino", its umask, its deadline
+(CLOCK_MONOTONIC ns), the current directory, the number of env entries and the entries, the
+number of arguments and the arguments. Reply: "exec", the text for stderr, then the argv; or "exit", the status,
 the text for stderr; or "fallback" (start Python) or "stale" (the same, and the server goes).
 """
 
@@ -28,15 +34,19 @@ import os
 import socket
 import struct
 import sys
+import time
 
 from .. import runtime
 from ..config import cache_dir
+from ..install.files import VERSIONS
 from . import EDITING_COMMANDS, parse_args, prepare
 
-MAGIC = "gpuhook-runtime 1"
+MAGIC = "gpuhook-runtime 2"
 SOCKET_NAME = "runtime.sock"  # in the cache dir (the front names it too: tests/unit/test_front.py)
 MAX_REQUEST = 1 << 20
 REQUEST_TIMEOUT = 2.0
+MARGIN_NS = 1_000_000_000  # the server gives up this long before the front does
+FRONT = os.path.join("bin", "gpuhook-runtime")  # the front, in its installation's root
 # the subcommands the front brings here (delete it handles itself: it runs the runtime first)
 SERVED = EDITING_COMMANDS | {"exec"}
 # what a create may import, imported before the first request (a probe imports its vendor's)
@@ -58,10 +68,11 @@ WARM = (
 
 
 class Request:
-    __slots__ = ("here", "cwd", "env", "argv")
+    __slots__ = ("here", "exe", "mntns", "umask", "deadline_ns", "cwd", "env", "argv")
 
-    def __init__(self, here: str, cwd: str, env: dict[str, str], argv: list[str]):
-        self.here, self.cwd, self.env, self.argv = here, cwd, env, argv
+    def __init__(self, here, exe, mntns, umask, deadline_ns, cwd, env, argv):
+        self.here, self.exe, self.mntns, self.umask, self.deadline_ns = here, exe, mntns, umask, deadline_ns
+        self.cwd, self.env, self.argv = cwd, env, argv
 
 
 def socket_path() -> str:
@@ -78,34 +89,67 @@ def install_root() -> str:
 def parse_request(data: bytes) -> Request | None:
     """None for anything that is not a whole, well-formed request."""
     fields = data.split(b"\0")
-    if len(fields) < 6 or fields.pop() != b"" or fields[0].decode(errors="replace") != MAGIC:
+    if len(fields) < 10 or fields.pop() != b"" or fields[0].decode(errors="replace") != MAGIC:
         return None
     try:
-        here, cwd = os.fsdecode(fields[1]), os.fsdecode(fields[2])
-        n_env = int(fields[3])
-        env_fields = fields[4 : 4 + n_env]
-        n_argv = int(fields[4 + n_env])
-        argv = [os.fsdecode(a) for a in fields[5 + n_env :]]
+        here, exe, mntns, umask, deadline = (os.fsdecode(f) for f in fields[1:6])
+        cwd = os.fsdecode(fields[6])
+        n_env = int(fields[7])
+        env_fields = fields[8 : 8 + n_env]
+        n_argv = int(fields[8 + n_env])
+        argv = [os.fsdecode(a) for a in fields[9 + n_env :]]
+        umask_value, deadline_ns = int(umask), int(deadline)
     except (ValueError, IndexError):
         return None
-    if len(env_fields) != n_env or len(argv) != n_argv or not cwd.startswith("/"):
+    if len(env_fields) != n_env or len(argv) != n_argv or not cwd.startswith("/") or not 0 <= umask_value <= 0o777:
         return None
     env: dict[str, str] = {}
     for entry in env_fields:
         key, eq, value = os.fsdecode(entry).partition("=")
         if eq and key:
             env.setdefault(key, value)  # the first of a name, as getenv(3) reads it
-    return Request(here, cwd, env, argv)
+    return Request(here, exe, mntns, umask_value, deadline_ns, cwd, env, argv)
+
+
+def identity(path: str) -> str:
+    """ "dev:ino" of a file, as the front sends it ("0:0" when it cannot be stat'ed)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return "0:0"
+    return f"{st.st_dev}:{st.st_ino}"
+
+
+class Installation:
+    """What this server serves: its installation's root, its front, its mount namespace."""
+
+    def __init__(self, root: str | None = None):
+        self.root = root or install_root()
+        self.front = identity(os.path.join(self.root, FRONT))
+        self.mntns = identity("/proc/self/ns/mnt")
+
+    def changed(self) -> bool:
+        """An upgrade under this server: its front is another file now, or (a host bundle's
+        version directory, install/files.py) the bundle's current version is another."""
+        if identity(os.path.join(self.root, FRONT)) != self.front:
+            return True
+        versions = os.path.dirname(self.root)
+        if os.path.basename(versions) == VERSIONS:
+            current = os.path.realpath(os.path.join(os.path.dirname(versions), "bin"))
+            return os.path.dirname(current) != self.root
+        return False
 
 
 def _reply(*fields: str) -> bytes:
     return b"".join(os.fsencode(f) + b"\0" for f in fields)
 
 
-def handle(req: Request, root: str) -> bytes:
-    """Run the create path for one request, in its environment and current directory."""
-    if os.path.realpath(os.path.join(req.here, "..")) != root:
-        return _reply("stale")
+def handle(req: Request, own: Installation) -> bytes:
+    """Run the create path for one request, in its environment, directory and umask."""
+    if time.monotonic_ns() > req.deadline_ns - MARGIN_NS or req.mntns != own.mntns:
+        return _reply("fallback")
+    if os.path.realpath(os.path.join(req.here, "..")) != own.root or req.exe != own.front:
+        return _reply("stale" if own.changed() else "fallback")
     if parse_args(req.argv).command not in SERVED:
         return _reply("fallback")
     saved_env, saved_stderr = dict(os.environ), sys.stderr
@@ -117,15 +161,20 @@ def handle(req: Request, root: str) -> bytes:
     os.environ.clear()
     os.environ.update(req.env)
     sys.stderr = err
+    saved_umask = os.umask(req.umask)
+    runtime.DEADLINE_NS = req.deadline_ns - MARGIN_NS
     try:
-        argv = prepare(list(req.argv))
-        return _reply("exec", err.getvalue(), *argv)
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-        return _reply("exit", str(code), err.getvalue())
-    except Exception:  # a bug here must not cost the container anything: Python runs it afresh
+        try:
+            argv = prepare(list(req.argv))
+            return _reply("exec", err.getvalue(), *argv)
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+            return _reply("exit", str(code), err.getvalue())
+    except (Exception, runtime.Abandoned):  # a bug here, or nobody waiting: Python runs it afresh
         return _reply("fallback")
     finally:
+        runtime.DEADLINE_NS = None
+        os.umask(saved_umask)
         sys.stderr = saved_stderr
         os.environ.clear()
         os.environ.update(saved_env)
@@ -151,6 +200,7 @@ def listening_socket(path: str | None = None) -> socket.socket:
     if os.environ.get("LISTEN_PID") == str(os.getpid()) and os.environ.get("LISTEN_FDS") == "1":
         for name in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
             os.environ.pop(name, None)  # the requests' runtimes must not think they are activated
+        os.set_inheritable(3, False)
         return socket.socket(fileno=3)
     path = path or socket_path()
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
@@ -171,7 +221,7 @@ def listening_socket(path: str | None = None) -> socket.socket:
     return sock
 
 
-def serve(sock: socket.socket, requests: int | None = None) -> None:
+def serve(sock: socket.socket, requests: int | None = None, own: Installation | None = None) -> None:
     """Answer requests until a stale one (or `requests` of them, for tests)."""
     import importlib
 
@@ -180,7 +230,7 @@ def serve(sock: socket.socket, requests: int | None = None) -> None:
             importlib.import_module(name)
         except ImportError:
             pass
-    root = install_root()
+    own = own or Installation()
     runtime.IN_SERVER = True
     os.chdir("/")
     served = 0
@@ -195,7 +245,7 @@ def serve(sock: socket.socket, requests: int | None = None) -> None:
                 conn.settimeout(REQUEST_TIMEOUT)
                 data = _receive(conn)
                 req = parse_request(data) if data is not None else None
-                reply = handle(req, root) if req is not None else _reply("fallback")
+                reply = handle(req, own) if req is not None else _reply("fallback")
                 conn.sendall(reply)
             except OSError:
                 continue

@@ -437,6 +437,20 @@ def test_config_json_symlink_is_not_followed(make_host, runtime, tmp_path):
     assert records_for(rt, "spec-link")[-1]["decision"] == "error"
 
 
+def test_config_json_fifo_never_hangs_the_create(make_host, runtime, tmp_path):
+    """A config.json that is a FIFO with no writer: opened non-blocking, refused as not a
+    regular file, the create goes on to the runtime (here /bin/true: runc itself would wait
+    on the FIFO, its own business)."""
+    root = make_host("nvidia", mknod=True, gpus=1, libs=False)
+    rt = runtime(root, runtime="/bin/true")
+    b = rt.bundle("b", ["/bin/busybox", "sh", "-c", "echo started"])
+    os.unlink(os.path.join(b, "config.json"))
+    os.mkfifo(os.path.join(b, "config.json"))
+    rt.run(b, "spec-fifo", timeout=20)  # subprocess.TimeoutExpired if it hung
+    rec = records_for(rt, "spec-fifo")[-1]
+    assert rec["decision"] == "error" and "not a regular file" in rec["error"], rec
+
+
 # -- a broken node config: fail open, and say why ------------------------------------------
 
 def _write(path, data: bytes, mode: int = 0o644) -> None:

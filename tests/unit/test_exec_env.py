@@ -392,3 +392,20 @@ def test_runc_exec_into_a_cpu_only_container_is_untouched(make_host, runtime, tm
     r = _exec(wrapper, rt.state, rt.env, "cpu-exec", tmp_path, "echo accel=${GPUHOOK_ACCELERATOR:-none}")
     assert r.returncode == 0 and r.stdout.split() == ["accel=none"], r.stderr
     assert not os.path.exists(os.path.join(rt.env["GPUHOOK_CACHE_DIR"], "exec"))
+
+
+def test_delete_says_the_runtimes_failure_even_with_sigchld_ignored(tmp_path):
+    """A caller that ignores SIGCHLD (inherited across exec, so waitpid has no status to
+    give): the front's delete still exits with the runtime's failure, and keeps the record."""
+    import signal
+
+    front = Front(tmp_path)
+    state = tmp_path / "state"
+    (state / "c1").mkdir(parents=True)
+    rec = front.record(str(state), "c1")
+    (front.out / "fail").write_text("")
+    r = subprocess.run([FRONT, "--root", str(state), "delete", "c1"], capture_output=True, text=True, timeout=30,
+                       env={"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(front.config),
+                            "GPUHOOK_CACHE_DIR": front.cache, "GPUHOOK_PYTHON": front.python},
+                       preexec_fn=lambda: signal.signal(signal.SIGCHLD, signal.SIG_IGN))
+    assert r.returncode == 3 and os.path.exists(rec), r.stderr

@@ -193,7 +193,7 @@ def test_the_front_parses_as_python_does(tmp_path_factory, argv):
         assert recs == []
         return
     (rec,) = recs
-    assert (rec["container_id"], rec["bundle"]) == (inv.container_id or "", inv.bundle)
+    assert (rec["container_id"], rec["bundle"]) == (inv.container_id, inv.bundle)
 
 
 def test_no_gpu_log_never_follows_a_link(tmp_path):
@@ -240,3 +240,20 @@ def test_the_bundle_front_runs_its_loader_directly(tmp_path):
     assert argv[:5] == ["--library-path", f"{here}/../lib", f"{here}/../{build.INTERPRETER}", "-I", "-S"]
     assert argv[5:7] == ["-c", defaults.RUNTIME_MAIN]
     assert argv[7:] == [f"{here}/../lib/python3.11/site-packages", "create", "--bundle", str(tmp_path), "c4"]
+
+
+def test_the_installed_node_config_is_read_by_the_front_alone(tmp_path):
+    """The config `gpuhook install` writes (all defaults, commented) and one with every key
+    set plainly: the front reads them for sure (no Python for a pass-through)."""
+    from gpuhook.install.core import NODE_CONFIG_TEXT
+
+    cfg = tmp_path / "config.toml"
+    mark = tmp_path / "python-ran"
+    for text in (NODE_CONFIG_TEXT, 'runtime = "/bin/true"\nhost_root = "/"\nlog_file = ""\nfail_mode = "open"\n'
+                 'probe_cache_ttl = 10\nshare = "all"\nnvidia_driver_root = "auto"\nldconfig = "/sbin/ldconfig"\n'):
+        cfg.write_text(text)
+        env = {"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(cfg), "GPUHOOK_TEST_MARK": str(mark),
+               "GPUHOOK_PYTHON": fake_python(tmp_path)}
+        r = subprocess.run([FRONT, "--root", str(tmp_path / "st"), "state", "x"], env=env, capture_output=True,
+                           timeout=20)
+        assert not mark.exists(), (text, r.stderr)

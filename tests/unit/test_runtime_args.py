@@ -102,14 +102,26 @@ CONFIGS = [
     '"runtime" = "crun"\n',            # quoted key: the front hands over to Python
     'runtime = "cr\\u0075n"\n',         # escape: idem
     'runtime = """crun"""\n',          # multi-line string: idem
+    'runtime = ""\n',                  # empty: unset, runc
+    'x = ["""\nruntime = "crun"\na=1 """]\n',  # a "key line" inside another key's multi-line string
+    "x = ['''\n[fake]\na=1 ''']\nruntime = \"crun\"\n",  # a "table" inside one
+    'foo = bar\nruntime = "crun"\n',    # invalid TOML elsewhere: all defaults
+    'x = [1, 2]\nruntime = "crun"\n',   # an array: Python reads it
+    '# café\nruntime = "crun"\n',       # non-ASCII in a comment: Python reads it
+    b'# caf\xe9\nruntime = "crun"\n',  # not UTF-8: defaults
+    'runtime = "crun" # \x01\n',       # a control character: invalid TOML
+    'runtime = "crun"\r\n',            # CRLF
+    'n = 10\nflag = true\nwhen = 1979-05-27T07:32:00Z\nruntime = "crun"\n',  # plain values the front reads past
 ]
 
 
 @pytest.mark.parametrize("text", CONFIGS)
 def test_sh_front_and_tomllib_pick_the_same_runtime(text, tmp_path, fake_runtimes):
-    text = text.replace("{bin}", str(fake_runtimes))
     path = tmp_path / "config.toml"
-    path.write_text(text)
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text.replace("{bin}", str(fake_runtimes)))
     config, _ = cfg.load(str(path))
     old = os.environ.get("PATH")
     os.environ["PATH"] = str(fake_runtimes)

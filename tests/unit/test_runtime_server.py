@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -128,34 +129,117 @@ def test_no_server_means_python_starts_here(node):
     assert r.returncode == 0 and node.mark.exists(), r.stderr
 
 
-@pytest.mark.parametrize("answer", [b"", b"exec\0", b"exec\0\0", b"exit\0" + b"1", b"what\0", b"x" * 70000])
+@pytest.mark.parametrize("answer", [b"", b"exec\0", b"exec\0\0", b"exit\0" + b"1", b"what\0", b"x" * 70000,
+                                    None])
 def test_a_server_that_answers_nothing_sure_means_python(node, answer):
+    """None: the server closes without reading the request, of a 1.2 MB environment (the front
+    must not die of SIGPIPE)."""
     os.makedirs(node.cache, exist_ok=True)
     s = socket.socket(socket.AF_UNIX)
     s.bind(os.path.join(node.cache, server.SOCKET_NAME))
     s.listen(1)
-    proc = subprocess.Popen([wrapper_path(), "create", "--bundle", str(node.bundle), "c4"], env=node.env(),
+    env = node.env(**({f"BIG{i}": "x" * 100_000 for i in range(12)} if answer is None else {}))
+    proc = subprocess.Popen([wrapper_path(), "create", "--bundle", str(node.bundle), "c4"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     conn, _ = s.accept()
     conn.settimeout(5)
-    while conn.recv(65536):
-        pass
-    conn.sendall(answer)
+    if answer is None:
+        conn.recv(10)
+    else:
+        while conn.recv(65536):
+            pass
+        conn.sendall(answer)
     conn.close()
     assert proc.wait(timeout=30) == 0
     assert node.mark.exists()
     s.close()
 
 
-def test_a_stale_server_is_not_used_and_goes(node):
-    """A front of another installed version (here: the source tree's) gets no answer from
-    this server, which then exits: systemd starts the new version on the next connection."""
+def installation(tmp_path) -> str:
+    """A copy of this gpuhook laid out as an installation: <root>/bin/gpuhook-runtime (the
+    front) and <root>/lib/python3.X/site-packages/gpuhook (the package it serves)."""
+    import shutil
+
+    root = tmp_path / "install"
+    site = root / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    shutil.copytree(os.path.join(REPO, "gpuhook"), site / "gpuhook", ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "bin").mkdir()
+    shutil.copy2(FRONT, root / "bin" / "gpuhook-runtime")
+    return str(root)
+
+
+def test_another_installations_front_is_not_served(node, tmp_path):
+    """A front of another installation sharing the cache dir (here: the source tree's) gets
+    "fallback" and starts Python; the server stays for its own."""
     node.start_server()
     r = node.front("create", "--bundle", str(node.bundle), "c5", binary=FRONT)
-    assert r.returncode == 0, r.stderr
-    assert node.mark.exists()
+    assert r.returncode == 0 and node.mark.exists(), r.stderr
+    assert node.proc.poll() is None
+    r = node.front("create", "--bundle", str(node.bundle), "c5")
+    assert r.returncode == 0 and not node.mark.exists(), r.stderr
+
+
+def test_an_upgraded_installation_makes_its_server_go(node, tmp_path):
+    """The installation's front replaced under the server (an upgrade in place): its requests
+    are not served, and the server exits (systemd starts the new one on the next connection)."""
+    import shutil
+
+    root = installation(tmp_path)
+    site = next((Path(root) / "lib").glob("python3*/site-packages"))
+    launch = "import sys; sys.path.insert(0, sys.argv.pop(1)); from gpuhook.cli import main; sys.exit(main())"
+    node.start_server([sys.executable, "-I", "-c", launch, str(site), "runtime-server"])
+    front = os.path.join(root, "bin", "gpuhook-runtime")
+    r = node.front("create", "--bundle", str(node.bundle), "c5", binary=front)
+    assert r.returncode == 0 and not node.mark.exists(), r.stderr  # its own front: served
+    shutil.copy2(FRONT, front + ".new")
+    os.rename(front + ".new", front)  # a new file at the same path
+    (node.bundle / "config.json").write_text(json.dumps(SPEC))
+    r = node.front("create", "--bundle", str(node.bundle), "c5", binary=front)
+    assert r.returncode == 0 and node.mark.exists(), r.stderr
     assert node.proc.wait(timeout=10) == 0
     assert "another gpuhook version" in node.proc.stderr.read()
+
+
+@pytest.mark.skipif(not is_root(), reason="needs root (unshare)")
+def test_another_mount_namespace_is_not_served(node):
+    """A caller in another mount namespace (its paths may be other files): Python starts there."""
+    node.start_server()
+    if node.mark.exists():
+        node.mark.unlink()
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", wrapper_path(), "create", "--bundle",
+                        str(node.bundle), "c10"], env=node.env(), cwd=node.tmp, capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 0 and node.mark.exists(), r.stderr
+
+
+def test_a_request_past_its_deadline_writes_nothing(node, make_host):
+    """A request the front stopped waiting for (it has started Python): the server answers
+    "fallback" and writes nothing, config.json, log or exec record."""
+    node.start_server()
+    fields = [server.MAGIC, os.path.dirname(wrapper_path()), server.identity(wrapper_path()),
+              server.identity("/proc/self/ns/mnt"), "18",
+              str(time.monotonic_ns() - 1), str(node.tmp), "2", f"GPUHOOK_CONFIG={node.config}",
+              f"GPUHOOK_CACHE_DIR={node.cache}", "4", "create", "--bundle", str(node.bundle), "c11"]
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(os.path.join(node.cache, server.SOCKET_NAME))
+    s.sendall(b"".join(os.fsencode(f) + b"\0" for f in fields))
+    s.shutdown(socket.SHUT_WR)
+    reply = b""
+    while chunk := s.recv(65536):
+        reply += chunk
+    assert reply == b"fallback\0"
+    assert json.loads((node.bundle / "config.json").read_text()) == SPEC
+    assert log_records(node.log) == []
+    # the same request in time is served
+    fields[5] = str(time.monotonic_ns() + 10**10)
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(os.path.join(node.cache, server.SOCKET_NAME))
+    s.sendall(b"".join(os.fsencode(f) + b"\0" for f in fields))
+    s.shutdown(socket.SHUT_WR)
+    reply = b""
+    while chunk := s.recv(65536):
+        reply += chunk
+    assert reply.startswith(b"exec\0") and "GPUHOOK_ACCELERATOR=nvidia" in (node.bundle / "config.json").read_text()
 
 
 def test_fail_closed_exits_as_python_would(tmp_path, make_host):
@@ -213,16 +297,23 @@ def test_the_socket_is_named_once():
     assert re.search(rf"^ExecStart={defaults.INSTALL_PREFIX}/bin/gpuhook runtime-server$", units.SERVICE_TEXT, re.M)
 
 
-@pytest.mark.parametrize("data", [b"", b"gpuhook-runtime 1\0", b"other\0/\0/\x000\x000\0",
-                                  b"gpuhook-runtime 1\0/b\0rel\x000\x000\0", b"gpuhook-runtime 1\0/b\0/\x002\0A=1\x000\0",
-                                  b"gpuhook-runtime 1\0/b\0/\x00x\x000\0"])
+HEAD = b"gpuhook-runtime 2\0/b\0" + b"1:2\0" + b"3:4\0" + b"18\0" + b"99\0"
+
+
+@pytest.mark.parametrize("data", [b"", b"gpuhook-runtime 2\0", b"other" + HEAD[17:] + b"/\x000\x000\0",
+                                  HEAD + b"rel\x000\x000\0", HEAD + b"/\x002\0A=1\x000\0", HEAD + b"/\x00x\x000\0",
+                                  HEAD.replace(b"18", b"x") + b"/\x000\x000\0",
+                                  HEAD.replace(b"18", b"4096") + b"/\x000\x000\0",
+                                  HEAD.replace(b"99", b"soon") + b"/\x000\x000\0",
+                                  HEAD + b"/\x000\x001\0"])
 def test_bad_requests_are_refused(data):
     assert server.parse_request(data) is None
 
 
 def test_a_request_parses():
-    req = server.parse_request(b"gpuhook-runtime 1\0/b\0/w\x002\0A=1\0A=2\x002\0create\0x\0")
-    assert (req.here, req.cwd, req.env, req.argv) == ("/b", "/w", {"A": "1"}, ["create", "x"])
+    req = server.parse_request(HEAD + b"/w\x002\0A=1\0A=2\x002\0create\0x\0")
+    assert (req.here, req.exe, req.mntns, req.umask, req.deadline_ns, req.cwd, req.env, req.argv) == (
+        "/b", "1:2", "3:4", 18, 99, "/w", {"A": "1"}, ["create", "x"])
 
 
 def test_the_bundle_served(tmp_path, make_host):
