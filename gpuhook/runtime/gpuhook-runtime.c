@@ -69,7 +69,7 @@ static const char *const KEYS[] = {"runtime", "host_root", "log_file", "fail_mod
 #define SOCKET_NAME "runtime.sock"
 #define SERVER_MAGIC "gpuhook-runtime 2"
 #define MAX_REPLY (1 << 20)
-#define SERVER_TIMEOUT_S 10 /* then Python starts here, as with no server */
+#define SERVER_TIMEOUT_S 3 /* then Python starts here, as with no server: a wedged server costs a create 3 s */
 /* runc's container id characters (execenv.ID_CHARS); the log line's safe characters */
 #define ID_CHARS "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_+.-"
 #define LOG_SAFE_CHARS ID_CHARS ":/@=,"

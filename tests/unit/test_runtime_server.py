@@ -332,3 +332,11 @@ def test_the_bundle_served(tmp_path, make_host):
         assert "GPUHOOK_ACCELERATOR=nvidia" in (n.bundle / "config.json").read_text()
     finally:
         n.stop()
+
+
+def test_the_deadlines_are_one_story():
+    """The front waits SERVER_TIMEOUT_S for all of the exchange; the server stops MARGIN_NS
+    before that, so that what it writes is what the front then uses."""
+    source = open(os.path.join(REPO, "gpuhook", "runtime", "gpuhook-runtime.c")).read()
+    (timeout,) = re.findall(r"^#define SERVER_TIMEOUT_S (\d+)", source, re.M)
+    assert 0 < server.MARGIN_NS < int(timeout) * 10**9 and server.REQUEST_TIMEOUT < int(timeout)
