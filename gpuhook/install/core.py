@@ -140,16 +140,23 @@ def _build_bundle(say: Say) -> tuple[str, str]:
 # -- install -----------------------------------------------------------------------------
 
 
-def install(opts: Options, say: Say) -> None:
-    root = _root(opts.host_root)
-    if opts.dry_run:
-        _install(opts, say, root)
-        return
-    with files.node_lock(root, say):
-        _install(opts, say, root)
+def _one_at_a_time(step: Callable[[Options, Say, str], None]) -> Callable[[Options, Say], None]:
+    """install and uninstall: under the node's lock (files.node_lock), but for a dry run."""
+
+    def run(opts: Options, say: Say) -> None:
+        root = _root(opts.host_root)
+        if opts.dry_run:
+            step(opts, say, root)
+            return
+        with files.node_lock(root, say):
+            step(opts, say, root)
+
+    run.__doc__ = step.__doc__
+    return run
 
 
-def _install(opts: Options, say: Say, root: str) -> None:
+@_one_at_a_time
+def install(opts: Options, say: Say, root: str) -> None:
     runtime = detect(root) if opts.runtime == "auto" else opts.runtime
     state = files.load_state(root)
     if state.get("runtime") not in (None, runtime):
@@ -445,16 +452,8 @@ def _restart(opts: Options, runtime: str, root: str, config_file: str | None, st
 # -- uninstall ---------------------------------------------------------------------------
 
 
-def uninstall(opts: Options, say: Say) -> None:
-    root = _root(opts.host_root)
-    if opts.dry_run:
-        _uninstall(opts, say, root)
-        return
-    with files.node_lock(root, say):
-        _uninstall(opts, say, root)
-
-
-def _uninstall(opts: Options, say: Say, root: str) -> None:
+@_one_at_a_time
+def uninstall(opts: Options, say: Say, root: str) -> None:
     state = files.load_state(root)
     runtime = state.get("runtime")
     if runtime and opts.runtime not in ("auto", runtime):

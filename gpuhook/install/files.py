@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
@@ -23,6 +22,7 @@ import time
 from typing import Iterator
 
 from .. import defaults
+from ..fslock import flock_within
 from ..spec import write_atomic
 from . import InstallError
 
@@ -88,21 +88,12 @@ def node_lock(root: str, say) -> Iterator[None]:
     except OSError as e:
         raise InstallError(f"{d}: cannot lock it ({e.strerror or e})") from None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not flock_within(fd, 0, 0):
             say("waiting for another gpuhook install or uninstall on this node to finish")
-            deadline = time.monotonic() + LOCK_WAIT
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise InstallError(
-                            f"another gpuhook install or uninstall has held the node ({d}) for {LOCK_WAIT:.0f} s"
-                        ) from None
-                    time.sleep(0.1)
+            if not flock_within(fd, LOCK_WAIT, 0.1):
+                raise InstallError(
+                    f"another gpuhook install or uninstall has held the node ({d}) for {LOCK_WAIT:.0f} s"
+                )
         yield
     finally:
         os.close(fd)

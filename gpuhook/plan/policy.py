@@ -4,7 +4,7 @@ contract, the node's round-robin memory and the kubelet's device allocations.
 gpuhook.plan decides what a container gets; this module only turns untrusted text (annotations,
 the image's env, the kubelet's checkpoint, gpuhook's own state file) into small values, and
 says in words what it refused. It is on the per-container path: stdlib only, and nothing is
-imported that is not used (fcntl and the JSON layer only when a state file is touched).
+imported that is not used (the lock and the JSON layer only when a state file is touched).
 
 Rules for pod annotations (`gpuhook.dev/*`, passed by containerd/CRI-O into the OCI spec):
 an annotation can only narrow what the node gives; none names a host path; a value that is
@@ -220,10 +220,8 @@ def least_used(keys: "list[str]", n: int, state_dir: "str | None", warn) -> "lis
         return []
     if state_dir is None:
         return list(keys[:n])
-    import fcntl
-    import time
-
     from .. import fastjson
+    from ..fslock import flock_within
     from ..spec import write_atomic
 
     path = os.path.join(state_dir, STATE_FILE)
@@ -234,16 +232,9 @@ def least_used(keys: "list[str]", n: int, state_dir: "str | None", warn) -> "lis
         warn(f"round robin: cannot use {state_dir}: {e.strerror or e}; the first {n} device(s) given")
         return list(keys[:n])
     try:
-        deadline = time.monotonic() + LOCK_WAIT_S
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    warn(f"round robin: {path} stayed locked {LOCK_WAIT_S} s; the first {n} device(s) given")
-                    return list(keys[:n])
-                time.sleep(0.002)
+        if not flock_within(lock, LOCK_WAIT_S, 0.002):
+            warn(f"round robin: {path} stayed locked {LOCK_WAIT_S} s; the first {n} device(s) given")
+            return list(keys[:n])
         seq, usage = 0, {}
         try:
             # non-blocking: a FIFO planted here must not hang every create (under the lock)

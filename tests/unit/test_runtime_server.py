@@ -212,6 +212,19 @@ def test_another_mount_namespace_is_not_served(node):
     assert r.returncode == 0 and node.mark.exists(), r.stderr
 
 
+def ask(node, fields: list[str]) -> bytes:
+    """One request to the node's server, as the front sends it; its whole answer."""
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(os.path.join(node.cache, server.SOCKET_NAME))
+    s.sendall(b"".join(os.fsencode(f) + b"\0" for f in fields))
+    s.shutdown(socket.SHUT_WR)
+    reply = b""
+    while chunk := s.recv(65536):
+        reply += chunk
+    s.close()
+    return reply
+
+
 def test_a_request_past_its_deadline_writes_nothing(node, make_host):
     """A request the front stopped waiting for (it has started Python): the server answers
     "fallback" and writes nothing, config.json, log or exec record."""
@@ -220,26 +233,12 @@ def test_a_request_past_its_deadline_writes_nothing(node, make_host):
               server.identity("/proc/self/ns/mnt"), "18",
               str(time.monotonic_ns() - 1), str(node.tmp), "2", f"GPUHOOK_CONFIG={node.config}",
               f"GPUHOOK_CACHE_DIR={node.cache}", "4", "create", "--bundle", str(node.bundle), "c11"]
-    s = socket.socket(socket.AF_UNIX)
-    s.connect(os.path.join(node.cache, server.SOCKET_NAME))
-    s.sendall(b"".join(os.fsencode(f) + b"\0" for f in fields))
-    s.shutdown(socket.SHUT_WR)
-    reply = b""
-    while chunk := s.recv(65536):
-        reply += chunk
-    assert reply == b"fallback\0"
+    assert ask(node, fields) == b"fallback\0"
     assert json.loads((node.bundle / "config.json").read_text()) == SPEC
     assert log_records(node.log) == []
     # the same request in time is served
     fields[5] = str(time.monotonic_ns() + 10**10)
-    s = socket.socket(socket.AF_UNIX)
-    s.connect(os.path.join(node.cache, server.SOCKET_NAME))
-    s.sendall(b"".join(os.fsencode(f) + b"\0" for f in fields))
-    s.shutdown(socket.SHUT_WR)
-    reply = b""
-    while chunk := s.recv(65536):
-        reply += chunk
-    assert reply.startswith(b"exec\0") and "GPUHOOK_ACCELERATOR=nvidia" in (node.bundle / "config.json").read_text()
+    assert ask(node, fields).startswith(b"exec\0") and "GPUHOOK_ACCELERATOR=nvidia" in (node.bundle / "config.json").read_text()
 
 
 def test_fail_closed_exits_as_python_would(tmp_path, make_host):
