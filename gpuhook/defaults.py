@@ -10,6 +10,7 @@ LOG_FILE = "/var/log/gpuhook.log"  # one JSON line per create (the node config's
 CACHE_DIR = "/run/gpuhook"  # parsed config, probe result, exec records (GPUHOOK_CACHE_DIR)
 READY_FILE = CACHE_DIR + "/ready"  # the agent's readiness file
 INSTALL_PREFIX = "/opt/gpuhook"  # the host bundle
+BUNDLE_VERSIONS = ".versions"  # its versions' directory, under INSTALL_PREFIX (install/files.py)
 BACKUP_DIR = "/etc/gpuhook/backup"  # what install replaced, for uninstall
 RUNTIME_BINARY = INSTALL_PREFIX + "/bin/gpuhook-runtime"  # the handler's binary
 CDI_DIR = "/var/run/cdi"  # where the agent writes CDI specs

@@ -172,7 +172,7 @@ def is_installed(src: str, dst: str) -> bool:
 # The C front (/proc/self/exe) and bin/python3 (cd -P) resolve their own directory once, so one create runs
 # one version's interpreter, libc and gpuhook whatever is switched meanwhile. The previous
 # version stays (a create may still run from it); older ones go once retired RETIRE_GRACE s.
-VERSIONS = ".versions"
+VERSIONS = defaults.BUNDLE_VERSIONS
 CURRENT = ".current"
 RETIRE_GRACE = 60.0
 

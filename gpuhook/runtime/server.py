@@ -38,7 +38,7 @@ import time
 
 from .. import runtime
 from ..config import cache_dir
-from ..install.files import VERSIONS
+from ..defaults import BUNDLE_VERSIONS
 from . import EDITING_COMMANDS, parse_args, prepare
 
 MAGIC = "gpuhook-runtime 2"
@@ -134,7 +134,7 @@ class Installation:
         if identity(os.path.join(self.root, FRONT)) != self.front:
             return True
         versions = os.path.dirname(self.root)
-        if os.path.basename(versions) == VERSIONS:
+        if os.path.basename(versions) == BUNDLE_VERSIONS:
             current = os.path.realpath(os.path.join(os.path.dirname(versions), "bin"))
             return os.path.dirname(current) != self.root
         return False
