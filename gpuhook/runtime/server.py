@@ -62,7 +62,6 @@ WARM = (
     "gpuhook.probe.wsl",
     "gpuhook.spec",
     "gpuhook.fastjson",
-    "gpuhook.log",
     "gpuhook.runtime.execenv",
 )
 
@@ -123,8 +122,8 @@ def identity(path: str) -> str:
 class Installation:
     """What this server serves: its installation's root, its front, its mount namespace."""
 
-    def __init__(self, root: str | None = None):
-        self.root = root or install_root()
+    def __init__(self):
+        self.root = install_root()
         self.front = identity(os.path.join(self.root, FRONT))
         self.mntns = identity("/proc/self/ns/mnt")
 
@@ -194,15 +193,15 @@ def _receive(conn: socket.socket) -> bytes | None:
         chunks.append(chunk)
 
 
-def listening_socket(path: str | None = None) -> socket.socket:
-    """systemd's (socket activation: LISTEN_FDS), else one bound at `path` (default
-    socket_path()): 0600, in a 0700 directory, an old socket there replaced."""
+def listening_socket() -> socket.socket:
+    """systemd's (socket activation: LISTEN_FDS), else one bound at socket_path(): 0600, in
+    a 0700 directory, an old socket there replaced."""
     if os.environ.get("LISTEN_PID") == str(os.getpid()) and os.environ.get("LISTEN_FDS") == "1":
         for name in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
             os.environ.pop(name, None)  # the requests' runtimes must not think they are activated
         os.set_inheritable(3, False)
         return socket.socket(fileno=3)
-    path = path or socket_path()
+    path = socket_path()
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     try:
         import stat
@@ -221,8 +220,8 @@ def listening_socket(path: str | None = None) -> socket.socket:
     return sock
 
 
-def serve(sock: socket.socket, requests: int | None = None, own: Installation | None = None) -> None:
-    """Answer requests until a stale one (or `requests` of them, for tests)."""
+def serve(sock: socket.socket) -> None:
+    """Answer requests until its installation changes under it (a stale request)."""
     import importlib
 
     for name in WARM:
@@ -230,13 +229,11 @@ def serve(sock: socket.socket, requests: int | None = None, own: Installation | 
             importlib.import_module(name)
         except ImportError:
             pass
-    own = own or Installation()
+    own = Installation()
     runtime.IN_SERVER = True
     os.chdir("/")
-    served = 0
-    while requests is None or served < requests:
+    while True:
         conn, _ = sock.accept()
-        served += 1
         with conn:
             try:
                 uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
