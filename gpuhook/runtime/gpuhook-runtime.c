@@ -613,8 +613,7 @@ static void ask_server(int argc, char **argv, const char *dir) {
 /* exec_python: Python edits config.json, then execs the runtime itself. -I: no environment,
  * no user site, and not the current directory (the bundle) on sys.path. In the host bundle
  * (install/build.py) its own loader runs its interpreter. Returns only when no exec worked. */
-static void exec_python(int argc, char **argv) {
-    char *dir = here(argv[0]);
+static void exec_python(int argc, char **argv, const char *dir) {
     char **args = calloc((size_t)argc + 10, sizeof *args);
     if (!args) _exit(127);
     const char *py_env = getenv("GPUHOOK_PYTHON");
@@ -662,6 +661,14 @@ static void exec_python(int argc, char **argv) {
     fprintf(stderr, "gpuhook-runtime: cannot run Python (%s): %s\n", py, strerror(errno));
 }
 
+/* forget_if_gone: the exec record goes once the runtime has no state for the container
+ * (runc and crun: <root>/<id>; execenv.state_exists) */
+static void forget_if_gone(const char *rroot, const char *id, const char *rec) {
+    char *state = join(rroot, "/", id, NULL);
+    if (!exists(state)) unlink(rec);
+    free(state);
+}
+
 /* the real runtime: the config's (a path or a name on PATH), else runc, else crun */
 static char *real_runtime(const char *configured) {
     char *rt = configured ? find_runtime(configured) : NULL;
@@ -689,10 +696,7 @@ int main(int argc, char **argv) {
                 /* No GPU at all: config.json stays as it is. An exec record of an earlier
                  * container of this id (not of a running one) goes; one log line; the runtime. */
                 char *rroot = runtime_root(inv.root, rt), *rec = record_path(rroot, inv.container_id);
-                if (rec && exists(rec)) {
-                    char *state = join(rroot, "/", inv.container_id, NULL);
-                    if (!exists(state)) unlink(rec);
-                }
+                if (rec && exists(rec)) forget_if_gone(rroot, inv.container_id, rec);
                 log_no_gpu(&c, &inv);
                 exec_runtime(rt, argv);
             }
@@ -717,8 +721,7 @@ int main(int argc, char **argv) {
                 while ((w = waitpid(pid, &status, 0)) < 0 && errno == EINTR) {
                 }
                 if (w < 0) return 127; /* no status: never a success */
-                char *state = join(rroot, "/", inv.container_id, NULL);
-                if (!exists(state)) unlink(rec);
+                forget_if_gone(rroot, inv.container_id, rec);
                 return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
             }
         } else {
@@ -729,12 +732,9 @@ int main(int argc, char **argv) {
      * front could not read for sure: Python decides everything, the node's resident one when
      * it runs (server.py), else a fresh one. */
     const char *cmd = inv.command ? inv.command : "";
-    if (!strcmp(cmd, "create") || !strcmp(cmd, "run") || !strcmp(cmd, "exec")) {
-        char *dir = here(argv[0]);
-        ask_server(argc, argv, dir);
-        free(dir);
-    }
-    exec_python(argc, argv);
+    char *dir = here(argv[0]); /* resolved once: the server's check and Python's paths name one version */
+    if (!strcmp(cmd, "create") || !strcmp(cmd, "run") || !strcmp(cmd, "exec")) ask_server(argc, argv, dir);
+    exec_python(argc, argv, dir);
     if (c.fail_mode && !strcmp(c.fail_mode, "closed")) return 1;
     char *rt = real_runtime(c.runtime);
     if (!rt) {
