@@ -280,7 +280,7 @@ def cmd_runtime_server(args) -> int:
         sock = server.listening_socket()
     except OSError as e:
         raise UsageError(f"runtime-server: cannot listen on {server.socket_path()}: {e.strerror or e}") from None
-    print(f"gpuhook runtime-server: listening on {sock.getsockname() or 'the socket systemd passed'}", file=sys.stderr)
+    print(f"gpuhook runtime-server: listening on {server.socket_path()}", file=sys.stderr)
     server.serve(sock)
     print("gpuhook runtime-server: another gpuhook version is installed: exiting", file=sys.stderr)
     return 0

@@ -195,7 +195,8 @@ def _receive(conn: socket.socket) -> bytes | None:
 
 def listening_socket() -> socket.socket:
     """systemd's (socket activation: LISTEN_FDS), else one bound at socket_path(): 0600, in
-    a 0700 directory, an old socket there replaced."""
+    a 0700 directory, an old socket there replaced. Bound and listening under a temporary
+    name first, then renamed into place: a front never finds a socket nobody listens on yet."""
     if os.environ.get("LISTEN_PID") == str(os.getpid()) and os.environ.get("LISTEN_FDS") == "1":
         for name in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
             os.environ.pop(name, None)  # the requests' runtimes must not think they are activated
@@ -206,17 +207,26 @@ def listening_socket() -> socket.socket:
     try:
         import stat
 
-        if stat.S_ISSOCK(os.lstat(path).st_mode):
-            os.unlink(path)
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise FileExistsError(f"{path} is there and not a socket")
     except FileNotFoundError:
         pass
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    tmp = f"{path}.{os.getpid()}"
     old = os.umask(0o177)
     try:
-        sock.bind(path)
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        sock.bind(tmp)
+        sock.listen(128)
+        os.rename(tmp, path)
+    except BaseException:
+        sock.close()
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise
     finally:
         os.umask(old)
-    sock.listen(128)
     return sock
 
 

@@ -379,15 +379,12 @@ def test_daemonset_pod_installs_the_node_and_a_gpu_optional_pod_gets_the_gpus(
     # with the node's /opt/gpuhook at /opt/gpuhook: the handler runs the bundle the pod installed
     # the node's systemd starting the runtime server on its socket (gpuhook-runtime.socket, which
     # the agent's install writes): the installed bundle's own server, where the handler runs
-    srv = subprocess.Popen(["nsenter", "-t", str(node_ctd.proc.pid), "-m", "--",
-                            os.path.join(core.PREFIX, "bin", "gpuhook"), "runtime-server"],
-                           env=rt.env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    from gpuhook.testing import runtime_server
+
+    srv = runtime_server.start(["nsenter", "-t", str(node_ctd.proc.pid), "-m", "--",
+                                os.path.join(core.PREFIX, "bin", "gpuhook"), "runtime-server"],
+                               rt.env, stderr=subprocess.PIPE, text=True)
     node_ctd.before_stop(lambda: (srv.terminate(), srv.wait(timeout=10)))
-    for _ in range(1000):
-        if os.path.exists(os.path.join(rt.env["GPUHOOK_CACHE_DIR"], "runtime.sock")) or srv.poll() is not None:
-            break
-        time.sleep(0.01)
-    assert srv.poll() is None, srv.stderr.read()
     cri = cri_client.CRIClient(node_ctd.address, cri_stubs)
     node_ctd.before_stop(cri.close)
     node_ctd.before_stop(cri.remove_all)

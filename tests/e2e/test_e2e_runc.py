@@ -175,19 +175,14 @@ def test_nvidia_8_gpus_through_the_runtime_server(make_host, runtime, tmp_path):
     import signal
     import subprocess
     import sys
-    import time
+
+    from gpuhook.testing import runtime_server
 
     root = make_host("nvidia", mknod=True)
     rt = runtime(root)
-    srv = subprocess.Popen([sys.executable, "-m", "gpuhook", "runtime-server"], env=rt.env, cwd=tmp_path,
-                           stderr=subprocess.PIPE, text=True)
+    srv = runtime_server.start([sys.executable, "-m", "gpuhook", "runtime-server"], rt.env, cwd=tmp_path,
+                               stderr=subprocess.PIPE, text=True)
     try:
-        sock = os.path.join(rt.env["GPUHOOK_CACHE_DIR"], "runtime.sock")
-        for _ in range(500):
-            if os.path.exists(sock) or srv.poll() is not None:
-                break
-            time.sleep(0.01)
-        assert srv.poll() is None, srv.stderr.read()
         b = rt.bundle("b", ["sh", "-c", SHOW])
         r = rt.run(b, "nv8s")
         assert r.returncode == 0, r.stderr

@@ -63,7 +63,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, REPO)
 
-from gpuhook.testing import bundle, fakehost  # noqa: E402
+from gpuhook.testing import bundle, fakehost, runtime_server  # noqa: E402
 
 PAUSE_S = 0.02
 # the rows whose budget is a millisecond or so out of runc's ~5 to 30 (and its spread of a few):
@@ -274,15 +274,12 @@ def bench(args, want: set[str], tmp: str, state: str, runc: str, started_ids: li
     # the node's resident runtime server (gpuhook runtime-server; systemd/gpuhook-runtime.socket),
     # as installed nodes run it; the "no server" rows use a cache dir with no socket in it
     server_log = open(os.path.join(tmp, "runtime-server.log"), "w")
-    srv = subprocess.Popen([os.path.join(opt, "bin", "gpuhook"), "runtime-server"], env=env, stdin=subprocess.DEVNULL,
-                           stdout=server_log, stderr=server_log)
+    try:
+        srv = runtime_server.start([os.path.join(opt, "bin", "gpuhook"), "runtime-server"], env, stdout=server_log,
+                                   stderr=server_log)
+    except RuntimeError as e:
+        raise SystemExit(f"bench: {e}{open(server_log.name).read()[-300:]}") from None
     servers.append(srv)
-    for _ in range(500):
-        if os.path.exists(os.path.join(cache, "runtime.sock")) or srv.poll() is not None:
-            break
-        time.sleep(0.01)
-    if srv.poll() is not None:
-        raise SystemExit("bench: the runtime server did not start: " + open(server_log.name).read()[-300:])
     no_server = dict(env, GPUHOOK_CACHE_DIR=cache + "-no-server")
 
     gh = {name: gh_config(name, root) for name, root in roots.items()}

@@ -24,6 +24,7 @@ import pytest
 from conftest import FRONT, REPO, is_root, log_records, wrapper_path
 from gpuhook import defaults
 from gpuhook.runtime import server
+from gpuhook.testing import runtime_server
 
 pytestmark = pytest.mark.skipif(wrapper_path() is None, reason="no installed gpuhook-runtime (make venv)")
 SPEC = {"ociVersion": "1.0.2", "root": {"path": "rootfs"}, "process": {"args": ["true"], "env": ["PATH=/bin"]},
@@ -62,15 +63,8 @@ class Node:
     def start_server(self, argv=None, **popen) -> subprocess.Popen:
         env = self.env()
         env.pop("GPUHOOK_PYTHON")
-        self.proc = subprocess.Popen(argv or [sys.executable, "-m", "gpuhook", "runtime-server"], env=env,
-                                     cwd=self.tmp, stderr=subprocess.PIPE, text=True, **popen)
-        sock = os.path.join(self.cache, server.SOCKET_NAME)
-        for _ in range(300):
-            if os.path.exists(sock) or self.proc.poll() is not None:
-                break
-            time.sleep(0.02)
-        assert self.proc.poll() is None, self.proc.stderr.read()
-        time.sleep(0.2)
+        self.proc = runtime_server.start(argv or [sys.executable, "-m", "gpuhook", "runtime-server"], env,
+                                         cwd=self.tmp, stderr=subprocess.PIPE, text=True, **popen)
         return self.proc
 
     def front(self, *argv, binary=None) -> subprocess.CompletedProcess:
@@ -339,3 +333,14 @@ def test_the_deadlines_are_one_story():
     source = open(os.path.join(REPO, "gpuhook", "runtime", "gpuhook-runtime.c")).read()
     (timeout,) = re.findall(r"^#define SERVER_TIMEOUT_S (\d+)", source, re.M)
     assert 0 < server.MARGIN_NS < int(timeout) * 10**9 and server.REQUEST_TIMEOUT < int(timeout)
+
+
+def test_a_file_in_the_sockets_place_is_one_clear_line(tmp_path):
+    """Something not a socket at <cache dir>/runtime.sock: kept, and the server says why."""
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    (cache / server.SOCKET_NAME).write_text("not a socket")
+    r = subprocess.run([sys.executable, "-m", "gpuhook", "runtime-server"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=30, env={"PATH": "/usr/bin:/bin", "GPUHOOK_CACHE_DIR": str(cache)})
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not a socket" in r.stderr, r.stderr
+    assert (cache / server.SOCKET_NAME).read_text() == "not a socket" and os.listdir(cache) == [server.SOCKET_NAME]
