@@ -50,6 +50,9 @@ _SHAPE: tuple[tuple[tuple[str, ...], type, type | None], ...] = (
     (("mounts",), list, dict),
     (("hooks",), dict, list),
 )
+# inside those items, the field gpuhook keys them by (apply: a device by its path, a mount by
+# its destination), and the type runc wants for it
+_ITEM_KEY = {("linux", "devices"): "path", ("mounts",): "destination"}
 
 
 def check(spec: dict) -> None:
@@ -72,6 +75,9 @@ def check(spec: dict) -> None:
                 raise SpecError(f"{where} has an item of type {type(value).__name__}")
             if path == ("hooks",) and any(not isinstance(h, dict) for h in value):  # type: ignore[attr-defined]
                 raise SpecError("hooks has an entry that is not an object")
+            field = _ITEM_KEY.get(path)
+            if field is not None and isinstance(value, dict) and not isinstance(value.get(field, ""), str | None):
+                raise SpecError(f"{where} has an item whose {field} is a {type(value[field]).__name__}")
 
 
 def apply(spec: dict, edits: Edits) -> dict:

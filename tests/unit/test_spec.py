@@ -181,3 +181,21 @@ def test_fastjson_rejects_or_parses_like_json(text):
             fastjson.loads(text)
     else:
         assert fastjson.loads(text) == want
+
+
+@pytest.mark.parametrize("where, item", [
+    (("mounts",), {"destination": ["/x"], "type": "bind", "source": "/x"}),
+    (("linux", "devices"), {"path": {"a": 1}, "type": "c", "major": 1, "minor": 3}),
+])
+def test_an_item_key_of_another_type_is_refused_not_a_crash(where, item):
+    """A mount's destination or a device's path that is not a string (runc refuses it): a
+    SpecError, as for every other wrong type; it was a TypeError in apply (found by atheris)."""
+    spec = {"ociVersion": "1.0.2", "linux": {}}
+    node = spec
+    for key in where[:-1]:
+        node = node.setdefault(key, {})
+    node[where[-1]] = [item]
+    edits = Edits(device_nodes=(DeviceNode("/dev/nvidia0", "c", 195, 0),),
+                  mounts=(Mount("/usr/lib/libcuda.so.1", "/usr/lib/libcuda.so.1"),))
+    with pytest.raises(SpecError):
+        apply(spec, edits)
