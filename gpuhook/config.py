@@ -38,7 +38,10 @@ class Config(Record):
     | all (every GPU, allocated or not).
     mps_pipe_dir: the node's NVIDIA MPS control daemon pipe directory (mounted when present).
     nvidia_driver_root: where the NVIDIA driver's userspace is: "auto" (the host, the GPU
-    Operator's /run/nvidia/driver, GKE's /home/kubernetes/bin/nvidia) or one node path."""
+    Operator's /run/nvidia/driver, GKE's /home/kubernetes/bin/nvidia) or one node path.
+    vendor_label: the node label the agent sets to the primary vendor, as
+    gpuhook.dev/accelerator (default gpu.type; "" turns it off): a label key, not under
+    gpuhook.dev/, kubernetes.io or k8s.io (valid_vendor_label)."""
 
     runtime: "str | None" = None
     host_root: str = "/"
@@ -49,6 +52,7 @@ class Config(Record):
     share: str = DEFAULT_SHARE
     mps_pipe_dir: str = MPS_PIPE_DIR
     nvidia_driver_root: str = NVIDIA_DRIVER_ROOT_AUTO
+    vendor_label: str = defaults.VENDOR_LABEL
 
     __slots__ = ()
 
@@ -63,6 +67,7 @@ _TYPES: "dict[str, type | tuple[type, ...]]" = {
     "share": str,
     "mps_pipe_dir": str,
     "nvidia_driver_root": str,
+    "vendor_label": str,
 }
 
 
@@ -113,7 +118,44 @@ def from_dict(data: dict) -> "tuple[Config, list[str]]":
             f"nvidia_driver_root: {values.pop('nvidia_driver_root')!r} is not "
             f"{NVIDIA_DRIVER_ROOT_AUTO!r} or a normal absolute path; {NVIDIA_DRIVER_ROOT_AUTO!r} used"
         )
+    if "vendor_label" in values and not valid_vendor_label(values["vendor_label"]):
+        errors.append(
+            f"vendor_label: {values.pop('vendor_label')!r} is not a label key ([prefix/]name) outside "
+            f"gpuhook.dev/, kubernetes.io and k8s.io, nor \"\"; {defaults.VENDOR_LABEL!r} used"
+        )
     return Config(**values), errors
+
+
+# Kubernetes' label key grammar, with string operations (no `re` on the per-container path)
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+_DNS_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
+# label prefixes the agent never sets: its own (gpuhook.dev/ labels are the table it writes anyway)
+# and those Kubernetes reserves for itself (node-role.kubernetes.io, node.kubernetes.io...)
+RESERVED_LABEL_DOMAINS = ("gpuhook.dev", "kubernetes.io", "k8s.io")
+
+
+def valid_label_name(name: str) -> bool:
+    """A label key's name part: 1 to 63 of [A-Za-z0-9._-], alphanumeric at both ends."""
+    return 0 < len(name) <= 63 and set(name) <= _NAME_CHARS and name[0].isalnum() and name[-1].isalnum()
+
+
+def valid_label_prefix(prefix: str) -> bool:
+    """A label key's prefix: a DNS subdomain (<= 253 characters, lower-case labels of
+    [a-z0-9-], alphanumeric at both ends, joined by dots)."""
+    return 0 < len(prefix) <= 253 and all(
+        part and set(part) <= _DNS_CHARS and part[0] != "-" and part[-1] != "-" for part in prefix.split(".")
+    )
+
+
+def valid_vendor_label(key: str) -> bool:
+    """vendor_label: "" (off), or a Kubernetes label key ([prefix/]name) whose prefix is none
+    of RESERVED_LABEL_DOMAINS nor a subdomain of one."""
+    if key == "":
+        return True
+    prefix, slash, name = key.rpartition("/")
+    if not valid_label_name(name) or (slash and not valid_label_prefix(prefix)):
+        return False
+    return not any(prefix == d or prefix.endswith("." + d) for d in RESERVED_LABEL_DOMAINS)
 
 
 def valid_driver_root(value: str) -> bool:

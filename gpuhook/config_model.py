@@ -11,7 +11,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError, field_validator
 
-from .config import FAIL_MODES, NVIDIA_DRIVER_ROOT_AUTO, SHARE_MODES, Config, is_clean_abspath, valid_driver_root
+from .config import (
+    FAIL_MODES,
+    NVIDIA_DRIVER_ROOT_AUTO,
+    RESERVED_LABEL_DOMAINS,
+    SHARE_MODES,
+    Config,
+    is_clean_abspath,
+    valid_driver_root,
+    valid_vendor_label,
+)
 
 # the defaults are the fast reader's (config.Config): written once, there
 _D = Config._defaults
@@ -43,6 +52,11 @@ class ConfigModel(BaseModel):
         description='where the NVIDIA driver\'s userspace is: "auto" (the host, '
         "/run/nvidia/driver, /home/kubernetes/bin/nvidia) or one node path",
     )
+    vendor_label: StrictStr = Field(
+        _D["vendor_label"],
+        description="the node label the agent sets to the primary vendor (as gpuhook.dev/accelerator), "
+        'for the nodeAffinity users already write; "" turns it off',
+    )
 
     @field_validator("*")
     @classmethod
@@ -67,6 +81,16 @@ class ConfigModel(BaseModel):
             raise ValueError(
                 f'must be "{NVIDIA_DRIVER_ROOT_AUTO}", "/" or a normal absolute path '
                 "(no '.', '..', '//' or trailing '/')"
+            )
+        return v
+
+    @field_validator("vendor_label")
+    @classmethod
+    def _vendor_label(cls, v: str) -> str:
+        if not valid_vendor_label(v):
+            raise ValueError(
+                '"" or a label key ([prefix/]name: a DNS subdomain, then 1 to 63 of [A-Za-z0-9._-]), '
+                f"not under {', '.join(RESERVED_LABEL_DOMAINS)}"
             )
         return v
 

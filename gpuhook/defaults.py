@@ -15,6 +15,9 @@ BACKUP_DIR = "/etc/gpuhook/backup"  # what install replaced, for uninstall
 RUNTIME_BINARY = INSTALL_PREFIX + "/bin/gpuhook-runtime"  # the handler's binary
 CDI_DIR = "/var/run/cdi"  # where the agent writes CDI specs
 MPS_PIPE_DIR = "/tmp/nvidia-mps"  # NVIDIA MPS's default pipe directory, host and container
+# the scheduling label users already write (nodeAffinity on gpu.type In [nvidia, amd, intel]): the
+# agent sets it to gpuhook.dev/accelerator's vendor (the node config's vendor_label; "" turns it off)
+VENDOR_LABEL = "gpu.type"
 # the bundle's runtime entry, as its front runs it: `python -I -S -c RUNTIME_MAIN <site-packages>
 # ARGS...` (gpuhook/startup.py; the C front's STARTUP is the same string: tests/unit/test_front.py)
 RUNTIME_MAIN = "import sys; sys.path.insert(0, sys.argv.pop(1)); import gpuhook.startup"

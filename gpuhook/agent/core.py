@@ -51,6 +51,16 @@ class Options:
     kubeconfig: str | None = None  # the API from a kubeconfig file (None: in-cluster, when in a pod)
     kube_context: str | None = None  # its context (None: current-context)
     node_name: str | None = None  # this node's name in the API (None: NODE_NAME, else the host name)
+    vendor_label: str | None = None  # the label set to the primary vendor (None: the node config's, read at each probe)
+
+    def resolved_vendor_label(self) -> str:
+        """vendor_label, else the node config's (gpu.type by default; "" = none): read again
+        at each probe, so a renamed or removed key takes effect without a restart."""
+        if self.vendor_label is not None:
+            return self.vendor_label
+        from ..config import load, node_config_path
+
+        return load(node_config_path(self.root))[0].vendor_label
 
     def resolved_runtime_log(self) -> str:
         if self.runtime_log is not None:
@@ -234,6 +244,7 @@ class Agent:
         self._api_failures = 0  # consecutive: the next try waits 2**n s (at most api_resync)
         self._api_retry_at = 0.0
         self._api_said: set[str] = set()  # kinds of API error logged since the API last worked
+        self._foreign_said: dict[str, str] = {}  # labels somebody else set, last logged
         self._node_uid: str | None = None
         self._install_event_posted = False
         self.watch: UdevWatch | None = None
@@ -358,7 +369,7 @@ class Agent:
             self.log.debug("inventory.same", reason=reason)
         self._dev_links(inv)
         ok = self._write_cdi(inv)
-        node_labels = labels_mod.node_labels(inv, self.runtime_ready)
+        node_labels = labels_mod.node_labels(inv, self.runtime_ready, self.opts.resolved_vendor_label())
         ok = self._write_nfd(node_labels) and ok
         self._sync_api(node_labels)  # the API being away is logged and retried, never "not ready"
         if changed:
@@ -451,7 +462,7 @@ class Agent:
         if not due or self.clock() < self._api_retry_at:
             return True
         try:
-            patch, removed, uid = labels_mod.sync_node_labels(self.kube, node_labels)
+            synced = labels_mod.sync_node_labels(self.kube, node_labels)
         except kube_mod.KubeError as e:
             self._api_labels = None  # try again, after a backoff
             self._api_failures += 1
@@ -464,16 +475,25 @@ class Agent:
             self._api_said.clear()
         self._api_failures = 0
         self._api_retry_at = 0.0
-        self._node_uid = uid or self._node_uid
+        self._node_uid = synced.uid or self._node_uid
         self._api_labels = dict(node_labels)
         self._api_synced = self.clock()
-        if patch:
+        if synced.patch:
             self.log.info(
                 "labels.patched",
                 node=self.kube.node,
-                labels={k: v for k, v in patch.items() if v is not None},
-                removed=removed,
+                labels={k: v for k, v in synced.patch.items() if v is not None},
+                removed=synced.removed,
             )
+        if synced.foreign and synced.foreign != self._foreign_said:
+            self.log.warning(
+                "labels.not_ours",
+                node=self.kube.node,
+                labels=synced.foreign,
+                wanted={k: node_labels[k] for k in synced.foreign},
+                note="set by somebody else: left as it is; remove it and the agent sets its own",
+            )
+        self._foreign_said = synced.foreign
         return True
 
     def _post(self, reason: str, message: str, type_: str = "Normal") -> None:

@@ -15,11 +15,22 @@ through the Kubernetes API when the agent has a service account.
 The primary vendor is the first of GPUHOOK_ACCELERATOR, i.e. the backend a gpu-optional
 container picks (probe order: nvidia, amd, intel, accel, dxg: discrete before integrated).
 
+One label outside gpuhook.dev/, for the node affinity users already write: the node config's
+vendor_label (default gpu.type; "" turns it off) = the primary vendor, set exactly when
+gpuhook.dev/accelerator names one (never on a CPU-only node, nor for a vendor whose userspace
+is missing). Which labels outside gpuhook.dev/ are the agent's is the API server's record,
+metadata.managedFields (the agent's field manager, FIELD_MANAGER): the agent removes such a
+label when it is no longer wanted (no GPU left, the key renamed or turned off), and never
+removes nor overwrites one that somebody else set (an operator's hand-made gpu.type).
+
 The API calls are gpuhook.agent.kube's (lightkube); this module only says what the labels are.
 """
 
+import dataclasses
 import os
 import re
+
+from ..config import valid_label_name, valid_vendor_label
 
 PREFIX = "gpuhook.dev/"
 ACCELERATOR = PREFIX + "accelerator"
@@ -29,10 +40,12 @@ OPERATOR_LABELS = frozenset({PREFIX + "install"})
 NFD_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
 NFD_FILE = "gpuhook"
 MAX_VALUE = 63
+# the agent's field manager in the API (kube.py's Client): the API server records under this
+# name which fields the agent's patches set (metadata.managedFields)
+FIELD_MANAGER = "gpuhook-agent"
 
 _BAD = re.compile(r"[^A-Za-z0-9._-]+")
 _ENDS = re.compile(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+\Z")
-_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?\Z")
 
 
 def label_value(text) -> str:
@@ -50,7 +63,7 @@ def label_value(text) -> str:
 
 def valid_key(key: str) -> bool:
     prefix, slash, name = key.rpartition("/")
-    return bool(slash) and prefix == PREFIX[:-1] and bool(_NAME.match(name))
+    return bool(slash) and prefix == PREFIX[:-1] and valid_label_name(name)
 
 
 def common_model(devices) -> str:
@@ -62,11 +75,10 @@ def common_model(devices) -> str:
     return max(counts, key=lambda m: counts[m]) if counts else ""
 
 
-def node_labels(inv, runtime_ready: bool = False) -> dict[str, str]:
-    """The gpuhook.dev/ labels this node should have (values never empty). A vendor whose
-    devices a gpu-optional container would not get (plan.unusable: no driver userspace) is
-    not advertised: only gpuhook.dev/<vendor>.unusable=<why>, and, when no vendor is left,
-    gpuhook.dev/accelerator=none with gpuhook.dev/accelerator.reason=<vendor>-<why>."""
+def usable_vendors(inv) -> tuple[list, list[tuple[str, str]]]:
+    """(the vendors whose devices a gpu-optional container gets, in probe order: the first
+    is GPUHOOK_ACCELERATOR's first; (vendor, code) of each vendor with devices that it would
+    not get: plan.unusable, e.g. no driver userspace)."""
     from ..plan import unusable
 
     vendors, refused = [], []
@@ -76,8 +88,20 @@ def node_labels(inv, runtime_ready: bool = False) -> dict[str, str]:
             refused.append((v.vendor, why[0]))
         elif v.devices:
             vendors.append(v)
+    return vendors, refused
+
+
+def node_labels(inv, runtime_ready: bool = False, vendor_label: str = "") -> dict[str, str]:
+    """The labels this node should have (values never empty): gpuhook.dev/ ones, and
+    `vendor_label` (the node config's, "" none) = gpuhook.dev/accelerator's vendor when it
+    names one. A vendor whose devices a gpu-optional container would not get (plan.unusable:
+    no driver userspace) is not advertised: only gpuhook.dev/<vendor>.unusable=<why>, and,
+    when no vendor is left, gpuhook.dev/accelerator=none with
+    gpuhook.dev/accelerator.reason=<vendor>-<why>."""
+    vendors, refused = usable_vendors(inv)
+    primary = vendors[0].vendor if vendors else None
     labels = {
-        ACCELERATOR: vendors[0].vendor if vendors else "none",
+        ACCELERATOR: primary or "none",
         PREFIX + "gpu.count": str(sum(len(v.devices) for v in vendors)),
     }
     for vendor, code in refused:
@@ -100,7 +124,10 @@ def node_labels(inv, runtime_ready: bool = False) -> dict[str, str]:
                 labels[PREFIX + "driver.version"] = driver
     if runtime_ready:
         labels[RUNTIME_READY] = "true"
-    return {k: v for k, v in labels.items() if v and valid_key(k)}
+    extra = vendor_label if vendor_label and valid_vendor_label(vendor_label) else None
+    if extra and primary:
+        labels[extra] = primary
+    return {k: v for k, v in labels.items() if v and (valid_key(k) or k == extra)}
 
 
 # -- Node Feature Discovery -----------------------------------------------------------
@@ -143,16 +170,62 @@ def write_nfd(labels: dict[str, str], directory: str, name: str = NFD_FILE) -> b
 # -- the Node through the Kubernetes API (gpuhook.agent.kube) --------------------------------
 
 
-def sync_node_labels(api, labels: dict[str, str]) -> tuple[dict, list[str], str | None]:
-    """Make the Node's gpuhook.dev/ labels exactly `labels`: one GET, and one merge patch
-    only when something differs (labels the node no longer has are set to null).
-    Returns (patch, removed keys, the Node's uid)."""
+@dataclasses.dataclass
+class NodeSync:
+    patch: dict  # every label sent, None for those removed
+    removed: list[str]  # the keys removed
+    uid: str | None  # the Node's
+    foreign: dict[str, str]  # keys of `labels` outside gpuhook.dev/ somebody else set otherwise: their value, kept
+
+
+def _map(d, key) -> dict:
+    v = d.get(key) if isinstance(d, dict) else None
+    return v if isinstance(v, dict) else {}
+
+
+def owned_labels(node: dict, manager: str = FIELD_MANAGER) -> set[str]:
+    """The label keys whose last change the API server records as `manager`'s
+    (metadata.managedFields: a change moves a field to the manager that made it)."""
+    out: set[str] = set()
+    for entry in _map(node, "metadata").get("managedFields") or ():
+        if isinstance(entry, dict) and entry.get("manager") == manager and not entry.get("subresource"):
+            fields = _map(_map(_map(entry, "fieldsV1"), "f:metadata"), "f:labels")
+            out.update(k[2:] for k in fields if isinstance(k, str) and k.startswith("f:"))
+    return out
+
+
+def sync_node_labels(api, labels: dict[str, str]) -> NodeSync:
+    """Make the Node's labels `labels`: one GET, and a merge patch only when something
+    differs. Under gpuhook.dev/ the agent's word is final (labels the node no longer has
+    are set to null, OPERATOR_LABELS kept). Outside it (vendor_label), only the agent's own
+    labels (owned_labels) change: a key somebody else set to another value is left as it is
+    (NodeSync.foreign), and an own label no longer wanted (no GPU left, the key renamed or
+    turned off) is removed in a patch of its own, so that an admission policy that no longer
+    allows that key (a rename) never holds back the others."""
+    from .kube import KubeError
+
     node = api.get_node()
     meta = node.get("metadata") or {}
     have = meta.get("labels") or {}
-    patch: dict[str, str | None] = {k: v for k, v in labels.items() if have.get(k) != v}
+    owned = owned_labels(node)
+    patch: dict[str, str | None] = {}
+    foreign: dict[str, str] = {}
+    for k, v in labels.items():
+        if have.get(k) == v:
+            continue
+        if k.startswith(PREFIX) or k not in have or k in owned:
+            patch[k] = v
+        else:
+            foreign[k] = have[k]
     removed = sorted(k for k in have if k.startswith(PREFIX) and k not in labels and k not in OPERATOR_LABELS)
+    stale = sorted(k for k in have if not k.startswith(PREFIX) and k not in labels and k in owned)
     patch.update({k: None for k in removed})
     if patch:
         api.patch_labels(patch)
-    return patch, removed, meta.get("uid")
+    if stale:
+        try:
+            api.patch_labels({k: None for k in stale})
+        except KubeError as e:
+            raise KubeError(f"removing the agent's label {', '.join(stale)}: {e}", e.status, e.kind) from None
+        patch.update({k: None for k in stale})
+    return NodeSync(patch, sorted(removed + stale), meta.get("uid"), foreign)

@@ -118,7 +118,10 @@ def read_state(tmp_path) -> tuple[dict, dict]:
         return specs, {}
     assert text.endswith("\n") and text.startswith("# Written by gpuhook")
     found = labels.parse_nfd(text)
-    assert "gpuhook.dev/accelerator" in found and all(labels.valid_key(k) for k in found), text
+    assert "gpuhook.dev/accelerator" in found, text
+    # gpuhook.dev/ labels, and gpu.type (the node config's vendor_label) = the primary vendor
+    assert all(labels.valid_key(k) or (k == "gpu.type" and v == found["gpuhook.dev/accelerator"])
+               for k, v in found.items()), text
     return specs, found
 
 

@@ -8,6 +8,7 @@ import shutil
 import ssl
 import subprocess
 import threading
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -68,12 +69,8 @@ class FakeAPI:
                     if method == "PATCH" and self.path == node_path:
                         if self.headers.get("Content-Type") != "application/merge-patch+json":
                             return self._reply(415, {"message": "unsupported patch type"})
-                        have = api.node["metadata"].setdefault("labels", {})
-                        for k, v in (body.get("metadata", {}).get("labels") or {}).items():
-                            if v is None:
-                                have.pop(k, None)
-                            else:
-                                have[k] = v
+                        manager = dict(urllib.parse.parse_qsl(query)).get("fieldManager", "unknown")
+                        api._change_labels(manager, body.get("metadata", {}).get("labels") or {})
                         return self._reply(200, api.node)
                     parts = self.path.split("/")
                     if method == "POST" and len(parts) == 6 and parts[1:4] == ["api", "v1", "namespaces"] \
@@ -136,6 +133,35 @@ class FakeAPI:
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
+
+    def _change_labels(self, manager: str, patch: dict) -> None:
+        """A merge patch of the Node's labels by `manager`, with the API server's field
+        management of an Update: a label whose value changes moves to `manager` in
+        metadata.managedFields, a label removed leaves every manager's set."""
+        meta = self.node["metadata"]
+        have = meta.setdefault("labels", {})
+        entries = meta.setdefault("managedFields", [])
+        for k, v in patch.items():
+            if have.get(k) == v:
+                continue  # no change: no ownership moves
+            for e in entries:
+                e["fieldsV1"]["f:metadata"]["f:labels"].pop(f"f:{k}", None)
+            if v is None:
+                have.pop(k, None)
+                continue
+            have[k] = v
+            entry = next((e for e in entries if e["manager"] == manager and e["operation"] == "Update"), None)
+            if entry is None:
+                entry = {"manager": manager, "operation": "Update", "apiVersion": "v1", "fieldsType": "FieldsV1",
+                         "fieldsV1": {"f:metadata": {"f:labels": {}}}}
+                entries.append(entry)
+            entry["fieldsV1"]["f:metadata"]["f:labels"][f"f:{k}"] = {}
+        meta["managedFields"] = [e for e in entries if e["fieldsV1"]["f:metadata"]["f:labels"]]
+
+    def label(self, manager: str, patch: dict) -> None:
+        """Somebody else labels the Node (`kubectl label` is manager kubectl-label)."""
+        with self.lock:
+            self._change_labels(manager, patch)
 
     def add_pod(self, namespace: str, name: str, uid: str, node: str | None = None) -> dict:
         pod = {"apiVersion": "v1", "kind": "Pod",
@@ -264,9 +290,10 @@ def test_api_patch_sets_and_removes_labels(fake_api, tmp_path, tls):
                            "gpuhook.dev/gpu.count": "1", "team": "ml", "gpuhook.dev/install": "true"})
     client = api.client()
     want = labels.node_labels(Inventory("/", (NV, INTEL)), runtime_ready=True)
-    patch, removed, uid = labels.sync_node_labels(client, want)
-    assert uid == "uid-1234"
-    assert removed == ["gpuhook.dev/accelerator.amd"]
+    synced = labels.sync_node_labels(client, want)
+    patch = synced.patch
+    assert synced.uid == "uid-1234"
+    assert synced.removed == ["gpuhook.dev/accelerator.amd"]
     assert patch["gpuhook.dev/accelerator.amd"] is None and patch["gpuhook.dev/gpu.count"] == "3"
     have = api.labels
     assert have.pop("gpuhook.dev/install") == "true"  # the operator's opt-out label is never removed
@@ -276,7 +303,7 @@ def test_api_patch_sets_and_removes_labels(fake_api, tmp_path, tls):
     assert (method, path, ctype) == ("PATCH", "/api/v1/nodes/node-1", "application/merge-patch+json")
     # nothing changed: one GET, no PATCH
     n = len(api.requests)
-    assert labels.sync_node_labels(client, want) == ({}, [], "uid-1234")
+    assert labels.sync_node_labels(client, want) == labels.NodeSync({}, [], "uid-1234", {})
     assert [r[0] for r in api.requests[n:]] == ["GET"]
     # the node loses its GPUs: every GPU label goes, in one patch
     labels.sync_node_labels(client, labels.node_labels(Inventory("/", ()), runtime_ready=True))
@@ -418,8 +445,8 @@ def test_kubeconfig_with_a_token_and_a_ca(fake_api, tmp_path, ca):
     cfg = write_kubeconfig(tmp_path / "kubeconfig", api, ca=ca)
     client = kube.KubeAPI.from_kubeconfig(cfg, node="node-1")
     assert client.base_url == api.url
-    patch, removed, uid = labels.sync_node_labels(client, {"gpuhook.dev/accelerator": "nvidia"})
-    assert uid == "uid-1234" and api.labels["gpuhook.dev/accelerator"] == "nvidia"
+    synced = labels.sync_node_labels(client, {"gpuhook.dev/accelerator": "nvidia"})
+    assert synced.uid == "uid-1234" and api.labels["gpuhook.dev/accelerator"] == "nvidia"
     method, path, body, ctype = api.requests[-1]
     assert (method, path, ctype) == ("PATCH", "/api/v1/nodes/node-1", "application/merge-patch+json")
     assert "fieldManager=gpuhook-agent" in api.queries[-1]
