@@ -41,10 +41,11 @@ def cel(expr: str, act: dict):
 
 
 def admit(name: str, operation: str, obj: dict, old: dict | None = None, namespace: dict | None = None,
-          user: str = "alice", node: str | None = None, resource: str = "pods") -> list[str]:
-    """What the API server does with one request under one policy: [] when admitted, else
-    the messages of the failed validations (messageExpression first, as the server does)."""
-    spec = policy(name)["spec"]
+          user: str = "alice", node: str | None = None, resource: str = "pods", spec: dict | None = None) -> list[str]:
+    """What the API server does with one request under one policy (`spec`: the policy's
+    spec as an overlay changed it): [] when admitted, else the messages of the failed
+    validations (messageExpression first, as the server does)."""
+    spec = spec or policy(name)["spec"]
     rules = spec["matchConstraints"]["resourceRules"]
     if not any(operation in r["operations"] and resource in r["resources"] for r in rules):
         return []
@@ -53,6 +54,10 @@ def admit(name: str, operation: str, obj: dict, old: dict | None = None, namespa
         "object": obj, "oldObject": old, "namespaceObject": namespace,
         "request": {"operation": operation, "userInfo": {"username": user, "extra": extra},
                     "resource": {"group": "", "version": "v1", "resource": resource}}}.items()}
+    if spec.get("variables"):  # in order: each may use those before it
+        act["variables"] = celpy.celtypes.MapType()
+        for var in spec["variables"]:
+            act["variables"][celpy.celtypes.StringType(var["name"])] = cel(var["expression"], act)
     for cond in spec.get("matchConditions", []):
         result = cel(cond["expression"], act)
         assert isinstance(result, celpy.celtypes.BoolType), (cond["name"], result)
@@ -251,7 +256,7 @@ def test_the_agent_changes_only_gpuhook_labels_of_its_own_node():
     assert node_update(node("gpu-2"), node("gpu-2", labels={"gpuhook.dev/x": "1"})) == [
         "gpuhook may only change the node its own pod runs on"]
     assert node_update(old, ok, own=None) == ["gpuhook may only change the node its own pod runs on"]
-    only_labels = ["gpuhook may only change gpuhook.dev/ labels"]
+    only_labels = ["gpuhook may only change gpuhook.dev/ labels and the vendorLabels"]
     assert node_update(old, node(labels={"kubernetes.io/hostname": "evil", "gpuhook.dev/accelerator": "none"})) == only_labels
     assert node_update(old, node(labels={"gpuhook.dev/accelerator": "none"})) == only_labels  # a label removed
     assert node_update(old, node(labels=old["metadata"]["labels"], taints=[{"key": "k", "effect": "NoSchedule"}])) == only_labels
@@ -259,3 +264,78 @@ def test_the_agent_changes_only_gpuhook_labels_of_its_own_node():
     assert node_update(old, node(labels=old["metadata"]["labels"], ownerReferences=[{"name": "x"}])) == only_labels
     # another user (the kubelet, an admin) is not this policy's business
     assert node_update(old, node(labels={}), user="system:node:gpu-1") == []
+
+
+# -- the one label outside gpuhook.dev/: vendor_label (gpu.type) ---------------------------------
+
+NODE_RESTRICTION = "gpuhook-own-node-labels"
+ONLY_LABELS = ["gpuhook may only change gpuhook.dev/ labels and the vendorLabels"]
+
+
+def vendor_labels(spec: dict | None = None) -> list[str]:
+    spec = spec or policy(NODE_RESTRICTION)["spec"]
+    (var,) = [v for v in spec["variables"] if v["name"] == "vendorLabels"]
+    return list(cel(var["expression"], {}))
+
+
+def overlay(value: str) -> dict:
+    """The policy's spec after the kustomize patch its header documents, with `value`:
+    the patch is read from that comment, so the documented overlay is what is tested."""
+    with open(NODE_POLICY) as f:
+        text = f.read()
+    lines = text[text.index("#   patches:"):].splitlines()
+    block = "\n".join(line[len("#   "):] for line in lines if line.startswith("#   ") or line == "#")
+    (patch,) = yaml.safe_load(block)["patches"]
+    assert patch["target"] == {"kind": "ValidatingAdmissionPolicy", "name": NODE_RESTRICTION}
+    (op,) = yaml.safe_load(patch["patch"])
+    assert op["op"] == "replace" and op["path"].startswith("/spec/")
+    spec = policy(NODE_RESTRICTION)["spec"]
+    target = spec
+    *parents, last = op["path"].split("/")[2:]
+    for part in parents:
+        target = target[int(part)] if isinstance(target, list) else target[part]
+    target[int(last) if isinstance(target, list) else last] = value
+    return spec
+
+
+def test_the_policy_allows_the_node_configs_default_vendor_label():
+    from gpuhook import config, defaults
+
+    assert vendor_labels() == [defaults.VENDOR_LABEL] == [config.Config().vendor_label]
+
+
+def test_the_agent_sets_changes_and_removes_gpu_type():
+    bare = node(labels={"kubernetes.io/hostname": "gpu-1", "gpuhook.dev/accelerator": "none"})
+    nvidia = node(labels={"kubernetes.io/hostname": "gpu-1", "gpuhook.dev/accelerator": "nvidia", "gpu.type": "nvidia"})
+    amd = node(labels={"kubernetes.io/hostname": "gpu-1", "gpuhook.dev/accelerator": "amd", "gpu.type": "amd"})
+    assert node_update(bare, nvidia) == []  # set
+    assert node_update(nvidia, amd) == []  # changed
+    assert node_update(amd, bare) == []  # removed: the GPU went
+    # any other key outside gpuhook.dev/ stays out of reach, set or removed
+    for key in ("gpu.vendor", "node-role.kubernetes.io/gpu", "gpu.type.evil", "x/gpu.type"):
+        evil = node(labels={**nvidia["metadata"]["labels"], key: "nvidia"})
+        assert node_update(nvidia, evil) == ONLY_LABELS, key
+        assert node_update(evil, nvidia) == ONLY_LABELS, key
+    # a node somebody else labels gpu.type is not this policy's business
+    assert node_update(bare, nvidia, user="system:serviceaccount:kube-system:other") == []
+
+
+def test_a_renamed_vendor_label_as_the_policy_header_says():
+    bare = node(labels={"gpuhook.dev/accelerator": "nvidia"})
+    old_key = node(labels={"gpuhook.dev/accelerator": "nvidia", "gpu.type": "nvidia"})
+    both = node(labels={"gpuhook.dev/accelerator": "nvidia", "gpu.type": "nvidia", "example.com/gpu-vendor": "nvidia"})
+    new_key = node(labels={"gpuhook.dev/accelerator": "nvidia", "example.com/gpu-vendor": "nvidia"})
+    step1 = overlay('["gpu.type", "example.com/gpu-vendor"]')
+    assert vendor_labels(step1) == ["gpu.type", "example.com/gpu-vendor"]
+    upd = lambda old, new, spec: admit(NODE_RESTRICTION, "UPDATE", new, old=old, user=AGENT, node="gpu-1",  # noqa: E731
+                                       resource="nodes", spec=spec)
+    # step 1, both keys listed: the agent with the new vendor_label sets it and removes the old one
+    assert upd(old_key, both, step1) == [] and upd(both, new_key, step1) == [] and upd(old_key, new_key, step1) == []
+    # step 3, the new key alone: the old one is out of the agent's reach again
+    step3 = overlay('["example.com/gpu-vendor"]')
+    assert upd(new_key, bare, step3) == []
+    assert upd(bare, old_key, step3) == ONLY_LABELS and upd(old_key, bare, step3) == ONLY_LABELS
+    # turned off: no key outside gpuhook.dev/
+    off = overlay("[]")
+    assert upd(bare, old_key, off) == ONLY_LABELS and upd(bare, new_key, off) == ONLY_LABELS
+    assert upd(bare, node(labels={"gpuhook.dev/accelerator": "amd"}), off) == []
