@@ -121,7 +121,7 @@ def from_dict(data: dict) -> "tuple[Config, list[str]]":
     if "vendor_label" in values and not valid_vendor_label(values["vendor_label"]):
         errors.append(
             f"vendor_label: {values.pop('vendor_label')!r} is not a label key ([prefix/]name) outside "
-            f"gpuhook.dev/, kubernetes.io and k8s.io, nor \"\"; {defaults.VENDOR_LABEL!r} used"
+            f'gpuhook.dev/, kubernetes.io and k8s.io, nor ""; {defaults.VENDOR_LABEL!r} used'
         )
     return Config(**values), errors
 

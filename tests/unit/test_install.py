@@ -898,7 +898,7 @@ def test_examples_are_valid_and_gpu_optional():
     assert spec["runtimeClassName"] == "gpu-optional"
     (pref,) = spec["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
     assert pref["preference"]["matchExpressions"] == [
-        {"key": "gpuhook.dev/accelerator", "operator": "In", "values": ["nvidia", "amd", "intel"]}]
+        {"key": "gpu.type", "operator": "In", "values": ["nvidia", "amd", "intel"]}]  # test_scheduling_labels.py
     assert "requiredDuringSchedulingIgnoredDuringExecution" not in spec["affinity"]["nodeAffinity"]
     assert "nvidia.com/gpu" not in json.dumps(worker)
     (pod,) = examples["print-accelerator-pod.yaml"]

@@ -39,6 +39,23 @@ CASES = [
     ('bogus = 1\n', False),
     ('[table]\nx = 1\n', False),
     ('share = \n', False),
+    ('vendor_label = "gpu.type"\n', True),
+    ('vendor_label = ""\n', True),
+    ('vendor_label = "example.com/gpu-vendor"\n', True),
+    ('vendor_label = "accelerator"\n', True),
+    ('vendor_label = "kubernetes.io/gpu"\n', False),
+    ('vendor_label = "node-role.kubernetes.io/gpu"\n', False),
+    ('vendor_label = "x.k8s.io/gpu"\n', False),
+    ('vendor_label = "gpuhook.dev/gpu.type"\n', False),
+    ('vendor_label = "Example.com/gpu"\n', False),
+    ('vendor_label = "gpu type"\n', False),
+    ('vendor_label = "-gpu"\n', False),
+    ('vendor_label = "a/b/c"\n', False),
+    ('vendor_label = "/gpu"\n', False),
+    ('vendor_label = "gpu/"\n', False),
+    (f'vendor_label = "{"x" * 64}"\n', False),
+    (f'vendor_label = "{"a." * 127}b/x"\n', False),  # a prefix over 253 characters
+    ('vendor_label = true\n', False),
 ]
 
 
@@ -57,6 +74,17 @@ def test_fast_reader_defaults_and_new_keys():
     c, errors = cfg.parse('share = "everyone"\n')
     assert c.share == "unallocated" and any("share" in e and "'unallocated' used" in e for e in errors)
     assert cfg.Config().share == "unallocated" and cfg.Config().mps_pipe_dir == "/tmp/nvidia-mps"
+
+
+def test_vendor_label_default_and_fallback():
+    assert cfg.Config().vendor_label == "gpu.type"
+    c, errors = cfg.parse('vendor_label = "example.com/gpu-vendor"\n')
+    assert errors == [] and c.vendor_label == "example.com/gpu-vendor"
+    assert cfg.parse('vendor_label = ""\n') == (cfg.Config(vendor_label=""), [])
+    c, errors = cfg.parse('vendor_label = "node-role.kubernetes.io/gpu"\n')
+    assert c.vendor_label == "gpu.type"
+    assert errors == ["vendor_label: 'node-role.kubernetes.io/gpu' is not a label key ([prefix/]name) outside "
+                      "gpuhook.dev/, kubernetes.io and k8s.io, nor \"\"; 'gpu.type' used"]
 
 
 def test_model_and_fast_reader_have_the_same_defaults():
