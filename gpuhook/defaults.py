@@ -14,7 +14,8 @@ BUNDLE_VERSIONS = ".versions"  # its versions' directory, under INSTALL_PREFIX (
 BACKUP_DIR = "/etc/gpuhook/backup"  # what install replaced, for uninstall
 RUNTIME_BINARY = INSTALL_PREFIX + "/bin/gpuhook-runtime"  # the handler's binary
 CDI_DIR = "/var/run/cdi"  # where the agent writes CDI specs
-MPS_PIPE_DIR = "/tmp/nvidia-mps"  # NVIDIA MPS's default pipe directory, host and container
+MPS_PIPE_DIR = "/tmp/nvidia-mps"  # CUDA's default MPS pipe directory: where a container's CUDA looks
+# (the host side is the node config's mps_pipe_dir, unset by default: config.py)
 # the bundle's runtime entry, as its front runs it: `python -I -S -c RUNTIME_MAIN <site-packages>
 # ARGS...` (gpuhook/startup.py; the C front's STARTUP is the same string: tests/unit/test_front.py)
 RUNTIME_MAIN = "import sys; sys.path.insert(0, sys.argv.pop(1)); import gpuhook.startup"
