@@ -441,7 +441,14 @@ def _edits(inv: "Inventory", req: "Request", choices: "list[_Choice]", ldconfig,
     if wanted and rootfs and helper:
         for kind, args in wanted.items():
             hooks.append(
-                Hook("createContainer", helper, hook.argv(kind, rootfs, args), hook.ENV, hook.TIMEOUT[kind], kind)
+                Hook(
+                    "createContainer",
+                    helper,
+                    hook.argv(kind, rootfs, args),
+                    hook.env(getattr(config, "log_file", None)),
+                    hook.TIMEOUT[kind],
+                    kind,
+                )
             )
     return Edits(env, tuple(nodes), tuple(dict.fromkeys(mounts)), tuple(hooks), _group_gids(nodes))
 
