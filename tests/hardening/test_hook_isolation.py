@@ -133,11 +133,14 @@ def test_hostile_images_reach_nothing_of_the_host(make_host, runtime, tmp_path, 
     check_untouched(s, before, events, f"{magic} as {target}")
     assert r.returncode == 0, r.stderr
     assert "started" in r.stdout and "accel=nvidia" in r.stdout, r.stdout + r.stderr
-    assert records_for(rt, cid)[-1]["decision"] == "injected"
+    recs = records_for(rt, cid)
+    assert [r["decision"] for r in recs if r["event"] == "create"] == ["injected"]
     if target != "etc":  # the image's own /etc took the cache, with the driver libraries
         found = cache_of(rootfs)
         assert "libcuda.so.1" in found and "libz.so.1" not in found, sorted(found)
-    # else /etc leads nowhere in the isolated root: ldconfig fails there, the container starts
+        assert [r for r in recs if r["event"] == hook.EVENT] == []
+    else:  # /etc leads nowhere in the isolated root: ldconfig fails there, the container starts
+        assert [(r["kind"], r["outcome"]) for r in recs if r["event"] == hook.EVENT] == [(hook.LDCACHE, "failed")]
 
 
 def _run_unisolated(b: str, root: str, helper: str, cid: str, state: str) -> subprocess.CompletedProcess:
