@@ -26,8 +26,9 @@ SHARE_MODES = ("all", "unallocated")
 # gives every GPU either way.
 DEFAULT_SHARE = "unallocated"
 # MPS is opt-in: the pipe directory is mounted read-write into every container that gets
-# compute, so only one the node names (the GPU Operator's /run/nvidia/mps, or the daemon's
-# own CUDA_MPS_PIPE_DIRECTORY), and only while no non-root user can write or swap it
+# compute, so only one the node names (NVIDIA's device plugin with MPS sharing, as the GPU
+# Operator runs it: <MPS_ROOT>/<resource>/pipe, /run/nvidia/mps/nvidia.com/gpu/pipe; or the
+# daemon's own CUDA_MPS_PIPE_DIRECTORY), and only while no non-root user can write or swap it
 # (plan/trusted.py). NVIDIA's default, /tmp/nvidia-mps, is under a world-writable /tmp.
 MPS_PIPE_DIR = ""
 
