@@ -25,7 +25,12 @@ SHARE_MODES = ("all", "unallocated")
 # unless the node says share = "all"; a node without device plugins has no checkpoint and
 # gives every GPU either way.
 DEFAULT_SHARE = "unallocated"
-MPS_PIPE_DIR = defaults.MPS_PIPE_DIR
+# MPS is opt-in: the pipe directory is mounted read-write into every container that gets
+# compute, so only one the node names (NVIDIA's device plugin with MPS sharing, as the GPU
+# Operator runs it: <MPS_ROOT>/<resource>/pipe, /run/nvidia/mps/nvidia.com/gpu/pipe; or the
+# daemon's own CUDA_MPS_PIPE_DIRECTORY), and only while no non-root user can write or swap it
+# (plan/trusted.py). NVIDIA's default, /tmp/nvidia-mps, is under a world-writable /tmp.
+MPS_PIPE_DIR = ""
 
 
 class Config(Record):
@@ -36,7 +41,8 @@ class Config(Record):
     probe_cache_ttl: seconds a probe result may be reused (probe/cache.py); 0 disables.
     share: unallocated (the default: GPUs the kubelet allocated to other pods are never given)
     | all (every GPU, allocated or not).
-    mps_pipe_dir: the node's NVIDIA MPS control daemon pipe directory (mounted when present).
+    mps_pipe_dir: the node's NVIDIA MPS control daemon pipe directory, mounted into containers
+    that get compute while it is root's and nobody else can write it ("": no MPS, the default).
     nvidia_driver_root: where the NVIDIA driver's userspace is: "auto" (the host, the GPU
     Operator's /run/nvidia/driver, GKE's /home/kubernetes/bin/nvidia) or one node path.
     vendor_label: the node label the agent sets to the primary vendor, as
@@ -109,10 +115,8 @@ def from_dict(data: dict) -> "tuple[Config, list[str]]":
         errors.append(f"host_root: {values.pop('host_root')!r} is not an absolute path; '/' used")
     if values.get("share", DEFAULT_SHARE) not in SHARE_MODES:
         errors.append(f"share: {values.pop('share')!r} is not one of {', '.join(SHARE_MODES)}; {DEFAULT_SHARE!r} used")
-    if "mps_pipe_dir" in values and not is_clean_abspath(values["mps_pipe_dir"]):
-        errors.append(
-            f"mps_pipe_dir: {values.pop('mps_pipe_dir')!r} is not a normal absolute path; {MPS_PIPE_DIR!r} used"
-        )
+    if values.get("mps_pipe_dir") and not is_clean_abspath(values["mps_pipe_dir"]):
+        errors.append(f"mps_pipe_dir: {values.pop('mps_pipe_dir')!r} is not a normal absolute path; MPS not mounted")
     if "nvidia_driver_root" in values and not valid_driver_root(values["nvidia_driver_root"]):
         errors.append(
             f"nvidia_driver_root: {values.pop('nvidia_driver_root')!r} is not "

@@ -46,7 +46,9 @@ class ConfigModel(BaseModel):
         description="unallocated: GPUs the kubelet allocated to other pods are never given; "
         "all: every GPU, allocated or not",
     )
-    mps_pipe_dir: StrictStr = Field(_D["mps_pipe_dir"], description="the NVIDIA MPS control daemon's pipe directory")
+    mps_pipe_dir: StrictStr = Field(
+        _D["mps_pipe_dir"], description='the NVIDIA MPS control daemon\'s pipe directory ("": no MPS)'
+    )
     nvidia_driver_root: StrictStr = Field(
         _D["nvidia_driver_root"],
         description='where the NVIDIA driver\'s userspace is: "auto" (the host, '
@@ -97,8 +99,8 @@ class ConfigModel(BaseModel):
     @field_validator("mps_pipe_dir")
     @classmethod
     def _clean(cls, v: str) -> str:
-        if not is_clean_abspath(v):
-            raise ValueError("must be a normal absolute path (no '.', '..', '//' or trailing '/'), not '/'")
+        if v and not is_clean_abspath(v):
+            raise ValueError("must be \"\" or a normal absolute path (no '.', '..', '//' or trailing '/'), not '/'")
         return v
 
 

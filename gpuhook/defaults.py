@@ -14,7 +14,8 @@ BUNDLE_VERSIONS = ".versions"  # its versions' directory, under INSTALL_PREFIX (
 BACKUP_DIR = "/etc/gpuhook/backup"  # what install replaced, for uninstall
 RUNTIME_BINARY = INSTALL_PREFIX + "/bin/gpuhook-runtime"  # the handler's binary
 CDI_DIR = "/var/run/cdi"  # where the agent writes CDI specs
-MPS_PIPE_DIR = "/tmp/nvidia-mps"  # NVIDIA MPS's default pipe directory, host and container
+MPS_PIPE_DIR = "/tmp/nvidia-mps"  # CUDA's default MPS pipe directory: where a container's CUDA looks
+# (the host side is the node config's mps_pipe_dir, unset by default: config.py)
 # the scheduling label users already write (nodeAffinity on gpu.type In [nvidia, amd, intel]): the
 # agent sets it to gpuhook.dev/accelerator's vendor (the node config's vendor_label; "" turns it off)
 VENDOR_LABEL = "gpu.type"

@@ -4,6 +4,8 @@ Every record is one JSON object per line with `time` (ISO-8601 UTC, milliseconds
 `event` (the event's name) first, then the event's own keys. The keys are shared:
 
     container_id, bundle, decision, vendors, nodes, mounts, hooks   (runtime: event "create")
+    container_id, kind, outcome, error                             (gpuhook-hook: event "hook",
+                                                                    only when it could not work)
     pod_namespace, pod_name, pod_uid, container_name               (create, when the CRI says)
     held_back, reason                                              (create: GPUs held back, why none)
     devices, driver_version, added, removed, labels, files, kind,
@@ -82,11 +84,17 @@ def get(**context):
 
 def tail_records(path: str, n: int, event: str | None = "create", max_bytes: int = 64 << 20) -> tuple[list[dict], int]:
     """The last `n` records of a JSON-lines log (of `event`, when given), reading backwards
-    from the end. Torn, partial or garbage lines are skipped and counted.
+    from the end. Torn, partial or garbage lines are skipped and counted. A create record gets
+    `hook_errors` ([{kind, outcome, error}]) from the hook lines of its container that follow
+    it (gpuhook-hook writes one when ldconfig timed out, failed or was refused: the create's
+    line, written before the hook ran, says "injected" all the same).
     Returns (records oldest first, lines skipped)."""
     import json
 
+    from .hook import EVENT as HOOK_EVENT
+
     out: list[dict] = []
+    pending: dict = {}  # container id -> the hook lines after its create (read backwards: first)
     skipped = 0
     with open(path, "rb") as f:
         f.seek(0, os.SEEK_END)
@@ -107,7 +115,19 @@ def tail_records(path: str, n: int, event: str | None = "create", max_bytes: int
                     break
                 rec, bad = _parse(raw, json)
                 skipped += bad
-                if rec is not None and (event is None or rec.get("event") == event):
+                if rec is None:
+                    continue
+                cid = rec.get("container_id")
+                if (
+                    event == "create"
+                    and rec.get("event") == HOOK_EVENT
+                    and isinstance(cid, str)
+                    and len(pending) < 4096
+                ):
+                    pending.setdefault(cid, []).insert(0, {k: rec.get(k) for k in ("kind", "outcome", "error")})
+                elif event is None or rec.get("event") == event:
+                    if event == "create" and isinstance(cid, str) and cid in pending:
+                        rec["hook_errors"] = pending.pop(cid)
                     out.append(rec)
     out.reverse()
     return out, skipped
@@ -147,17 +167,23 @@ def format_records(records: list[dict], wide: bool = False) -> str:
         nodes, mounts = r.get("nodes"), r.get("mounts")
         cid = str(r.get("container_id") or "-")
         pod = pod_column(r)
+        decision = str(r.get("decision") or "-")
+        error = r.get("error")
+        hooks = [h for h in r.get("hook_errors") or [] if isinstance(h, dict)]
+        if hooks:  # the create said "injected", but a hook could not do its work
+            decision += " (" + ", ".join(f"{h.get('kind')} {h.get('outcome')}" for h in hooks) + ")"
+            error = "; ".join(([str(error)] if error else []) + [str(h.get("error")) for h in hooks])
         rows.append(
             (
                 str(r.get("time") or "-"),
                 cid if wide else _short(cid, 16),
                 pod if wide else _short(pod, 48),
-                str(r.get("decision") or "-"),
+                decision,
                 ",".join(map(str, vendors)) if isinstance(vendors, list) and vendors else "-",
                 str(len(nodes)) if isinstance(nodes, list) else "-",
                 str(len(mounts)) if isinstance(mounts, list) else "-",
                 _short(r.get("duration_ms"), 8),
-                _short(r.get("error"), 200 if wide else 60),
+                _short(error, 200 if wide else 60),
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]

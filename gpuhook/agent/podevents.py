@@ -14,7 +14,10 @@ annotations), PodReporter
   same event again (a restarting container) is aggregated: the Event is patched with
   count + 1 and series {count, lastObservedTime}, as events.k8s.io's series are;
 - sets the pod label gpuhook.dev/accelerator (nvidia, amd..., or cpu), so that
-  `kubectl get pods -L gpuhook.dev/accelerator` answers in one line.
+  `kubectl get pods -L gpuhook.dev/accelerator` answers in one line;
+- for a hook line of a container it saw created (gpuhook-hook writes one when ldconfig timed
+  out or failed, or a check refused: the create's line said "injected" all the same), posts
+  a Warning on the same pod: LdCacheNotUpdated (GPUHookFailed for another hook).
 
 Events are rate-limited (a token bucket: `burst`, then `rate` per second); past it they
 are dropped and counted. API errors are logged once per kind of error and the record is
@@ -30,6 +33,7 @@ import time
 from typing import Callable
 
 from . import kube as kube_mod, labels as labels_mod
+from ..hook import EVENT as HOOK_EVENT
 
 POD_LABEL = labels_mod.ACCELERATOR  # gpuhook.dev/accelerator, on pods as on nodes
 CPU = "cpu"
@@ -38,6 +42,8 @@ CPU = "cpu"
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?\Z")
 _UID = re.compile(r"^[A-Za-z0-9-]{1,64}\Z")
 MAX_IDS = 16  # device ids named in one message
+_POD_KEYS = ("pod_namespace", "pod_name", "pod_uid", "container_name")
+HOOK_DECISION = "hook-failed"  # a hook line, as PodReporter hands it to event_for
 
 
 def micro_time(t: float | None = None) -> str:
@@ -46,14 +52,29 @@ def micro_time(t: float | None = None) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1e6) % 1000000:06d}Z"
 
 
-def event_for(rec: dict) -> tuple[str, str, str, str] | None:
-    """(reason, type, message, accelerator label value) for a create record; None when it
-    is not about a container of a pod (sandbox, no pod in the line)."""
+def event_for(rec: dict) -> tuple[str, str, str, str | None] | None:
+    """(reason, type, message, accelerator label value: None to leave it) for a create record
+    (or a hook line with its pod, decision HOOK_DECISION); None when it is not about a
+    container of a pod (sandbox, no pod in the line)."""
     decision = rec.get("decision")
-    if decision in ("sandbox", None) or decision not in ("injected", "no-gpu", "declined", "error", "unchanged"):
+    if decision in ("sandbox", None) or decision not in (
+        "injected",
+        "no-gpu",
+        "declined",
+        "error",
+        "unchanged",
+        HOOK_DECISION,
+    ):
         return None
     ctr = rec.get("container_name")
     where = f"container {ctr}" if isinstance(ctr, str) and ctr else "a container"
+    if decision == HOOK_DECISION:  # the label stays as the create set it
+        from ..hook import DESCRIPTION, LDCACHE
+
+        kind = rec.get("kind")
+        what = DESCRIPTION.get(kind, "a gpuhook hook") if isinstance(kind, str) else "a gpuhook hook"
+        msg = f"{where}: {what} {str(rec.get('outcome') or 'failed')[:16]}: {str(rec.get('error') or '')[:300]}"
+        return ("LdCacheNotUpdated" if kind == LDCACHE else "GPUHookFailed"), "Warning", msg, None
     if decision == "injected":
         vendors = [str(v) for v in rec.get("vendors") or [] if isinstance(v, str)]
         ids = [str(d) for d in rec.get("devices") or [] if isinstance(d, str)]
@@ -121,6 +142,7 @@ class PodReporter:
         self.set_label = set_label
         self.events: dict[tuple, dict] = {}  # (pod uid, reason, message) -> {"name", "namespace", "count"}
         self.labelled: dict[str, str] = {}  # pod uid -> the label value it has
+        self.containers: dict[str, dict] = {}  # container id -> its pod (from its create line)
         self.pods: dict[str, float] = {}  # pod uid -> when it was checked to be this node's
         self.retry: list[tuple[float, int, dict]] = []  # (due, attempt, record)
         self.dropped = 0
@@ -135,7 +157,19 @@ class PodReporter:
         getattr(self.log, level)(event, node=self.node, **kw)
 
     def handle(self, rec: dict) -> None:
+        cid = rec.get("container_id")
+        if isinstance(cid, str) and isinstance(rec.get("pod_uid"), str):
+            self.containers[cid] = {k: rec.get(k) for k in _POD_KEYS}
+            if len(self.containers) > 4096:
+                self.containers.pop(next(iter(self.containers)))
         self._attempt(rec, 0)
+
+    def handle_hook(self, rec: dict) -> None:
+        """A hook line (gpuhook-hook's, event "hook"): an Event on the pod of its container,
+        known from that container's create line; nothing for a container not seen."""
+        pod = self.containers.get(rec.get("container_id"))  # type: ignore[arg-type]
+        if pod is not None:
+            self._attempt({**rec, **pod, "decision": HOOK_DECISION}, 0)
 
     def tick(self) -> None:
         """Retry what is due."""
@@ -258,7 +292,7 @@ class PodReporter:
                 seen["count"] = count
             self.posted += 1
             self.log.info("event.posted", reason=reason, namespace=ns, pod=name, count=self.events[key]["count"])
-        if self.set_label and self.labelled.get(uid) != accel:
+        if self.set_label and accel is not None and self.labelled.get(uid) != accel:
             self.kube.patch_pod_labels(ns, name, {POD_LABEL: accel})
             self.labelled[uid] = accel
             if len(self.labelled) > 4096:
@@ -342,4 +376,8 @@ class CreateFollower:
                 fed += 1
                 for c in self.consumers:
                     self._call(c.handle, rec)
+            elif isinstance(rec, dict) and rec.get("event") == HOOK_EVENT:
+                for c in self.consumers:
+                    if hasattr(c, "handle_hook"):
+                        self._call(c.handle_hook, rec)
         return fed

@@ -19,6 +19,16 @@ DESCRIPTION = {LDCACHE: "ld cache update", BYPATH: "/dev/dri/by-path links"}
 # where the host bundle keeps a copy (gpuhook/install/build.py), for specs named from a pod
 BUNDLE_PATH = "libexec/" + NAME
 ENV = ("PATH=/usr/sbin:/usr/bin:/sbin:/bin",)  # explicit: never the container's env
+# The node log the helper writes its outcome to when it could not do its work (ldconfig
+# timed out or failed, a check refused): runc drops a hook's stderr when it exits 0. The
+# node config's log_file, never anything of the container's (gpuhook-hook.c: open_log).
+LOG_ENV = "GPUHOOK_LOG_FILE"
+EVENT = "hook"  # the log line's event (gpuhook.log reads it beside its create)
+
+
+def env(log_file: "str | None" = None) -> tuple[str, ...]:
+    """The hook's whole environment: ENV, and the node log when there is one."""
+    return ENV + (f"{LOG_ENV}={log_file}",) if log_file and log_file.startswith("/") else ENV
 
 
 def package_helper() -> str:

@@ -24,7 +24,16 @@
  *   6. ldconfig runs (execveat of the fd from 1) in a child, with the hook's own environment.
  *
  * Whatever fails (a bad command line too), the hook says why on stderr and exits 0: the
- * container starts, without the libraries in its ld cache.
+ * container starts, without the libraries in its ld cache.  runc drops a hook's stderr when
+ * it exits 0, so the same outcome also goes to the node log when the hook's environment
+ * names it (GPUHOOK_LOG_FILE, the node config's log_file: gpuhook/hook/__init__.py): one JSON
+ * line, event "hook", with the container id from the OCI state on stdin (what the runtime
+ * wrote), the kind, the outcome (refused: a check or a step of the isolation failed;
+ * timeout; failed: ldconfig's exit status) and why.  That file is opened first, before
+ * anything of the image is looked at and long before the pivot, as the runtime's front opens
+ * the same log: O_APPEND (one write per line), O_NOFOLLOW, O_NONBLOCK (a FIFO never blocks),
+ * a regular file only, new ones 0640; close-on-exec (ldconfig never has it).  A hook that
+ * did its work writes nothing there.
  */
 #define _GNU_SOURCE
 #include <elf.h>
@@ -34,6 +43,7 @@
 #include <linux/capability.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +52,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifndef MNT_DETACH
@@ -61,14 +72,172 @@
 #endif
 
 static const char *what = "gpuhook-hook";
+static const char *kind = NULL;  /* ldcache | bypath: the log line's "kind" */
 
-/* Say why, and let the container start. */
+/* -- the node log (GPUHOOK_LOG_FILE) ------------------------------------------------------ */
+
+#define LOG_ENV "GPUHOOK_LOG_FILE"
+#define LOG_MAX_ERROR 1000   /* as the runtime's own line: gpuhook/runtime log_line */
+#define LOG_MAX_ID 256
+#define STATE_MAX 4096       /* the OCI state's head: "id" comes second in runc's and crun's */
+static int log_fd = -1;
+
+/* Before anything else: the log named by our environment, checked as the front checks its
+ * own; then taken out of the environment (ldconfig gets the rest). */
+static void open_log(void) {
+    const char *path = getenv(LOG_ENV);
+    if (path && path[0] == '/') {
+        int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0640);
+        struct stat st;
+        if (fd >= 0 && (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))) {
+            close(fd);
+            fd = -1;
+        }
+        log_fd = fd;
+    }
+    unsetenv(LOG_ENV);
+}
+
+/* s (at most max bytes of it) as the inside of a JSON string: quotes, backslashes, control
+ * and non-ASCII bytes escaped (\u00XX: the line stays valid JSON whatever the bytes). */
+static size_t json_escape(char *out, size_t cap, const char *s, size_t max) {
+    size_t o = 0;
+    for (size_t i = 0; s[i] && i < max; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (o + 7 >= cap)
+            break;
+        if (c == '"' || c == '\\') {
+            out[o++] = '\\';
+            out[o++] = (char)c;
+        } else if (c < 0x20 || c >= 0x7f) {
+            o += (size_t)snprintf(out + o, cap - o, "\\u%04x", c);
+        } else {
+            out[o++] = (char)c;
+        }
+    }
+    out[o] = 0;
+    return o;
+}
+
+/* The top-level "id" of the OCI state on stdin (runc writes it, then closes the pipe): read
+ * its first STATE_MAX bytes, for at most 100 ms; annotations (a pod's) are nested in an
+ * object and never taken for it.  0 when there is none. */
+static int state_id(char *id, size_t cap) {
+    char buf[STATE_MAX + 1];
+    size_t n = 0;
+    int flags = fcntl(0, F_GETFL);
+    if (flags < 0 || fcntl(0, F_SETFL, flags | O_NONBLOCK) < 0)
+        return 0;
+    for (int waited = 0; n < STATE_MAX && waited < 100;) {
+        ssize_t r = read(0, buf + n, STATE_MAX - n);
+        if (r > 0) {
+            n += (size_t)r;
+        } else if (r == 0) {
+            break;
+        } else if (errno == EAGAIN || errno == EINTR) {
+            struct timespec ms = {0, 1000000};
+            nanosleep(&ms, NULL);
+            waited++;
+        } else {
+            break;
+        }
+    }
+    buf[n] = 0;
+    int depth = 0, in_str = 0, want = 0;
+    const char *key = NULL;
+    for (size_t i = 0; i < n; i++) {
+        char c = buf[i];
+        if (in_str) {
+            if (c == '\\') {
+                i++;
+            } else if (c == '"') {
+                in_str = 0;
+                if (depth == 1 && key) {
+                    size_t len = (size_t)(buf + i - key);
+                    if (want) {  /* the value of "id": copy it as is (escaped when written) */
+                        if (memchr(key, '\\', len) || len >= cap)
+                            return 0;
+                        memcpy(id, key, len);
+                        id[len] = 0;
+                        return 1;
+                    }
+                    /* a key at the top level when a ':' follows */
+                    size_t j = i + 1;
+                    while (j < n && (buf[j] == ' ' || buf[j] == '\n' || buf[j] == '\t' || buf[j] == '\r'))
+                        j++;
+                    if (j < n && buf[j] == ':') {
+                        int is_id = len == 2 && memcmp(key, "id", 2) == 0;
+                        i = j;
+                        while (i + 1 < n && (buf[i + 1] == ' ' || buf[i + 1] == '\n' || buf[i + 1] == '\t' ||
+                                             buf[i + 1] == '\r'))
+                            i++;
+                        if (is_id && i + 1 < n && buf[i + 1] == '"') {
+                            want = 1;
+                            in_str = 1;
+                            i++;
+                            key = buf + i + 1;
+                            continue;
+                        }
+                    }
+                }
+                key = NULL;
+            }
+        } else if (c == '"') {
+            in_str = 1;
+            key = buf + i + 1;
+        } else if (c == '{' || c == '[') {
+            depth++;
+        } else if (c == '}' || c == ']') {
+            depth--;
+        }
+    }
+    return 0;
+}
+
+/* One line in the node log: {"time","event":"hook","kind","container_id","outcome","error"}. */
+static void log_outcome(const char *outcome, const char *msg) {
+    if (log_fd < 0)
+        return;
+    char id[LOG_MAX_ID + 1], eid[LOG_MAX_ID * 6 + 8], emsg[LOG_MAX_ERROR * 6 + 8], ekind[64];
+    int have_id = state_id(id, sizeof id);
+    if (have_id)
+        json_escape(eid, sizeof eid, id, LOG_MAX_ID);
+    json_escape(emsg, sizeof emsg, msg, LOG_MAX_ERROR);
+    json_escape(ekind, sizeof ekind, kind ? kind : "unknown", 16);
+    struct timespec now;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &now);
+    gmtime_r(&now.tv_sec, &tm);
+    char line[sizeof eid + sizeof emsg + sizeof ekind + 256];
+    int len = snprintf(line, sizeof line,
+                       "{\"time\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"event\":\"hook\",\"kind\":\"%s\","
+                       "\"container_id\":%s%s%s,\"outcome\":\"%s\",\"error\":\"%s\"}\n",
+                       tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                       now.tv_nsec / 1000000, ekind, have_id ? "\"" : "", have_id ? eid : "null",
+                       have_id ? "\"" : "", outcome, emsg);
+    if (len > 0 && (size_t)len < sizeof line && write(log_fd, line, (size_t)len) < 0) {
+        /* a full disk: the container starts all the same */
+    }
+}
+
+/* Say why (stderr, and the node log), and let the container start. */
+static int say(const char *outcome, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int say(const char *outcome, const char *fmt, ...) {
+    char msg[LOG_MAX_ERROR + 1];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "gpuhook: %s: %s\n", what, msg);
+    log_outcome(outcome, msg);
+    return 0;
+}
+
+/* A step that could not be done or a check that failed: said, and the container starts. */
 static int skip(const char *why, int err) {
     if (err)
-        fprintf(stderr, "gpuhook: %s: %s: %s; skipped\n", what, why, strerror(err));
-    else
-        fprintf(stderr, "gpuhook: %s: %s; skipped\n", what, why);
-    return 0;
+        return say("refused", "%s: %s; skipped", why, strerror(err));
+    return say("refused", "%s; skipped", why);
 }
 
 /* mountinfo escapes space, tab, newline and backslash as \ooo. */
@@ -328,14 +497,17 @@ static int ldcache(int argc, char **argv) {
             kill(pid, SIGKILL);
             while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
                 ;
-            fprintf(stderr, "gpuhook: %s: ldconfig in %s took over %d s: stopped; driver libraries need "
-                            "LD_LIBRARY_PATH\n", what, rootfs, LDCONFIG_DEADLINE);
-            return 0;
+            return say("timeout", "ldconfig in %s took over %d s: stopped; driver libraries need LD_LIBRARY_PATH",
+                       rootfs, LDCONFIG_DEADLINE);
         }
     }
     alarm(0);
+    if (WIFSIGNALED(status))
+        return say("failed", "ldconfig in %s failed (signal %d); driver libraries need LD_LIBRARY_PATH", rootfs,
+                   WTERMSIG(status));
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-        fprintf(stderr, "gpuhook: %s: ldconfig in %s failed; driver libraries need LD_LIBRARY_PATH\n", what, rootfs);
+        return say("failed", "ldconfig in %s failed (exit status %d); driver libraries need LD_LIBRARY_PATH", rootfs,
+                   WIFEXITED(status) ? WEXITSTATUS(status) : -1);
     return 0;
 }
 
@@ -362,10 +534,10 @@ static int opendir_at(int dirfd, const char *name) {
 static int bypath(int argc, char **argv) {
     /* argv: ROOTFS NAME TARGET [NAME TARGET]... */
     if (argc % 2 == 0)
-        return fprintf(stderr, "gpuhook: %s: bypath takes NAME TARGET pairs; skipped\n", what), 0;
+        return say("refused", "bypath takes NAME TARGET pairs; skipped");
     for (int i = 1; i < argc; i += 2)
         if (!good_name(argv[i], 0) || !good_name(argv[i + 1], 1))
-            return fprintf(stderr, "gpuhook: %s: bad by-path link %s -> %s; skipped\n", what, argv[i], argv[i + 1]), 0;
+            return say("refused", "bad by-path link %.200s -> %.200s; skipped", argv[i], argv[i + 1]);
     if (isolate(argv[0], "/dev") < 0)  /* the links go in the container's /dev (runc's tmpfs) */
         return 0;
     int dev = opendir_at(AT_FDCWD, "/dev");
@@ -395,13 +567,16 @@ static int bypath(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
-    if (argc >= 2)
-        what = argc >= 2 && strcmp(argv[1], "ldcache") == 0 ? "gpuhook-ldcache" : "gpuhook-bypath";
+    open_log();  /* first: before anything of the image is looked at */
+    if (argc >= 2) {
+        what = strcmp(argv[1], "ldcache") == 0 ? "gpuhook-ldcache" : "gpuhook-bypath";
+        kind = strcmp(argv[1], "ldcache") == 0 ? "ldcache" : strcmp(argv[1], "bypath") == 0 ? "bypath" : NULL;
+    }
     if (argc >= 5 && strcmp(argv[1], "ldcache") == 0 && argv[2][0] == '/')
         return ldcache(argc - 2, argv + 2);
     if (argc >= 3 && strcmp(argv[1], "bypath") == 0 && argv[2][0] == '/')
         return bypath(argc - 2, argv + 2);
     /* a hook of gpuhook's own that is wrong: said, and the container starts all the same */
-    fprintf(stderr, "gpuhook-hook: usage: gpuhook-hook ldcache /ROOTFS /LDCONFIG DIR... | bypath /ROOTFS NAME TARGET...; skipped\n");
-    return 0;
+    what = "gpuhook-hook";
+    return say("refused", "usage: gpuhook-hook ldcache /ROOTFS /LDCONFIG DIR... | bypath /ROOTFS NAME TARGET...; skipped");
 }

@@ -441,7 +441,14 @@ def _edits(inv: "Inventory", req: "Request", choices: "list[_Choice]", ldconfig,
     if wanted and rootfs and helper:
         for kind, args in wanted.items():
             hooks.append(
-                Hook("createContainer", helper, hook.argv(kind, rootfs, args), hook.ENV, hook.TIMEOUT[kind], kind)
+                Hook(
+                    "createContainer",
+                    helper,
+                    hook.argv(kind, rootfs, args),
+                    hook.env(getattr(config, "log_file", None)),
+                    hook.TIMEOUT[kind],
+                    kind,
+                )
             )
     return Edits(env, tuple(nodes), tuple(dict.fromkeys(mounts)), tuple(hooks), _group_gids(nodes))
 
@@ -483,8 +490,6 @@ def _nvidia(inv: "Inventory", req: "Request", c: "_Choice", config, warn) -> "_P
         nodes.append(_node(n))
     for lib in v.libraries:
         cap = lib.capability
-        if cap == "mps":
-            continue
         if cap in caps or cap in NVIDIA_DRIVER_ONLY_CAPS:
             # from a driver root (the GPU Operator's, GKE's): at its path in the container
             dest = v.container_path(lib.path)
@@ -506,17 +511,18 @@ def _nvidia(inv: "Inventory", req: "Request", c: "_Choice", config, warn) -> "_P
 
 def _mps(inv: "Inventory", req: "Request", v: "VendorInventory", config, mounts: list, warn) -> None:
     """The MPS control daemon's pipe directory, read-write, where the container's CUDA looks
-    for it (its CUDA_MPS_PIPE_DIRECTORY, else the default). The host side is the node's
-    (config mps_pipe_dir), never a path the container names."""
-    host_dir = getattr(config, "mps_pipe_dir", None) or defaults.MPS_PIPE_DIR
-    if host_dir == defaults.MPS_PIPE_DIR:
-        present = any(lib.capability == "mps" for lib in v.libraries)
-    else:
-        from ..probe.host import Host
+    for it (its CUDA_MPS_PIPE_DIRECTORY, else the default). Only where the node config names
+    it (mps_pipe_dir; unset: no MPS), never a path the container names; checked on every
+    create (plan/trusted.py: root's, no link, nobody else can write or swap it) and mounted
+    by its resolved path, the one checked."""
+    host_dir = getattr(config, "mps_pipe_dir", None)
+    if not host_dir:
+        return
+    from .trusted import trusted_dir
 
-        h = Host(inv.root)
-        present = h.is_dir(host_dir) and h.lstat(host_dir + "/control") is not None
-    if not present:
+    real, why = trusted_dir(inv.root, host_dir)
+    if real is None:
+        warn(f"mps_pipe_dir: {why}; MPS not mounted")
         return
     dest = defaults.MPS_PIPE_DIR
     if policy.MPS_ENV in req.env:
@@ -526,4 +532,4 @@ def _mps(inv: "Inventory", req: "Request", v: "VendorInventory", config, mounts:
                 f"{policy.MPS_ENV}: {policy.show(req.env[policy.MPS_ENV])} is not a usable directory; "
                 "the MPS pipes are at /tmp/nvidia-mps"
             )
-    mounts.append(Mount(_on_host(inv.root, host_dir), dest, "bind", BIND_RW))
+    mounts.append(Mount(real, dest, "bind", BIND_RW))

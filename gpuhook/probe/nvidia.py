@@ -31,12 +31,12 @@ decides what a container gets:
   named <stem>.so.<running driver version>; a library of another version is skipped;
 - other files (Library with soname None): graphics ICD/vendor JSON files ("graphics"), GSP
   firmware of the running version ("firmware"), the nvidia-persistenced and fabric manager
-  sockets ("ipc") and the MPS pipe directory ("mps").
+  sockets ("ipc"). Not the MPS pipe directory: the plan checks it on every create
+  (plan/trusted.py), where the node config names it.
 """
 
 import stat as _stat
 
-from .. import defaults
 from ..inventory import Device, Library, Node, VendorInventory
 from ..nvidia_tools import NVIDIA_TOOLS
 from ..record import Record
@@ -107,7 +107,6 @@ FILES = (
 )
 # IPC endpoints (libnvidia-container's list); /var/run is usually a link to /run
 SOCKETS = ("/run/nvidia-persistenced/socket", "/run/nvidia-fabricmanager/socket")
-MPS_PIPE_DIR = defaults.MPS_PIPE_DIR
 LIB_DIRS = (
     "/usr/lib/x86_64-linux-gnu",
     "/lib/x86_64-linux-gnu",
@@ -477,7 +476,8 @@ def _driver_files(host: "Host", version: "str | None", layout: "Layout") -> "tup
 
 
 def _ipc_files(host: "Host") -> "tuple[Library, ...]":
-    """The node's IPC sockets and MPS pipe directory (the host's, whatever the driver root)."""
+    """The node's IPC sockets (the host's, whatever the driver root). The MPS pipe directory
+    is not probed: plan/trusted.py checks it on every create, where the node config names it."""
     out = []
     for path in SOCKETS:
         st = host.stat(path)
@@ -486,8 +486,6 @@ def _ipc_files(host: "Host") -> "tuple[Library, ...]":
             path = "/var" + path
         if st is not None and (_stat.S_ISSOCK(st.st_mode) or _stat.S_ISREG(st.st_mode)):
             out.append(Library(host.realpath(path), None, "ipc"))
-    if host.is_dir(MPS_PIPE_DIR) and host.lstat(MPS_PIPE_DIR + "/control") is not None:
-        out.append(Library(host.realpath(MPS_PIPE_DIR), None, "mps"))
     return tuple(out)
 
 

@@ -65,7 +65,7 @@ def test_stale_driver_library_is_not_mounted(make_host, runtime):
 def test_mig_nvswitch_imex_firmware_and_sockets_in_the_container(make_host, runtime):
     root = make_host("nvidia", mknod=True, gpus=2, mig=True, nvswitch=2, imex_channels=2, firmware=True,
                      persistenced=True, fabricmanager=True, mps=True)
-    rt = runtime(root)
+    rt = runtime(root, mps_pipe_dir="/tmp/nvidia-mps")  # MPS is opt-in
     b = rt.bundle("b", ["sh", "-c", NODES + MOUNTS +
                         f"cat /lib/firmware/nvidia/{V}/gsp_ga10x.bin | wc -c; "
                         "[ -S /run/nvidia-persistenced/socket ] && echo persistenced-socket; "

@@ -346,3 +346,32 @@ def test_real_runtime_missing_or_not_runnable(make_host, runtime, tmp_path, kind
     assert len(lines) == 1, r.stderr
     assert "Traceback" not in r.stderr
     assert os.path.basename(value) in lines[0] or "runc or crun" in lines[0], lines[0]
+
+
+# -- a cached probe naming a file that is gone (issue 24 item 5) ----------------------------
+
+@needs_runc
+@pytest.mark.parametrize("how", ["removed", "removed-mtime-restored"])
+def test_a_library_gone_since_the_cached_probe_never_fails_a_create(make_host, runtime, how):
+    """The video library is in <libdir>/vdpau, which the probe cache's fingerprint does not
+    name. A create caches the probe; the library goes (its directory's mtime set back, too);
+    the next create through real runc starts, with the other driver files mounted. Without
+    the check, runc fails it on the bind mount of a missing file."""
+    from gpuhook.testing import fakehost
+
+    root = make_host("nvidia", mknod=True, gpus=1, video=True)
+    rt = runtime(root)
+    env = ["NVIDIA_DRIVER_CAPABILITIES=utility,compute,video"]
+    show = "echo started; ls /usr/lib/x86_64-linux-gnu /usr/lib/x86_64-linux-gnu/vdpau 2>/dev/null; true"
+    r = rt.run(rt.bundle("first", ["sh", "-c", show], env=env), "first")
+    assert r.returncode == 0 and "libvdpau_nvidia.so.550" in r.stdout, r.stdout + r.stderr
+    lib = os.path.realpath(root + fakehost.HOST_LIBDIR + "/vdpau/libvdpau_nvidia.so.1")
+    d = os.path.dirname(lib)
+    st = os.stat(d)
+    os.unlink(lib)
+    if how == "removed-mtime-restored":
+        os.utime(d, ns=(st.st_atime_ns, st.st_mtime_ns))
+    r = rt.run(rt.bundle("second", ["sh", "-c", show], env=env), "second")
+    assert r.returncode == 0 and "started" in r.stdout, r.stdout + r.stderr
+    assert "libnvcuvid.so.550" in r.stdout and "libvdpau_nvidia.so.550" not in r.stdout, r.stdout
+    assert rt.log_records()[-1]["decision"] == "injected"

@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -132,11 +133,14 @@ def test_hostile_images_reach_nothing_of_the_host(make_host, runtime, tmp_path, 
     check_untouched(s, before, events, f"{magic} as {target}")
     assert r.returncode == 0, r.stderr
     assert "started" in r.stdout and "accel=nvidia" in r.stdout, r.stdout + r.stderr
-    assert records_for(rt, cid)[-1]["decision"] == "injected"
+    recs = records_for(rt, cid)
+    assert [r["decision"] for r in recs if r["event"] == "create"] == ["injected"]
     if target != "etc":  # the image's own /etc took the cache, with the driver libraries
         found = cache_of(rootfs)
         assert "libcuda.so.1" in found and "libz.so.1" not in found, sorted(found)
-    # else /etc leads nowhere in the isolated root: ldconfig fails there, the container starts
+        assert [r for r in recs if r["event"] == hook.EVENT] == []
+    else:  # /etc leads nowhere in the isolated root: ldconfig fails there, the container starts
+        assert [(r["kind"], r["outcome"]) for r in recs if r["event"] == hook.EVENT] == [(hook.LDCACHE, "failed")]
 
 
 def _run_unisolated(b: str, root: str, helper: str, cid: str, state: str) -> subprocess.CompletedProcess:
@@ -310,3 +314,122 @@ def test_volumes_in_the_container_are_not_written_by_the_hook(make_host, runtime
     check_untouched(s, before, events, "a read-write volume in the container")
     assert r.returncode == 0 and "accel=nvidia" in r.stdout, r.stderr
     assert "libcuda.so.1" in cache_of(rootfs)
+
+
+# -- the hook's outcome in the node log (issue 20 item 5) -----------------------------------
+
+def _hook_records(rt, cid: str) -> list[dict]:
+    return [r for r in rt.log_records() if r.get("event") == hook.EVENT and r.get("container_id") == cid]
+
+
+@pytest.mark.parametrize("conf", ["fifo", "includes-itself"])
+def test_a_hook_that_could_not_fill_the_ld_cache_says_so_in_the_node_log(make_host, runtime, conf):
+    """An image whose ld.so.conf is a FIFO, or includes itself, keeps ldconfig busy until the
+    helper's deadline; the container starts without the driver libraries in its cache. runc
+    drops the hook's stderr when it exits 0: the node log's line (and `gpuhook log`) says so,
+    for this container, beside its create line."""
+    root = make_host("nvidia", mknod=True, gpus=1)
+    rt = runtime(root)
+    b = rt.bundle("b", ["/bin/busybox", "sh", "-c", "echo started; echo accel=$GPUHOOK_ACCELERATOR"])
+    etc = os.path.join(b, "rootfs", "etc")
+    if conf == "fifo":
+        if os.path.lexists(os.path.join(etc, "ld.so.conf")):
+            os.unlink(os.path.join(etc, "ld.so.conf"))
+        os.mkfifo(os.path.join(etc, "ld.so.conf"))
+    else:  # each file includes itself and its neighbour: 2^depth includes (until EMFILE at ~1000)
+        with open(os.path.join(etc, "ld.so.conf"), "w") as f:
+            f.write("include /etc/ld.so.conf.d/*.conf\n")
+        os.makedirs(os.path.join(etc, "ld.so.conf.d"), exist_ok=True)
+        for name in ("a.conf", "b.conf"):
+            with open(os.path.join(etc, "ld.so.conf.d", name), "w") as f:
+                f.write("include /etc/ld.so.conf.d/*.conf\n")
+    cid = f"ldconf-{conf}"
+    r = rt.run(b, cid, timeout=60)
+    assert r.returncode == 0 and "accel=nvidia" in r.stdout, r.stdout + r.stderr
+    creates = [x for x in records_for(rt, cid) if x.get("event") == "create"]
+    assert [x["decision"] for x in creates] == ["injected"]
+    (line,) = _hook_records(rt, cid)
+    assert line["kind"] == hook.LDCACHE and line["outcome"] == "timeout", line
+    assert "driver libraries need LD_LIBRARY_PATH" in line["error"], line
+    # gpuhook log: the create's row says the ld cache was not updated
+    shown = subprocess.run([sys.executable, "-m", "gpuhook", "log", "--file", rt.log, "--wide"],
+                           capture_output=True, text=True, timeout=30)
+    row = [x for x in shown.stdout.splitlines() if cid in x]
+    assert shown.returncode == 0 and len(row) == 1, shown.stdout + shown.stderr
+    assert f"ldcache {line['outcome']}" in row[0] and "LD_LIBRARY_PATH" in row[0], row
+    js = subprocess.run([sys.executable, "-m", "gpuhook", "log", "--file", rt.log, "--json"],
+                        capture_output=True, text=True, timeout=30)
+    (rec,) = [json.loads(x) for x in js.stdout.splitlines() if json.loads(x).get("container_id") == cid]
+    assert rec["event"] == "create" and [h["outcome"] for h in rec["hook_errors"]] == [line["outcome"]], rec
+
+
+def test_a_hook_that_did_its_work_writes_no_line(make_host, runtime):
+    root = make_host("nvidia", mknod=True, gpus=1)
+    rt = runtime(root)
+    r = rt.run(rt.bundle("b", ["/bin/busybox", "true"]), "ldcache-fine")
+    assert r.returncode == 0, r.stderr
+    assert [x["event"] for x in records_for(rt, "ldcache-fine")] == ["create"]
+
+
+def _helper(argv, log: str, stdin: bytes = b"", cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([hook.package_helper(), *argv], input=stdin, capture_output=True, timeout=60,
+                          env=dict(x.split("=", 1) for x in hook.env(log)), cwd=cwd)
+
+
+def test_the_helpers_log_line_is_escaped_bounded_and_names_the_states_id(tmp_path):
+    """The container id is the OCI state's top-level "id" (what the runtime wrote), never an
+    "id" among the pod's annotations; quotes, newlines and non-ASCII bytes are escaped; the
+    error is cut at 1000 characters; the line is one JSON object."""
+    log = str(tmp_path / "gpuhook.log")
+    state = json.dumps({"ociVersion": "1.0.2", "id": "abc-123", "status": "creating", "pid": 1,
+                        "bundle": "/b", "annotations": {"id": "PLANTED", "x": "\"id\":\"PLANTED2\""}})
+    bad = "relative\"\n\x01é" + "x" * 3000
+    r = _helper(["bypath", "/r", bad, "../card0"], log, state.encode())
+    assert r.returncode == 0
+    # annotations first: still the top-level id; an id with a quote: escaped
+    state2 = '{"annotations":{"id":"PLANTED"},"ociVersion":"1.0.2","id":"we\\"ird"}'
+    _helper(["bypath", "/r", "../x", "../card0"], log, state2.encode())
+    _helper(["nope"], log, b"not json")
+    with open(log, "rb") as f:
+        raw = f.read()
+    lines = raw.decode("ascii").splitlines()  # every byte above 0x7e escaped
+    assert len(lines) == 3
+    recs = [json.loads(x) for x in lines]
+    assert [x["event"] for x in recs] == [hook.EVENT] * 3 and [x["outcome"] for x in recs] == ["refused"] * 3
+    assert recs[0]["container_id"] == "abc-123" and recs[0]["kind"] == hook.BYPATH
+    assert len(recs[0]["error"]) <= 1000 and "relative\"\n\x01" in recs[0]["error"]
+    assert recs[1]["container_id"] is None  # an id with an escape is not taken
+    assert recs[2]["container_id"] is None and recs[2]["kind"] == "unknown"
+
+
+@pytest.mark.parametrize("what", ["link", "fifo", "directory"])
+def test_the_helper_never_writes_a_log_through_a_link_or_into_a_fifo(tmp_path, what):
+    target = tmp_path / "elsewhere"
+    target.write_text("")
+    log = tmp_path / "gpuhook.log"
+    if what == "link":
+        log.symlink_to(target)
+    elif what == "fifo":
+        os.mkfifo(log)
+    else:
+        log.mkdir()
+    r = _helper(["ldcache", "relative", "/sbin/ldconfig", "/x"], str(log))
+    assert r.returncode == 0 and b"skipped" in r.stderr
+    assert target.read_text() == ""
+    if what == "link":
+        assert log.is_symlink()
+
+
+def test_the_log_is_opened_before_the_pivot(tmp_path):
+    """The log file is the host's: opened before anything of the image is looked at, it is
+    written after the pivot into the rootfs, where that path does not exist."""
+    rootfs = tmp_path / "rootfs"
+    oci_bundle.make_rootfs(str(rootfs))
+    (rootfs / "etc" / "ld.so.cache~").mkdir()  # ldconfig fails, after the pivot
+    log = str(tmp_path / "gpuhook.log")
+    r = _helper(["ldcache", str(rootfs), find_ldconfig(), "/usr/lib"], log, b'{"id":"c1"}')
+    assert r.returncode == 0 and b"failed" in r.stderr, r.stderr
+    with open(log) as f:
+        (rec,) = [json.loads(x) for x in f]
+    assert rec["outcome"] == "failed" and rec["container_id"] == "c1" and str(rootfs) in rec["error"]
+    assert not (rootfs / tmp_path.relative_to("/")).exists()

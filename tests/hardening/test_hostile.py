@@ -543,7 +543,7 @@ def test_planted_cache_files_are_not_trusted(make_host, runtime, tmp_path, monke
     inv = probe(root).to_plain()
     inv["vendors"][0]["devices"][0]["id"] = "PLANTED"
     files[pcache._file(cache_dir, root)] = {"fingerprint": pcache.fingerprint(root), "time": time.time(),
-                                            "inventory": inv}
+                                            "dirs": [], "dir_stats": [], "inventory": inv}
 
     def plant(owner: int, mode: int) -> None:
         for path, record in files.items():

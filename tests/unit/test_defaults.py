@@ -55,5 +55,5 @@ def test_the_front_has_the_same_defaults(name, value):
 
 def test_the_config_defaults_are_the_tables():
     d = config.Config()
-    assert (d.log_file, d.mps_pipe_dir) == (defaults.LOG_FILE, defaults.MPS_PIPE_DIR)
+    assert (d.log_file, d.mps_pipe_dir) == (defaults.LOG_FILE, config.MPS_PIPE_DIR) == (defaults.LOG_FILE, "")
     assert config.DEFAULT_PATH == defaults.CONFIG_FILE

@@ -93,6 +93,27 @@ def test_tail_tolerates_garbage_and_torn_lines(tmp_path):
     assert [r["container_id"] for r in records] == ["c2", "c3"]
 
 
+def hook_line(cid: str, outcome: str = "timeout") -> str:
+    return json.dumps({"time": "2026-01-01T00:00:59.000Z", "event": "hook", "kind": "ldcache", "container_id": cid,
+                       "outcome": outcome, "error": f"ldconfig {outcome}; driver libraries need LD_LIBRARY_PATH"})
+
+
+def test_a_hook_line_goes_with_the_create_of_its_container_before_it(tmp_path):
+    """gpuhook-hook's line follows its container's create line (the create is logged before
+    runc runs the hook); another create between them, an id used again later, a hook line of
+    a container whose create is not in the log: each goes where it belongs, or nowhere."""
+    p = tmp_path / "gpuhook.log"
+    p.write_text("\n".join([hook_line("gone"), rec(1), rec(2), hook_line("c1"), rec(1), rec(3), hook_line("c3", "failed")])
+                 + "\n")
+    records, skipped = log.tail_records(str(p), 10)
+    assert skipped == 0 and [r["container_id"] for r in records] == ["c1", "c2", "c1", "c3"]
+    assert [r.get("hook_errors") and [h["outcome"] for h in r["hook_errors"]] for r in records] == [
+        ["timeout"], None, None, ["failed"]]
+    table = log.format_records(records, wide=True).splitlines()
+    assert "injected (ldcache timeout)" in table[1] and "LD_LIBRARY_PATH" in table[1]
+    assert "injected (ldcache failed)" in table[4] and "(ldcache" not in table[2] + table[3]
+
+
 def test_tail_reads_backwards_across_blocks(tmp_path):
     p = tmp_path / "big.log"
     with open(p, "w") as f:

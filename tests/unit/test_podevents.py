@@ -174,6 +174,39 @@ def test_the_follower_reads_appended_lines_and_survives_rotation(tmp_path, logs)
     assert f.read_new() == 1 and seen == ["a", "b", "c"]
 
 
+def test_a_hook_line_becomes_a_warning_on_its_containers_pod(tmp_path, fake_api, logs):
+    """gpuhook-hook's line (event hook: ldconfig timed out) after an "injected" create: the
+    follower hands it to the reporter, which posts LdCacheNotUpdated on the pod of that
+    container (known from its create line) and leaves the pod's label as it was. A hook line
+    of a container the agent never saw created says nothing; the metrics never see hook lines."""
+    api = fake_api()
+    api.add_pod("ml", "trainer-0", "uid-trainer-0")
+    r = podevents.PodReporter(api.client(), log.get())
+    counted = []
+
+    class Metrics:
+        def handle(self, rec):
+            counted.append(rec["event"])
+
+    path = tmp_path / "gpuhook.log"
+    path.write_text("")
+    f = podevents.CreateFollower(str(path), [r, Metrics()], log.get())
+    f.read_new(first=True)
+    hook_line = {"time": "2026-01-01T00:00:30.000Z", "event": "hook", "kind": "ldcache", "container_id": "c" * 64,
+                 "outcome": "timeout", "error": "ldconfig in /b/rootfs took over 25 s: stopped; driver libraries "
+                 "need LD_LIBRARY_PATH"}
+    with open(path, "a") as out:
+        out.write(json.dumps(create()) + "\n" + json.dumps(hook_line) + "\n")
+        out.write(json.dumps({**hook_line, "container_id": "unknown"}) + "\n")
+    assert f.read_new() == 1 and counted == ["create"]
+    injected, warning = api.pod_events()
+    assert injected["reason"] == "GPUsInjected"
+    assert (warning["reason"], warning["type"]) == ("LdCacheNotUpdated", "Warning")
+    assert warning["involvedObject"]["name"] == "trainer-0" and warning["involvedObject"]["fieldPath"] == "spec.containers{app}"
+    assert "ld cache update timeout" in warning["message"] and "LD_LIBRARY_PATH" in warning["message"]
+    assert api.pods[("ml", "trainer-0")]["metadata"]["labels"]["gpuhook.dev/accelerator"] == "nvidia"
+
+
 # -- end to end: real creates through CRI, the agent, a fake API ------------------------------------
 
 @needs_cri

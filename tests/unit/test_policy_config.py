@@ -30,6 +30,7 @@ CASES = [
     ('mps_pipe_dir = "/tmp/../etc"\n', False),
     ('mps_pipe_dir = "/"\n', False),
     ('mps_pipe_dir = "/tmp/mps/"\n', False),
+    ('mps_pipe_dir = ""\n', True),  # no MPS: the default
     ('fail_mode = "shut"\n', False),
     ('probe_cache_ttl = -1\n', False),
     ('probe_cache_ttl = true\n', False),
@@ -73,7 +74,7 @@ def test_fast_reader_defaults_and_new_keys():
     assert errors == [] and c.share == "all"
     c, errors = cfg.parse('share = "everyone"\n')
     assert c.share == "unallocated" and any("share" in e and "'unallocated' used" in e for e in errors)
-    assert cfg.Config().share == "unallocated" and cfg.Config().mps_pipe_dir == "/tmp/nvidia-mps"
+    assert cfg.Config().share == "unallocated" and cfg.Config().mps_pipe_dir == ""  # MPS is opt-in
 
 
 def test_vendor_label_default_and_fallback():

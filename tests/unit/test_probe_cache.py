@@ -156,3 +156,79 @@ def test_a_bad_cache_file_costs_a_probe_and_is_replaced(tmp_path, kind):
     assert os.path.isfile(path) and not os.path.islink(path)
     with open(path) as f:
         assert json.load(f)["inventory"] == good["inventory"]
+
+
+# -- a mounted file that is gone (issue 24 item 5) ------------------------------------------
+
+VDPAU = fakehost.HOST_LIBDIR + "/vdpau/libvdpau_nvidia.so.1"
+
+
+def _names(inv) -> set:
+    v = inv.vendor("nvidia")
+    return {p.rpartition("/")[2] for p in [lib.path for lib in v.libraries] + list(v.binaries)}
+
+
+def _vdpau_file(fh) -> str:
+    return os.path.realpath(fh.p(VDPAU))
+
+
+@pytest.mark.parametrize("how", ["removed", "removed-mtime-restored"])
+def test_a_file_gone_from_a_directory_the_fingerprint_does_not_watch(tmp_path, how):
+    """The video library lives in <libdir>/vdpau, a directory cache.WATCHED does not name: a
+    cached result that still names it would send the create to a bind mount of a missing file
+    (runc fails the create). Gone, whether its directory's mtime is set back or not: the next
+    create probes, and the result no longer names it."""
+    fh = fakehost.FakeHost(str(tmp_path / "host"), mknod=False)
+    fakehost.nvidia(fh, gpus=1, video=True)
+    real = _vdpau_file(fh)
+    name = os.path.basename(real)
+    assert name in _names(cached(fh, tmp_path))
+    assert os.path.dirname(real) not in {fh.p(p) for p in cache.WATCHED}
+    d = os.path.dirname(real)
+    st = os.stat(d)
+    os.unlink(real)
+    if how == "removed-mtime-restored":
+        os.utime(d, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert os.stat(d).st_mtime_ns == st.st_mtime_ns
+    assert name not in _names(cached(fh, tmp_path))
+
+
+def test_a_result_naming_a_file_already_gone_is_not_stored(tmp_path, monkeypatch):
+    """A file removed between the probe's read and the store (its directory's stats taken
+    after it went): the result is used for this create, never kept for the next."""
+    fh = fakehost.FakeHost(str(tmp_path / "host"), mknod=False)
+    fakehost.nvidia(fh, gpus=1, video=True)
+    import gpuhook.probe as probe_pkg
+
+    real_probe = probe_pkg.probe
+    calls = []
+
+    def probe_then_remove(root, **kw):
+        calls.append(root)
+        inv = real_probe(root, **kw)
+        if os.path.exists(_vdpau_file(fh)):
+            os.unlink(_vdpau_file(fh))
+        return inv
+
+    monkeypatch.setattr(probe_pkg, "probe", probe_then_remove)
+    assert "libvdpau_nvidia.so.1" in {lib.soname for lib in cached(fh, tmp_path).vendor("nvidia").libraries}
+    assert not list((tmp_path / "cache").glob("inventory-*"))
+    monkeypatch.setattr(probe_pkg, "probe", real_probe)
+    assert "libvdpau_nvidia.so.1" not in {lib.soname for lib in cached(fh, tmp_path).vendor("nvidia").libraries}
+
+
+def test_a_record_without_the_directories_of_its_files_is_not_used(tmp_path, monkeypatch):
+    """A record of an older gpuhook (no "dirs"): a probe, never a guess."""
+    fh = build(tmp_path, gpus=1)
+    cached(fh, tmp_path)
+    (path,) = (tmp_path / "cache").iterdir()
+    record = json.loads(path.read_text())
+    del record["dirs"], record["dir_stats"]
+    path.write_text(json.dumps(record))
+    import gpuhook.probe as probe_pkg
+
+    calls = []
+    real = probe_pkg.probe
+    monkeypatch.setattr(probe_pkg, "probe", lambda root, **kw: calls.append(root) or real(root, **kw))
+    cached(fh, tmp_path)
+    assert calls == [fh.root]

@@ -26,8 +26,8 @@ def host(tmp_path, name="host", **kw) -> str:
 
 
 
-def edits_for(root, env=None, warnings=None, **kw):
-    return plan(probe(root), req(env=env, **kw), ldconfig="/sbin/ldconfig", warnings=warnings)
+def edits_for(root, env=None, warnings=None, config=None, **kw):
+    return plan(probe(root), req(env=env, **kw), ldconfig="/sbin/ldconfig", warnings=warnings, config=config)
 
 
 def mounted(e) -> set[str]:
@@ -184,21 +184,25 @@ def test_gsp_firmware_of_the_running_version_only(tmp_path):
 
 
 def test_ipc_sockets_and_mps(tmp_path):
+    from gpuhook.config import Config
+
     root = host(tmp_path, gpus=1, persistenced=True, fabricmanager=True, mps=True)
-    e = edits_for(root)
+    on = Config(mps_pipe_dir="/tmp/nvidia-mps")
+    assert "/tmp/nvidia-mps" not in mounted(edits_for(root))  # MPS is opt-in: not without the node's word
+    e = edits_for(root, config=on)
     by_dest = {m.container_path: m for m in e.mounts}
     for sock in ("/run/nvidia-persistenced/socket", "/run/nvidia-fabricmanager/socket"):
         assert by_dest[sock].host_path == root + sock and by_dest[sock].options[0] == "ro"
     mps = by_dest["/tmp/nvidia-mps"]
     assert mps.host_path == root + "/tmp/nvidia-mps" and "ro" not in mps.options  # clients write pipes
     # where the container's CUDA looks for them; never a host path the container names
-    e = edits_for(root, {"CUDA_MPS_PIPE_DIRECTORY": "/var/mps"})
+    e = edits_for(root, {"CUDA_MPS_PIPE_DIRECTORY": "/var/mps"}, config=on)
     assert {m.container_path: m.host_path for m in e.mounts}["/var/mps"] == root + "/tmp/nvidia-mps"
     w: list[str] = []
-    e = edits_for(root, {"CUDA_MPS_PIPE_DIRECTORY": "/proc/../etc"}, warnings=w)
+    e = edits_for(root, {"CUDA_MPS_PIPE_DIRECTORY": "/proc/../etc"}, warnings=w, config=on)
     assert "/tmp/nvidia-mps" in mounted(e) and any("CUDA_MPS_PIPE_DIRECTORY" in x for x in w)
     # no compute, no MPS; sockets go with any driver files
-    got = mounted(edits_for(root, {"NVIDIA_DRIVER_CAPABILITIES": "utility"}))
+    got = mounted(edits_for(root, {"NVIDIA_DRIVER_CAPABILITIES": "utility"}, config=on))
     assert "/tmp/nvidia-mps" not in got and "/run/nvidia-persistenced/socket" in got
 
 
