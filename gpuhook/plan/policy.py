@@ -272,6 +272,100 @@ def least_used(keys: "list[str]", n: int, state_dir: "str | None", warn) -> "lis
 # -- kubelet device allocations ---------------------------------------------------------
 
 
+# -- device plugin ids --------------------------------------------------------------------
+
+# Whose GPUs a device plugin's resource hands out, by the resource name's prefix. An id under
+# one of these that gpuhook cannot map to a GPU of the node holds that vendor's GPUs back.
+GPU_RESOURCES = (("nvidia.com/", "nvidia"), ("amd.com/", "amd"), ("gpu.intel.com/", "intel"))
+NVIDIA_REPLICA = "::"  # NVIDIA's time-slicing and MPS replicas: <id>::<n>
+AMD_SLICE = "-slice-"  # ROCm's time slices: <PCI address>-slice-<n>
+INTEL_MONITORING = "_monitoring"  # gpu.intel.com/i915_monitoring "all": telemetry, takes no GPU
+HEX = frozenset("0123456789abcdef")
+
+
+class DeviceRef(Record):
+    """What one id of the kubelet's checkpoint names. vendor: whose GPU resource it is under
+    ("" for a resource of no GPU vendor). kind: uuid (NVIDIA GPU UUID), index (NVIDIA index),
+    minor (/dev/nvidia<minor>), mig (an NVIDIA MIG UUID), pci (a PCI address), xcp (an AMD
+    partition's platform device), card (a DRM card name), none (takes no GPU: Intel's
+    monitoring resource), any (a resource of another vendor: matched against every id of a
+    device), unknown (a GPU vendor's id in no format gpuhook knows)."""
+
+    vendor: str
+    kind: str
+    value: str = ""
+
+    __slots__ = ()
+
+
+def _digits(s: str) -> bool:
+    return 0 < len(s) <= 9 and s.isascii() and s.isdigit()
+
+
+def _pci(s: str) -> bool:
+    """0000:43:00.0: domain, bus, device, function in hex."""
+    dom, _, rest = s.partition(":")
+    bus, _, rest = rest.partition(":")
+    dev, _, fn = rest.partition(".")
+    parts = ((dom, 4), (bus, 2), (dev, 2), (fn, 1))
+    return all(len(p) == n and set(p) <= HEX for p, n in parts)
+
+
+def _uuid(s: str) -> bool:
+    """gpu-<hex and dashes> (lower case; NVIDIA's are 36 long)."""
+    body = s[4:]
+    return s.startswith("gpu-") and 0 < len(body) <= 64 and set(body) <= HEX | {"-"}
+
+
+def device_ref(resource: str, ident: str) -> "DeviceRef":
+    """The GPU an id of the kubelet's checkpoint takes, in the formats the device plugins write:
+    NVIDIA's (GPU-<uuid>, <index>, MIG-<uuid>, MIG-GPU-<uuid>/<gi>/<ci>, <index>:<mig index>,
+    each with ::<replica> under time-slicing or MPS), GKE's (nvidia<minor>, nvidia<minor>/gi<n>,
+    either with /vgpu<n> when shared), ROCm's (<PCI address>, amdgpu_xcp_<n>, either with
+    -slice-<n>), Intel's (card<N>-<n>; "all" under *_monitoring)."""
+    vendor = next((v for p, v in GPU_RESOURCES if resource.startswith(p)), "")
+    low = ident.lower()
+    if not vendor:
+        return DeviceRef("", "any", low)
+    unknown = DeviceRef(vendor, "unknown", low)
+    if vendor == "nvidia":
+        base, sep, replica = low.partition(NVIDIA_REPLICA)
+        if sep and not _digits(replica):
+            return unknown
+        if base.startswith("nvidia"):  # GKE: the /dev name, then /gi<n> (MIG), /vgpu<n> (shared)
+            minor, *rest = base[6:].split("/")
+            tail = [r for r in rest if not (r[:2] == "gi" and _digits(r[2:]) or r[:4] == "vgpu" and _digits(r[4:]))]
+            return DeviceRef(vendor, "minor", minor) if _digits(minor) and len(rest) <= 2 and not tail else unknown
+        if base.startswith("mig-gpu-"):  # before R470: MIG-GPU-<uuid>/<gi>/<ci>
+            gpu, *rest = base[4:].split("/")
+            return (
+                DeviceRef(vendor, "uuid", gpu) if _uuid(gpu) and len(rest) == 2 and all(map(_digits, rest)) else unknown
+            )
+        if base.startswith("mig-"):
+            return DeviceRef(vendor, "mig", base)
+        if _uuid(base):
+            return DeviceRef(vendor, "uuid", base)
+        gpu, colon, mig = base.partition(":")  # deviceIDStrategy=index: <index>, <index>:<mig index>
+        if _digits(gpu) and (not colon or _digits(mig)):
+            return DeviceRef(vendor, "index", gpu)
+        return unknown
+    if vendor == "amd":
+        base, sep, n = low.rpartition(AMD_SLICE)
+        if not (sep and _digits(n)):
+            base = low
+        if _pci(base):
+            return DeviceRef(vendor, "pci", base)
+        if base.startswith("amdgpu_xcp") and base[10:11] in ("_", ".") and _digits(base[11:]):
+            return DeviceRef(vendor, "xcp", base)
+        return unknown
+    if resource.endswith(INTEL_MONITORING) and low == "all":
+        return DeviceRef(vendor, "none", low)
+    card, _, n = low.partition("-")
+    if card.startswith("card") and _digits(card[4:]) and (not n or _digits(n)):
+        return DeviceRef(vendor, "card", card)
+    return unknown
+
+
 def allocated_devices(root: str, own_pod: "str | None") -> "tuple[list[tuple[str, str, str]] | None, str | None]":
     """(resource, device id, pod uid) the kubelet's device manager allocated to pods other than
     `own_pod`, from its checkpoint (<root>/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint:

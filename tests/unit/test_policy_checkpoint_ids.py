@@ -1,0 +1,157 @@
+"""share = "unallocated": the kubelet checkpoint's device ids in every format the real device
+plugins write, each mapped to the GPU it takes, and an id gpuhook cannot map holding that
+vendor's GPUs back (issues 20.2, 26.2).
+
+The checkpoint is written as the kubelet's device manager writes it (checkpoint v2:
+Data.PodDeviceEntries[].DeviceIDs keyed by NUMA node, "-1" without topology; AllocResp the
+plugin's ContainerAllocateResponse, base64). The id formats, from the plugins' sources:
+NVIDIA k8s-device-plugin (AnnotatedID `<id>::<replica>` for time-slicing and MPS; deviceIDStrategy
+uuid and index; MIG `MIG-<uuid>`, `MIG-GPU-<uuid>/<gi>/<ci>` before R470, `<gpu>:<mig>` by
+index), GKE's container-engine-accelerators (`nvidia<minor>`, `nvidia<minor>/gi<n>`, either with
+`/vgpu<n>` when shared), ROCm/k8s-device-plugin (the PCI address, `amdgpu_xcp_<n>` for a
+partition, `<id>-slice-<n>` when time-sliced), Intel's GPU plugin (`card<N>-<i>`; "all" under
+`gpu.intel.com/i915_monitoring`)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from conftest import request
+from gpuhook.config import Config
+from gpuhook.inventory import Device, Inventory, Library, Node, VendorInventory
+from gpuhook.plan import plan
+
+CHECKPOINT = "var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+CUDA = Library("/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.14", "libcuda.so.1", "compute")
+UUIDS = [f"GPU-{i:08x}-3e5a-4b17-9c2e-5da9abb517{i:02x}" for i in range(4)]
+ME = "6f1c2a9e-0d3b-4c55-9a1e-7b2d8c4f0a11"
+OTHER = "b4e7d1f0-8c2a-4e9b-a3d5-1f6e0c9b7a22"
+
+
+def nvidia() -> VendorInventory:
+    # minors deliberately differ from indices (a GPU's /dev/nvidia<minor> need not be its index)
+    return VendorInventory("nvidia", tuple(
+        Device("nvidia", "gpu", i, UUIDS[i], (Node(f"/dev/nvidia{i + 4}", "c", 195, i + 4),), f"0000:{0x18 + i:02x}:00.0")
+        for i in range(4)), (Node("/dev/nvidiactl", "c", 195, 255),), (CUDA,), (), "550.54.14")
+
+
+def amd() -> VendorInventory:
+    """One MI300X split in four (partition 0 on the PCI device, 1..3 on amdgpu_xcp platform
+    devices) and one whole GPU."""
+    parts = tuple(Device("amd", "partition", i, f"0000:05:00.{i}", (Node(f"/dev/dri/renderD{128 + i}", "c", 226, 128 + i),),
+                         "0000:05:00.0", None, None, "0000:05:00.0") for i in range(4))
+    whole = Device("amd", "gpu", 4, "0000:85:00.0",
+                   (Node("/dev/dri/card9", "c", 226, 9), Node("/dev/dri/renderD140", "c", 226, 140)), "0000:85:00.0")
+    return VendorInventory("amd", (*parts, whole), (Node("/dev/kfd", "c", 235, 0),))
+
+
+def intel() -> VendorInventory:
+    return VendorInventory("intel", tuple(
+        Device("intel", "gpu", i, f"0000:{3 + i:02x}:00.0",
+               (Node(f"/dev/dri/card{i}", "c", 226, i), Node(f"/dev/dri/renderD{150 + i}", "c", 226, 150 + i)),
+               f"0000:{3 + i:02x}:00.0") for i in range(2)))
+
+
+def write_checkpoint(root: str, entries: list) -> None:
+    """As the kubelet writes it: one entry per (pod, container, resource)."""
+    path = os.path.join(root, CHECKPOINT)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    data = {"Data": {"PodDeviceEntries": [
+        {"PodUID": pod, "ContainerName": "main", "ResourceName": resource, "DeviceIDs": {"-1": ids},
+         "AllocResp": "CjYKFk5WSURJQV9WSVNJQkxFX0RFVklDRVMSHEdQVS0wMDAwMDAwMC0zZTVhLTRiMTctOWMyZQ=="}
+        for pod, resource, ids in entries],
+        "RegisteredDevices": {"nvidia.com/gpu": [f"{u}::{r}" for u in UUIDS for r in range(4)]}},
+        "Checksum": 2837465911}
+    with open(path, "w") as f:
+        json.dump(data, f)
+
+
+def given(root: str, entries: list, vendors=(nvidia, amd, intel)):
+    write_checkpoint(root, entries)
+    warnings: list[str] = []
+    explain: dict = {}
+    e = plan(Inventory(root, tuple(v() for v in vendors)),
+             request(annotations={"io.kubernetes.cri.sandbox-uid": ME}, rootfs=None),
+             config=Config(share="unallocated"), warnings=warnings, explain=explain)
+    return set(explain.get("devices", [])) if e else set(), explain.get("held_back", []), warnings
+
+
+ALL_NV = {f"nvidia:{u}" for u in UUIDS}
+ALL_AMD = {f"amd:0000:05:00.{i}" for i in range(4)} | {"amd:0000:85:00.0"}
+ALL_INTEL = {"intel:0000:03:00.0", "intel:0000:04:00.0"}
+EVERYTHING = ALL_NV | ALL_AMD | ALL_INTEL
+
+
+@pytest.mark.parametrize("resource,ident,taken", [
+    # NVIDIA: time-slicing / MPS replicas of a UUID and of an index (deviceIDStrategy=index)
+    ("nvidia.com/gpu", f"{UUIDS[1]}::0", {f"nvidia:{UUIDS[1]}"}),
+    ("nvidia.com/gpu", f"{UUIDS[1]}::3", {f"nvidia:{UUIDS[1]}"}),
+    ("nvidia.com/gpu.shared", f"{UUIDS[2]}::1", {f"nvidia:{UUIDS[2]}"}),  # renameByDefault
+    ("nvidia.com/gpu", "2", {f"nvidia:{UUIDS[2]}"}),
+    ("nvidia.com/gpu", "0::1", {f"nvidia:{UUIDS[0]}"}),
+    ("nvidia.com/gpu", UUIDS[3].lower(), {f"nvidia:{UUIDS[3]}"}),
+    # NVIDIA MIG, mapped to the parent GPU: the old UUID form, and the index form <gpu>:<mig>
+    ("nvidia.com/mig-1g.10gb", f"MIG-{UUIDS[1]}/7/0", {f"nvidia:{UUIDS[1]}"}),
+    ("nvidia.com/gpu", "3:0", {f"nvidia:{UUIDS[3]}"}),
+    ("nvidia.com/mig-3g.40gb", "3:1::2", {f"nvidia:{UUIDS[3]}"}),
+    # GKE: /dev names (minor 5 is index 1), MIG instances and shared GPUs
+    ("nvidia.com/gpu", "nvidia5", {f"nvidia:{UUIDS[1]}"}),
+    ("nvidia.com/gpu", "nvidia6/vgpu3", {f"nvidia:{UUIDS[2]}"}),
+    ("nvidia.com/gpu", "nvidia7/gi2", {f"nvidia:{UUIDS[3]}"}),
+    ("nvidia.com/gpu", "nvidia4/gi1/vgpu0", {f"nvidia:{UUIDS[0]}"}),
+    # ROCm: PCI address (a partitioned GPU's address takes all its partitions), time slices
+    ("amd.com/gpu", "0000:85:00.0", {"amd:0000:85:00.0"}),
+    ("amd.com/gpu", "0000:85:00.0-slice-2", {"amd:0000:85:00.0"}),
+    ("amd.com/cpx_nps4", "0000:05:00.0", {f"amd:0000:05:00.{i}" for i in range(4)}),
+    # Intel: card name with the shared-device number; the monitoring resource takes none
+    ("gpu.intel.com/i915", "card1-0", {"intel:0000:04:00.0"}),
+    ("gpu.intel.com/xe", "card0-3", {"intel:0000:03:00.0"}),
+    ("gpu.intel.com/i915_monitoring", "all", set()),
+    # another vendor's resource takes no GPU of these
+    ("example.com/fpga", "fpga0", set()),
+])
+def test_each_device_plugin_id_takes_its_gpu(tmp_path, resource, ident, taken):
+    got, held, warnings = given(str(tmp_path), [(OTHER, resource, [ident]), (ME, "nvidia.com/gpu", [f"{UUIDS[0]}::1"])])
+    assert got == EVERYTHING - taken
+    assert {h["device"] for h in held} == taken
+    assert all(OTHER in h["why"] for h in held)
+    assert not [w for w in warnings if "cannot map" in w]
+
+
+def test_an_amd_partition_on_an_xcp_platform_device(tmp_path):
+    """ROCm names partitions 1.. by their platform device: its render node says which."""
+    root = str(tmp_path)
+    os.makedirs(os.path.join(root, "sys/devices/platform/amdgpu_xcp_2/drm/renderD130"))
+    os.makedirs(os.path.join(root, "sys/devices/platform/amdgpu_xcp_2/drm/card12"))
+    got, held, warnings = given(root, [(OTHER, "amd.com/cpx_nps4", ["amdgpu_xcp_2-slice-0"])], vendors=(amd,))
+    assert {h["device"] for h in held} == {"amd:0000:05:00.2"}
+    assert got == ALL_AMD - {"amd:0000:05:00.2"} and warnings == []
+
+
+@pytest.mark.parametrize("resource,ident,vendor", [
+    ("nvidia.com/mig-1g.10gb", "MIG-8f2c1d90-3e5a-5b17-9c2e-5da9abb51763", "nvidia"),  # R470+: no parent in the id
+    ("nvidia.com/gpu", "GPU-ffffffff-3e5a-4b17-9c2e-5da9abb517ff", "nvidia"),  # a GPU this node's probe did not see
+    ("nvidia.com/gpu", "9", "nvidia"),
+    ("nvidia.com/gpu", "nvidia0", "nvidia"),
+    ("nvidia.com/gpu", f"{UUIDS[0]}::x", "nvidia"),
+    ("nvidia.com/gpu", "vgpu-7", "nvidia"),
+    ("amd.com/gpu", "amdgpu_xcp_9", "amd"),  # no such platform device
+    ("amd.com/gpu", "gpu-0", "amd"),
+    ("gpu.intel.com/i915", "renderD128", "intel"),
+    ("gpu.intel.com/xe", "card7-0", "intel"),
+])
+def test_an_id_gpuhook_cannot_map_holds_that_vendors_gpus_back(tmp_path, resource, ident, vendor):
+    got, held, warnings = given(str(tmp_path), [(OTHER, resource, [ident])])
+    mine = {"nvidia": ALL_NV, "amd": ALL_AMD, "intel": ALL_INTEL}[vendor]
+    assert got == EVERYTHING - mine  # the other vendors' GPUs are still given
+    assert {h["device"] for h in held} == mine
+    assert all("cannot map" in h["why"] and resource in h["why"] for h in held)
+    assert [w for w in warnings if "cannot map" in w and f"no {vendor} GPU is given" in w]
+
+
+def test_a_pods_own_replicas_are_not_someone_elses(tmp_path):
+    got, held, _ = given(str(tmp_path), [(ME, "nvidia.com/gpu", [f"{UUIDS[2]}::0", "MIG-8f2c1d90-3e5a-5b17-9c2e-5da9abb51763"])])
+    assert got == EVERYTHING and held == []
