@@ -44,16 +44,28 @@ LOCK_FILE = "gpu-usage.lock"
 LOCK_WAIT_S = 2.0
 
 CHECKPOINT = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
-# The pod of a container, from the annotations the CRI runtime puts in its spec
-# (containerd's, then CRI-O's): the runtime's log line carries them (`gpuhook log`'s POD
-# column, the agent's pod Events). Docker, podman and plain runc set none.
-POD_ANNOTATIONS = {
-    "pod_namespace": ("io.kubernetes.cri.sandbox-namespace", "io.kubernetes.pod.namespace"),
-    "pod_name": ("io.kubernetes.cri.sandbox-name", "io.kubernetes.pod.name"),
-    "pod_uid": ("io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid"),
-    "container_name": ("io.kubernetes.cri.container-name", "io.kubernetes.container.name"),
+# The pod of a container, read only from the keys the node's own CRI runtime writes into its
+# spec after the pod's annotations, so that they win over any a pod sets (`gpuhook log`'s POD
+# column, the agent's pod Events, the pod's own allocations in the kubelet's checkpoint).
+# CRI-O marks its specs itself (io.container.manager: cri-o, written last) and copies the
+# kubelet's container labels (io.kubernetes.pod.*) over the pod's annotations; it also copies
+# every pod annotation, containerd's keys included, so those mean nothing there. containerd's
+# CRI plugin writes io.kubernetes.cri.* after the annotations it passes through. Docker,
+# podman and plain runc set none. The admission policy refuses io.kubernetes.* annotations and
+# the marker's key on gpu-optional pods.
+CRIO_MARKER = ("io.container.manager", "cri-o")
+POD_ANNOTATIONS_CRIO = {
+    "pod_namespace": "io.kubernetes.pod.namespace",
+    "pod_name": "io.kubernetes.pod.name",
+    "pod_uid": "io.kubernetes.pod.uid",
+    "container_name": "io.kubernetes.container.name",
 }
-POD_UID_ANNOTATIONS = POD_ANNOTATIONS["pod_uid"]
+POD_ANNOTATIONS_CONTAINERD = {
+    "pod_namespace": "io.kubernetes.cri.sandbox-namespace",
+    "pod_name": "io.kubernetes.cri.sandbox-name",
+    "pod_uid": "io.kubernetes.cri.sandbox-uid",
+    "container_name": "io.kubernetes.cri.container-name",
+}
 MAX_NAME_LEN = 253  # a DNS subdomain, the longest name Kubernetes gives an object
 
 
@@ -116,20 +128,26 @@ def pod_policy(annotations: dict, warn) -> "PodPolicy":
     return PodPolicy(inject, vendors, max_gpus)
 
 
+def pod_keys(annotations: dict) -> dict:
+    """The annotation keys that name the pod, those of the runtime that wrote the spec."""
+    key, value = CRIO_MARKER
+    return POD_ANNOTATIONS_CRIO if annotations.get(key) == value else POD_ANNOTATIONS_CONTAINERD
+
+
 def pod_of(annotations: dict) -> dict:
-    """{"pod_namespace", "pod_name", "pod_uid", "container_name"}: those the annotations
-    give, each a non-empty string of at most MAX_NAME_LEN printable characters; {} for a
-    container outside Kubernetes. A value that is not such a string is left out."""
+    """{"pod_namespace", "pod_name", "pod_uid", "container_name"}: those the runtime's own
+    annotations give, each a non-empty string of at most MAX_NAME_LEN printable characters;
+    {} for a container outside Kubernetes. A value that is not such a string is left out."""
     out = {}
-    for key, names in POD_ANNOTATIONS.items():
-        v = next((annotations[k] for k in names if k in annotations), None)
+    for field, key in pod_keys(annotations).items():
+        v = annotations.get(key)
         if isinstance(v, str) and 0 < len(v) <= MAX_NAME_LEN and v.isprintable():
-            out[key] = v
+            out[field] = v
     return out
 
 
 def pod_uid(annotations: dict) -> "str | None":
-    return next((annotations[k] for k in POD_UID_ANNOTATIONS if annotations.get(k)), None)
+    return pod_of(annotations).get("pod_uid")
 
 
 # -- NVIDIA env contract ----------------------------------------------------------------
