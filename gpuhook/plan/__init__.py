@@ -238,6 +238,8 @@ def _takes(ref: "policy.DeviceRef", d: "Device", xcp: dict) -> bool:
         return d.index == int(value)
     if kind == "minor":
         return any(n.path == f"/dev/nvidia{int(value)}" for n in d.nodes)
+    if kind == "minors":
+        return any(n.path == f"/dev/nvidia{int(m)}" for m in value.split(",") for n in d.nodes)
     if kind == "pci":
         return value in _keys(d)
     if kind == "card":
@@ -245,6 +247,18 @@ def _takes(ref: "policy.DeviceRef", d: "Device", xcp: dict) -> bool:
     if kind == "xcp":
         return any(n.path in xcp.get(value, ()) for n in d.nodes)
     return False
+
+
+def _ref(a: "policy.Allocation") -> "policy.DeviceRef":
+    """What an allocation takes. A MIG UUID names no parent GPU: the plugin's answer for that
+    container does when it passed device nodes (/dev/nvidia<minor>: "minors")."""
+    ref = policy.device_ref(a.resource, a.id)
+    if ref.kind != "mig":
+        return ref
+    minors = sorted(
+        {p[11:] for p in policy.alloc_device_paths(a.alloc_resp) if p.startswith("/dev/nvidia") and p[11:].isdigit()}
+    )
+    return policy.DeviceRef(ref.vendor, "minors", ",".join(minors)) if minors else ref
 
 
 def _keys(d: "Device") -> set:
@@ -283,9 +297,9 @@ def _hold_back(
         if ref.vendor == v.vendor and ref.kind != "none" and not any(_takes(ref, d, xcp) for d in v.devices)
     ]
     if unmapped:
-        resource, ident, pod = unmapped[0]
+        a = unmapped[0]
         why = (
-            f"the kubelet allocated {resource} {policy.show(ident, 80)} to pod {policy.show(pod, 40)}, "
+            f"the kubelet allocated {a.resource} {policy.show(a.id, 80)} to pod {policy.show(a.pod, 40)}, "
             "which gpuhook cannot map to a GPU of this node"
         )
         warn(f"share = unallocated: {why}; no {v.vendor} GPU is given")
@@ -300,7 +314,7 @@ def _hold_back(
             held.append(
                 {
                     "device": f"{v.vendor}:{d.id}",
-                    "why": f"allocated by the kubelet to pod {policy.show(a[2], 40)} ({a[0]} {policy.show(a[1], 80)})",
+                    "why": f"allocated by the kubelet to pod {policy.show(a.pod, 40)} ({a.resource} {policy.show(a.id, 80)})",
                 }
             )
     return keep
@@ -349,7 +363,7 @@ def plan(
             warn(f"share = unallocated: {why}; no GPU is given (which are free is unknown)")
             explain["reason"] = f"{why}: which GPUs are free is unknown (share = unallocated)"
         elif allocated:
-            refs = [(policy.device_ref(a[0], a[1]), a) for a in allocated]
+            refs = [(_ref(a), a) for a in allocated]
             xcp = _xcp_nodes(inv.root, refs)
     choices: list[_Choice] = []
     fixed_count = 0

@@ -384,13 +384,27 @@ def device_ref(resource: str, ident: str) -> "DeviceRef":
     return unknown
 
 
-def allocated_devices(root: str, own_pod: "str | None") -> "tuple[list[tuple[str, str, str]] | None, str | None]":
-    """(resource, device id, pod uid) the kubelet's device manager allocated to pods other than
-    `own_pod`, from its checkpoint (<root>/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint:
+class Allocation(Record):
+    """One device id the kubelet's device manager allocated to a pod: the resource it is of,
+    the id as the device plugin wrote it, the pod's uid, and the plugin's answer for that
+    container (AllocResp: a ContainerAllocateResponse, protobuf, base64), read only when an
+    id does not name its GPU (alloc_device_paths)."""
+
+    resource: str
+    id: str
+    pod: str
+    alloc_resp: str = ""
+
+    __slots__ = ()
+
+
+def allocated_devices(root: str, own_pod: "str | None") -> "tuple[list[Allocation] | None, str | None]":
+    """The Allocations the kubelet's device manager made to pods other than `own_pod`, from its
+    checkpoint (<root>/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint:
     {"Data": {"PodDeviceEntries": [{"PodUID", "ContainerName", "ResourceName",
     "DeviceIDs": {"<NUMA node>": [ids]} (a plain list before Kubernetes 1.20), "AllocResp"}],
     "RegisteredDevices": {...}}, "Checksum": N}). No file: no allocations.
-    Returns (triples, None), or (None, why) when the file exists but cannot be understood."""
+    Returns (allocations, None), or (None, why) when the file exists but cannot be understood."""
     from ..probe.host import Host
 
     host = Host(root)
@@ -412,7 +426,66 @@ def allocated_devices(root: str, own_pod: "str | None") -> "tuple[list[tuple[str
             if isinstance(ids, dict):
                 ids = [i for per_numa in ids.values() for i in (per_numa or [])]
             pod = str(e.get("PodUID") or "")
-            out.extend((resource, str(i), pod) for i in ids if isinstance(i, (str, int)))
+            resp = e.get("AllocResp")
+            resp = resp if isinstance(resp, str) else ""
+            out.extend(Allocation(resource, str(i), pod, resp) for i in ids if isinstance(i, (str, int)))
         return out, None
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         return None, f"{CHECKPOINT}: not a device manager checkpoint ({type(e).__name__})"
+
+
+def alloc_device_paths(alloc_resp: str) -> "tuple[str, ...]":
+    """The host paths of the device nodes a device plugin's answer gave a container
+    (ContainerAllocateResponse field 3, devices: DeviceSpec field 2, host_path), from the
+    checkpoint's base64 AllocResp; () when there are none or it cannot be read. NVIDIA's
+    plugin names a MIG instance's parent GPU there (/dev/nvidia<minor>) with passDeviceSpecs."""
+    import base64
+    import binascii
+
+    try:
+        data = base64.b64decode(alloc_resp[: 1 << 20], validate=True)
+    except (binascii.Error, ValueError):
+        return ()
+    out = []
+    for field, value in _proto_fields(data):
+        if field == 3 and isinstance(value, bytes):
+            out += [v.decode("utf-8", "replace") for f, v in _proto_fields(value) if f == 2 and isinstance(v, bytes)]
+    return tuple(out)
+
+
+def _proto_fields(data: bytes):
+    """(field number, value) of a protobuf message's top level: varints as int, length-delimited
+    fields as bytes; fixed-width ones skipped; it stops at the first thing it cannot read."""
+    i, n = 0, len(data)
+    while i < n:
+        key, i = _varint(data, i)
+        if key is None:
+            return
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            value, i = _varint(data, i)
+            if value is None:
+                return
+            yield field, value
+        elif wire == 2:
+            size, i = _varint(data, i)
+            if size is None or i + size > n:
+                return
+            yield field, data[i : i + size]
+            i += size
+        elif wire in (1, 5):
+            i += 8 if wire == 1 else 4
+        else:
+            return
+
+
+def _varint(data: bytes, i: int) -> "tuple[int | None, int]":
+    value = shift = 0
+    while i < len(data) and shift < 64:
+        b = data[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, i
+        shift += 7
+    return None, i

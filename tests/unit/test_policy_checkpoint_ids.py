@@ -155,3 +155,74 @@ def test_an_id_gpuhook_cannot_map_holds_that_vendors_gpus_back(tmp_path, resourc
 def test_a_pods_own_replicas_are_not_someone_elses(tmp_path):
     got, held, _ = given(str(tmp_path), [(ME, "nvidia.com/gpu", [f"{UUIDS[2]}::0", "MIG-8f2c1d90-3e5a-5b17-9c2e-5da9abb51763"])])
     assert got == EVERYTHING and held == []
+
+
+def alloc_resp(devices: list[str], envs: dict) -> str:
+    """A ContainerAllocateResponse as the device plugin sends it and the kubelet keeps it
+    (k8s.io/kubelet deviceplugin/v1beta1: envs = 1, devices = 3 {container_path = 1,
+    host_path = 2, permissions = 3}), encoded by the protobuf library, base64 as in the JSON."""
+    import base64
+
+    pb = pytest.importorskip("google.protobuf", reason="protobuf (the CRI tests' grpcio-tools bring it)")
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    f = descriptor_pb2.FileDescriptorProto(name="deviceplugin_test.proto", package="v1beta1", syntax="proto3")
+    spec = f.message_type.add(name="DeviceSpec")
+    for i, n in enumerate(("container_path", "host_path", "permissions"), 1):
+        spec.field.add(name=n, number=i, type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
+                       label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
+    resp = f.message_type.add(name="ContainerAllocateResponse")
+    entry = resp.nested_type.add(name="EnvsEntry")
+    entry.options.map_entry = True
+    for i, n in enumerate(("key", "value"), 1):
+        entry.field.add(name=n, number=i, type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
+                        label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
+    resp.field.add(name="envs", number=1, type=descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE,
+                   type_name=".v1beta1.ContainerAllocateResponse.EnvsEntry",
+                   label=descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED)
+    resp.field.add(name="devices", number=3, type=descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE,
+                   type_name=".v1beta1.DeviceSpec", label=descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(f)
+    cls = message_factory.GetMessageClass(pool.FindMessageTypeByName("v1beta1.ContainerAllocateResponse"))
+    msg = cls()
+    msg.envs.update(envs)
+    for d in devices:
+        msg.devices.add(container_path=d, host_path=d, permissions="rw")
+    assert pb  # the library that encoded it
+    return base64.b64encode(msg.SerializeToString()).decode()
+
+
+MIG_UUID = "MIG-8f2c1d90-3e5a-5b17-9c2e-5da9abb51763"
+
+
+def test_a_mig_uuid_is_mapped_to_its_parent_by_the_plugins_device_nodes(tmp_path):
+    """deviceIDStrategy uuid and passDeviceSpecs: the id is MIG-<uuid> (no parent in it), the
+    plugin's answer in the checkpoint holds the parent /dev/nvidia<minor> (minor 6: index 2)."""
+    root = str(tmp_path)
+    resp = alloc_resp(["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia6", "/dev/nvidia-caps/nvidia-cap21",
+                       "/dev/nvidia-caps/nvidia-cap22"], {"NVIDIA_VISIBLE_DEVICES": MIG_UUID})
+    write_checkpoint(root, [(OTHER, "nvidia.com/mig-1g.10gb", [MIG_UUID])])
+    path = os.path.join(root, CHECKPOINT)
+    data = json.load(open(path))
+    data["Data"]["PodDeviceEntries"][0]["AllocResp"] = resp
+    json.dump(data, open(path, "w"))
+    warnings: list[str] = []
+    explain: dict = {}
+    plan(Inventory(root, (nvidia(),)), request(annotations={"io.kubernetes.cri.sandbox-uid": ME}, rootfs=None),
+         config=Config(share="unallocated"), warnings=warnings, explain=explain)
+    assert [h["device"] for h in explain["held_back"]] == [f"nvidia:{UUIDS[2]}"]
+    assert set(explain["devices"]) == ALL_NV - {f"nvidia:{UUIDS[2]}"} and warnings == []
+    # without device nodes in the answer (the default, passDeviceSpecs=false): every NVIDIA GPU held back
+    got, held, warnings = given(str(tmp_path / "b"), [(OTHER, "nvidia.com/mig-1g.10gb", [MIG_UUID])], vendors=(nvidia,))
+    assert got == set() and {h["device"] for h in held} == ALL_NV and any("cannot map" in w for w in warnings)
+
+
+@pytest.mark.parametrize("raw,paths", [("", ()), ("CgA=", ()), ("not base64!", ()), ("////", ()),
+                                       ("GgQSAi9k", ("/d",)),  # devices { host_path: "/d" }
+                                       ("Gv////8P", ()),  # a length past the end
+                                       ("GgQSAi9kGg==", ("/d",))])  # torn after a whole field
+def test_an_answer_gpuhook_cannot_read_names_no_device(raw, paths):
+    from gpuhook.plan import policy
+
+    assert policy.alloc_device_paths(raw) == paths
