@@ -294,7 +294,8 @@ def test_the_agents_event_reasons_are_gpuhooks_one_list():
         assert admit(AGENT_POLICY, "CREATE", node_event(reason=reason), user=AGENT, node="n1", resource="events") == []
     for bad in (dict(event(), reason="BackOff"), dict(event(), reason="GPUInventory"), dict(event(), reason=""),
                 {k: v for k, v in event().items() if k != "reason"}, node_event(reason="GPUsInjected"),
-                node_event(name="n2"), node_event(namespace="ml")):
+                node_event(name="n2"), node_event(namespace="ml"),
+                dict(event(), involvedObject={"kind": "Pod", "name": "etcd", "namespace": "kube-system"})):
         assert admit(AGENT_POLICY, "CREATE", bad, user=AGENT, node="n1", resource="events") == EVENT_MSG, bad
 
 
