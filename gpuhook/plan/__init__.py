@@ -284,6 +284,9 @@ def _xcp_nodes(root: str, refs: list) -> dict:
     }
 
 
+UNMAPPED = "which gpuhook cannot map to a GPU of this node"
+
+
 def _hold_back(
     v: "VendorInventory", candidates: "list[Device]", refs: list, xcp: dict, held: list, warn
 ) -> "list[Device]":
@@ -298,10 +301,7 @@ def _hold_back(
     ]
     if unmapped:
         a = unmapped[0]
-        why = (
-            f"the kubelet allocated {a.resource} {policy.show(a.id, 80)} to pod {policy.show(a.pod, 40)}, "
-            "which gpuhook cannot map to a GPU of this node"
-        )
+        why = f"the kubelet allocated {a.resource} {policy.show(a.id, 80)} to pod {policy.show(a.pod, 40)}, " + UNMAPPED
         warn(f"share = unallocated: {why}; no {v.vendor} GPU is given")
         held.extend({"device": f"{v.vendor}:{d.id}", "why": why} for d in candidates)
         return []
@@ -413,6 +413,9 @@ def plan(
 def _why_none(inv: "Inventory", pod, held: list, choices: list) -> str:
     """One line: why a node with GPUs gave this container none."""
     if held and not any(c.devices for c in choices):
+        unmapped = next((h["why"] for h in held if h["why"].endswith(UNMAPPED)), None)
+        if unmapped is not None:
+            return f'all {len(held)} GPU(s) held back: {unmapped} (share = "unallocated")'
         return f'all {len(held)} GPU(s) held back: allocated by the kubelet to other pods (share = "unallocated")'
     if pod.max_gpus == 0:
         return f'the pod says {policy.MAX_GPUS}: "0"'

@@ -150,6 +150,12 @@ def test_an_id_gpuhook_cannot_map_holds_that_vendors_gpus_back(tmp_path, resourc
     assert {h["device"] for h in held} == mine
     assert all("cannot map" in h["why"] and resource in h["why"] for h in held)
     assert [w for w in warnings if "cannot map" in w and f"no {vendor} GPU is given" in w]
+    explain: dict = {}
+    only = Inventory(str(tmp_path), tuple(v() for v in (nvidia, amd, intel) if v().vendor == vendor))
+    assert not plan(only, request(rootfs=None), config=Config(share="unallocated"), explain=explain)
+    assert explain["reason"] == (f'all {len(mine)} GPU(s) held back: the kubelet allocated {resource} '
+                                 f"{ident!r} to pod {OTHER!r}, which gpuhook cannot map to a GPU of this node "
+                                 '(share = "unallocated")')
 
 
 def test_a_pods_own_replicas_are_not_someone_elses(tmp_path):
