@@ -236,14 +236,14 @@ def test_an_answer_gpuhook_cannot_read_names_no_device(raw, paths):
 
 # -- hostile or broken checkpoint text: the parsers never raise ------------------------------------
 
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given as for_all, settings, strategies as st  # noqa: E402
 
 RESOURCES = st.sampled_from(["nvidia.com/gpu", "nvidia.com/mig-1g.10gb", "amd.com/gpu", "gpu.intel.com/i915",
                              "gpu.intel.com/i915_monitoring", "example.com/x", ""])
 
 
 @settings(max_examples=400, deadline=None)
-@given(RESOURCES, st.text(max_size=80) | st.from_regex(r"(GPU-[0-9a-f-]{1,40}|MIG-|nvidia|amdgpu_xcp_|card)[0-9/:a-z_.-]{0,20}(::[0-9x]{0,3})?", fullmatch=True))
+@for_all(RESOURCES, st.text(max_size=80) | st.from_regex(r"(GPU-[0-9a-f-]{1,40}|MIG-|nvidia|amdgpu_xcp_|card)[0-9/:a-z_.-]{0,20}(::[0-9x]{0,3})?", fullmatch=True))
 def test_any_id_is_a_ref_never_an_exception(resource, ident):
     from gpuhook.plan import policy
 
@@ -254,7 +254,7 @@ def test_any_id_is_a_ref_never_an_exception(resource, ident):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.binary(max_size=200))
+@for_all(st.binary(max_size=200))
 def test_any_answer_bytes_give_paths_never_an_exception(data):
     import base64
 
