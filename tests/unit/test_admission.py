@@ -46,15 +46,16 @@ def admit(name: str, operation: str, obj: dict, old: dict | None = None, namespa
     the messages of the failed validations (messageExpression first, as the server does)."""
     spec = policy(name)["spec"]
     rules = spec["matchConstraints"]["resourceRules"]
-    # a rule's "pods" matches no subresource request: "pods/status" must be listed
     if not any(operation in r["operations"] and resource in r["resources"] for r in rules):
         return []
-    base, _, sub = resource.partition("/")
+    # a rule's "pods" matches no subresource request ("pods/status" must be listed); the
+    # request's resource is "pods" all the same (the subresource is request.subResource)
+    resource = resource.partition("/")[0]
     extra = {NODE_NAME: [node]} if node else {}
     act = {k: celpy.json_to_cel(v) for k, v in {
         "object": obj, "oldObject": old, "namespaceObject": namespace,
         "request": {"operation": operation, "userInfo": {"username": user, "extra": extra},
-                    "resource": {"group": "", "version": "v1", "resource": base}, "subResource": sub}}.items()}
+                    "resource": {"group": "", "version": "v1", "resource": resource}}}.items()}
     for cond in spec.get("matchConditions", []):
         result = cel(cond["expression"], act)
         assert isinstance(result, celpy.celtypes.BoolType), (cond["name"], result)
