@@ -32,6 +32,14 @@ SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 TIMEOUT = 5.0
 CONNECT_RETRIES = 2
 NODE_EVENTS_NAMESPACE = "default"  # where Node events go (the kubelet's are there too)
+# Every reason the agent's Events may have, by the kind of object they are about: the one list.
+# _create_event posts no other; daemonset/gpu-optional-admission.yaml admits no other (its
+# lists are checked against these by tests/unit/test_admission.py).
+EVENT_REASONS = {
+    "Pod": ("GPUsInjected", "RanOnCPU", "LdCacheNotUpdated", "GPUHookFailed"),
+    "Node": ("GPUInventory", "GPUInventoryChanged", "GPUUnusable", "RuntimeInstallFailed"),
+}
+REPORTING_COMPONENT = "gpuhook.dev/agent"
 
 
 class KubeError(Exception):
@@ -199,6 +207,8 @@ class KubeAPI:
         from lightkube import Client
         from lightkube.config.client_adapter import verify_cluster
 
+        from . import labels
+
         self.node = node
         self.namespace = namespace
         self.base_url = config.cluster.server
@@ -222,7 +232,7 @@ class KubeAPI:
             timeout=httpx.Timeout(timeout),
             trust_env=False,
             transport=transport,
-            field_manager="gpuhook-agent",
+            field_manager=labels.FIELD_MANAGER,
         )
         self.token_auth = None
         if token_file:
@@ -360,6 +370,8 @@ class KubeAPI:
         now: str | None,
         action: str | None = None,
     ) -> dict:
+        if reason not in EVENT_REASONS.get(str(involved.get("kind")), ()):
+            raise ValueError(f"an Event with reason {reason!r} about a {involved.get('kind')}: not one of gpuhook's")
         from lightkube.resources.core_v1 import Event
 
         from ..log import utc_now
@@ -374,7 +386,7 @@ class KubeAPI:
             "message": message[:1024],
             "type": type_,
             "source": {"component": "gpuhook-agent", "host": self.node},
-            "reportingComponent": "gpuhook.dev/agent",
+            "reportingComponent": REPORTING_COMPONENT,
             "reportingInstance": self.node,
             "firstTimestamp": now,
             "lastTimestamp": now,

@@ -40,8 +40,8 @@ OPERATOR_LABELS = frozenset({PREFIX + "install"})
 NFD_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
 NFD_FILE = "gpuhook"
 MAX_VALUE = 63
-# the agent's field manager in the API (kube.py's Client): the API server records under this
-# name which fields the agent's patches set (metadata.managedFields)
+# the agent's field manager in the API (kube.py's client sends it): the API server records under
+# this name which fields the agent's patches set (metadata.managedFields)
 FIELD_MANAGER = "gpuhook-agent"
 
 _BAD = re.compile(r"[^A-Za-z0-9._-]+")

@@ -19,9 +19,16 @@ annotations), PodReporter
   out or failed, or a check refused: the create's line said "injected" all the same), posts
   a Warning on the same pod: LdCacheNotUpdated (GPUHookFailed for another hook).
 
-Events are rate-limited (a token bucket: `burst`, then `rate` per second); past it they
-are dropped and counted. API errors are logged once per kind of error and the record is
-retried with exponential backoff (at most `retries` times); nothing here can stop the agent.
+A line's pod is trusted only as the triple (namespace, name, uid) that one GET found
+scheduled on this node: another line with the same uid but another namespace or name is
+looked up again (and refused). Budgets are per namespace, so that one tenant's creates never
+use up another's: Events (a token bucket: `burst`, then `rate` per second; past it they are
+dropped and counted) and pod lookups (`lookup_burst`, then `lookup_rate` per second; past it
+the line is dropped and counted). Every map is bounded (least recently used out first): the
+pods checked, the lines refused (a refused triple costs no second GET), the buckets, the
+Events to aggregate, the problems said once. API errors are logged once per kind of error
+and the record is retried with exponential backoff (at most `retries` times); nothing here
+can stop the agent.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import os
 import re
 import threading
 import time
+from collections import OrderedDict
 from typing import Callable
 
 from . import kube as kube_mod, labels as labels_mod
@@ -44,6 +52,8 @@ _UID = re.compile(r"^[A-Za-z0-9-]{1,64}\Z")
 MAX_IDS = 16  # device ids named in one message
 _POD_KEYS = ("pod_namespace", "pod_name", "pod_uid", "container_name")
 HOOK_DECISION = "hook-failed"  # a hook line, as PodReporter hands it to event_for
+MAX_ENTRIES = 4096  # pods checked, lines refused, Events to aggregate, labels set
+MAX_NAMESPACES = 1024  # namespaces with a budget of their own
 
 
 def micro_time(t: float | None = None) -> str:
@@ -116,6 +126,26 @@ class _Bucket:
         return False
 
 
+class _Lru(OrderedDict):
+    """A bounded map: the least recently used entry goes first."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.size = size
+
+    def get_fresh(self, key, default=None):
+        if key in self:
+            self.move_to_end(key)
+            return self[key]
+        return default
+
+    def put(self, key, value) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        while len(self) > self.size:
+            self.popitem(last=False)
+
+
 class PodReporter:
     """Create records -> pod Events and the pod label (see the module's doc)."""
 
@@ -130,44 +160,58 @@ class PodReporter:
         backoff: float = 1.0,
         set_label: bool = True,
         root: str | None = None,
+        lookup_burst: int = 10,
+        lookup_rate: float = 1.0,
     ):
         self.kube = kube
         self.root = root  # the node's / (bundle paths of the runtime's lines are under it)
         self.node = kube.node
         self.log = log
         self.clock = clock
-        self.bucket = _Bucket(burst, rate, clock)
+        self.burst, self.rate = burst, rate
+        self.lookup_burst, self.lookup_rate = lookup_burst, lookup_rate
+        self.buckets = _Lru(MAX_NAMESPACES)  # namespace -> its Event budget (_Bucket)
+        self.lookups = _Lru(MAX_NAMESPACES)  # namespace -> its pod-lookup budget (_Bucket)
         self.retries = retries
         self.backoff = backoff
         self.set_label = set_label
-        self.events: dict[tuple, dict] = {}  # (pod uid, reason, message) -> {"name", "namespace", "count"}
-        self.labelled: dict[str, str] = {}  # pod uid -> the label value it has
-        self.containers: dict[str, dict] = {}  # container id -> its pod (from its create line)
-        self.pods: dict[str, float] = {}  # pod uid -> when it was checked to be this node's
+        # the pod is always the triple (namespace, name, uid) one GET checked together
+        self.events = _Lru(MAX_ENTRIES)  # (namespace, name, uid, reason, message) -> {"name", "namespace", "count"}
+        self.labelled = _Lru(MAX_ENTRIES)  # (namespace, name, uid) -> the label value it has
+        self.containers = _Lru(MAX_ENTRIES)  # container id -> its pod (from its create line)
+        self.pods = _Lru(MAX_ENTRIES)  # (namespace, name, uid) -> when it was found to be this node's
+        self.refused = _Lru(MAX_ENTRIES)  # (namespace, name, uid) -> when it was found not to be
         self.retry: list[tuple[float, int, dict]] = []  # (due, attempt, record)
         self.dropped = 0
+        self.dropped_lookups = 0
         self.posted = 0
-        self._said: set[str] = set()
+        self._said = _Lru(MAX_ENTRIES)
+
+    def _budget(self, buckets: _Lru, ns: str, burst: int, rate: float) -> _Bucket:
+        bucket = buckets.get_fresh(ns)
+        if bucket is None:
+            bucket = _Bucket(burst, rate, self.clock)
+            buckets.put(ns, bucket)
+        return bucket
 
     def _once(self, kind: str, level: str, event: str, **kw) -> None:
-        """Log each kind of problem once (the agent never floods its log)."""
+        """Log each kind of problem once (the agent never floods its log; the memory of what
+        was said is bounded)."""
         if kind in self._said:
             return
-        self._said.add(kind)
+        self._said.put(kind, True)
         getattr(self.log, level)(event, node=self.node, **kw)
 
     def handle(self, rec: dict) -> None:
         cid = rec.get("container_id")
         if isinstance(cid, str) and isinstance(rec.get("pod_uid"), str):
-            self.containers[cid] = {k: rec.get(k) for k in _POD_KEYS}
-            if len(self.containers) > 4096:
-                self.containers.pop(next(iter(self.containers)))
+            self.containers.put(cid, {k: rec.get(k) for k in _POD_KEYS})
         self._attempt(rec, 0)
 
     def handle_hook(self, rec: dict) -> None:
         """A hook line (gpuhook-hook's, event "hook"): an Event on the pod of its container,
         known from that container's create line; nothing for a container not seen."""
-        pod = self.containers.get(rec.get("container_id"))  # type: ignore[arg-type]
+        pod = self.containers.get_fresh(rec.get("container_id"))
         if pod is not None:
             self._attempt({**rec, **pod, "decision": HOOK_DECISION}, 0)
 
@@ -240,12 +284,33 @@ class PodReporter:
             )
             return
         reason, type_, message, accel = what
-        if uid not in self.pods:
-            pod = self.kube.get_pod(ns, name)
+        pod_key = (ns, name, uid)
+        if pod_key in self.refused:
+            return  # found not to be this node's: no second GET
+        if self.pods.get_fresh(pod_key) is None:
+            if not self._budget(self.lookups, ns, self.lookup_burst, self.lookup_rate).take():
+                self.dropped_lookups += 1
+                self._once(
+                    f"lookups:{ns}",
+                    "warning",
+                    "pod.lookups_limited",
+                    namespace=ns,
+                    burst=self.lookup_burst,
+                    rate=self.lookup_rate,
+                    note="this namespace's lines are dropped and counted until its rate allows",
+                )
+                return
+            try:
+                pod = self.kube.get_pod(ns, name)
+            except kube_mod.KubeError as e:
+                if e.status != 404:
+                    raise
+                pod = {}  # no such pod: the line is not trusted either
             meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
             if meta.get("uid") != uid or spec.get("nodeName") != self.node:
+                self.refused.put(pod_key, self.clock())
                 self._once(
-                    f"not-ours:{ns}/{name}",
+                    f"not-ours:{ns}",
                     "warning",
                     "pod.skipped",
                     namespace=ns,
@@ -253,20 +318,20 @@ class PodReporter:
                     why="not this node's pod (another uid or node): the line is not trusted",
                 )
                 return
-            self.pods[uid] = self.clock()
-            if len(self.pods) > 4096:
-                self.pods.pop(next(iter(self.pods)))
-        key = (uid, reason, message)
-        seen = self.events.get(key)
-        if not self.bucket.take():
+            self.pods.put(pod_key, self.clock())
+        key = (ns, name, uid, reason, message)
+        seen = self.events.get_fresh(key)
+        bucket = self._budget(self.buckets, ns, self.burst, self.rate)
+        if not bucket.take():
             self.dropped += 1
             self._once(
-                "rate",
+                f"rate:{ns}",
                 "warning",
                 "event.ratelimited",
-                burst=self.bucket.burst,
-                rate=self.bucket.rate,
-                note="further events are dropped and counted until the rate allows",
+                namespace=ns,
+                burst=bucket.burst,
+                rate=bucket.rate,
+                note="this namespace's further events are dropped and counted until its rate allows",
             )
         else:
             now = micro_time()
@@ -274,9 +339,8 @@ class PodReporter:
                 body = self.kube.post_pod_event(
                     ns, name, uid, rec.get("container_name"), reason, message, type_, now[:19] + "Z"
                 )
-                self.events[key] = {"name": (body.get("metadata") or {}).get("name"), "namespace": ns, "count": 1}
-                if len(self.events) > 4096:
-                    self.events.pop(next(iter(self.events)))
+                seen = {"name": (body.get("metadata") or {}).get("name"), "namespace": ns, "count": 1}
+                self.events.put(key, seen)
             else:
                 count = seen["count"] + 1
                 if seen["name"]:
@@ -291,12 +355,10 @@ class PodReporter:
                     )
                 seen["count"] = count
             self.posted += 1
-            self.log.info("event.posted", reason=reason, namespace=ns, pod=name, count=self.events[key]["count"])
-        if self.set_label and accel is not None and self.labelled.get(uid) != accel:
+            self.log.info("event.posted", reason=reason, namespace=ns, pod=name, count=seen["count"])
+        if self.set_label and accel is not None and self.labelled.get_fresh(pod_key) != accel:
             self.kube.patch_pod_labels(ns, name, {POD_LABEL: accel})
-            self.labelled[uid] = accel
-            if len(self.labelled) > 4096:
-                self.labelled.pop(next(iter(self.labelled)))
+            self.labelled.put(pod_key, accel)
 
 
 class CreateFollower:

@@ -222,41 +222,99 @@ def _dri_name(path: str) -> "str | None":
     return path[len(DRI_DIR) :] if path.startswith(DRI_DIR) else None
 
 
-def _allocated(d: "Device", allocations: "list[tuple[str, str, str]]") -> "tuple[str, str, str] | None":
-    """The kubelet's allocation of the device to another pod, (resource, id, pod uid), or
-    None. Device plugins name NVIDIA GPUs by UUID (or index), AMD and others by PCI address
-    (a partition is taken when its GPU is), Intel's by card name (card1, card1-0)."""
-    keys = {x.lower() for x in (d.id, d.pci, d.parent) if x}
-    cards = {name for n in d.nodes if (name := _dri_name(n.path)) and name.startswith("card")}
-    for a in allocations:
-        resource, ident = a[0], a[1]
-        low = ident.lower()
-        if low in keys or low.split("-")[0] in cards:
-            return a
-        if (
-            d.vendor == "nvidia"
-            and resource.startswith("nvidia.com/")
-            and low.isascii()
-            and low.isdigit()
-            and int(low) == d.index
-        ):
-            return a
-    return None
+def _takes(ref: "policy.DeviceRef", d: "Device", xcp: dict) -> bool:
+    """Does the checkpoint's id take this device? NVIDIA GPUs by UUID, index or /dev minor
+    (a MIG instance or a replica takes its whole GPU), AMD's by PCI address (a partition is
+    taken when its GPU is) or by a partition's render node, Intel's by card name (card1-0).
+    An id under no GPU vendor's resource is matched against every id of the device."""
+    kind, value = ref.kind, ref.value
+    if kind == "any":
+        return value in _keys(d) or value.split("-")[0] in _cards(d)
+    if ref.vendor != d.vendor:
+        return False
+    if kind == "uuid":
+        return d.id.lower() == value
+    if kind == "index":
+        return d.index == int(value)
+    if kind == "minor":
+        return any(n.path == f"/dev/nvidia{int(value)}" for n in d.nodes)
+    if kind == "minors":
+        return any(n.path == f"/dev/nvidia{int(m)}" for m in value.split(",") for n in d.nodes)
+    if kind == "pci":
+        return value in _keys(d)
+    if kind == "card":
+        return value in _cards(d)
+    if kind == "xcp":
+        return any(n.path in xcp.get(value, ()) for n in d.nodes)
+    return False
 
 
-def _hold_back(v: "VendorInventory", candidates: "list[Device]", allocated, held: list) -> "list[Device]":
+def _ref(a: "policy.Allocation") -> "policy.DeviceRef":
+    """What an allocation takes. A MIG UUID names no parent GPU: the plugin's answer for that
+    container does when it passed device nodes (/dev/nvidia<minor>: "minors")."""
+    ref = policy.device_ref(a.resource, a.id)
+    if ref.kind != "mig":
+        return ref
+    minors = sorted(
+        {p[11:] for p in policy.alloc_device_paths(a.alloc_resp) if p.startswith("/dev/nvidia") and p[11:].isdigit()}
+    )
+    return policy.DeviceRef(ref.vendor, "minors", ",".join(minors)) if minors else ref
+
+
+def _keys(d: "Device") -> set:
+    return {x.lower() for x in (d.id, d.pci, d.parent) if x}
+
+
+def _cards(d: "Device") -> set:
+    return {name for n in d.nodes if (name := _dri_name(n.path)) and name.startswith("card")}
+
+
+def _xcp_nodes(root: str, refs: list) -> dict:
+    """amdgpu_xcp_<n> (ROCm's id of a partition) -> its render nodes' /dev paths, from
+    <root>/sys/devices/platform/<id>/drm; read only when the checkpoint holds such an id."""
+    names = {r.value for r, _ in refs if r.kind == "xcp"}
+    if not names:
+        return {}
+    from ..probe.host import Host
+
+    host = Host(root)
+    return {
+        x: {f"/dev/dri/{e}" for e in host.listdir(f"/sys/devices/platform/{x}/drm") if e.startswith("renderD")}
+        for x in names
+    }
+
+
+UNMAPPED = "which gpuhook cannot map to a GPU of this node"
+
+
+def _hold_back(
+    v: "VendorInventory", candidates: "list[Device]", refs: list, xcp: dict, held: list, warn
+) -> "list[Device]":
     """The candidates the kubelet did not allocate to other pods; each one held back is
-    appended to `held` as {"device", "why"}."""
+    appended to `held` as {"device", "why"}. An id under the vendor's resource that maps to
+    no GPU of this node (a format gpuhook does not know, a MIG UUID, a GPU it does not see)
+    holds back all of the vendor's GPUs: which one it takes is unknown."""
+    unmapped = [
+        a
+        for ref, a in refs
+        if ref.vendor == v.vendor and ref.kind != "none" and not any(_takes(ref, d, xcp) for d in v.devices)
+    ]
+    if unmapped:
+        a = unmapped[0]
+        why = f"the kubelet allocated {a.resource} {policy.show(a.id, 80)} to pod {policy.show(a.pod, 40)}, " + UNMAPPED
+        warn(f"share = unallocated: {why}; no {v.vendor} GPU is given")
+        held.extend({"device": f"{v.vendor}:{d.id}", "why": why} for d in candidates)
+        return []
     keep = []
     for d in candidates:
-        a = _allocated(d, allocated)
+        a = next((a for ref, a in refs if _takes(ref, d, xcp)), None)
         if a is None:
             keep.append(d)
         else:
             held.append(
                 {
                     "device": f"{v.vendor}:{d.id}",
-                    "why": f"allocated by the kubelet to pod {policy.show(a[2], 40)} ({a[0]} {policy.show(a[1], 80)})",
+                    "why": f"allocated by the kubelet to pod {policy.show(a.pod, 40)} ({a.resource} {policy.show(a.id, 80)})",
                 }
             )
     return keep
@@ -297,11 +355,16 @@ def plan(
     share = getattr(config, "share", None) or DEFAULT_SHARE
     allocated: list | None = []
     held: list[dict] = []
+    refs: list = []
+    xcp: dict = {}
     if share == "unallocated":
         allocated, why = policy.allocated_devices(inv.root, policy.pod_uid(req.annotations))
         if allocated is None:
             warn(f"share = unallocated: {why}; no GPU is given (which are free is unknown)")
             explain["reason"] = f"{why}: which GPUs are free is unknown (share = unallocated)"
+        elif allocated:
+            refs = [(_ref(a), a) for a in allocated]
+            xcp = _xcp_nodes(inv.root, refs)
     choices: list[_Choice] = []
     fixed_count = 0
     for v in inv.vendors:
@@ -330,7 +393,7 @@ def plan(
             )
             candidates = []
         elif candidates and allocated:
-            candidates = _hold_back(v, candidates, allocated, held)
+            candidates = _hold_back(v, candidates, refs, xcp, held, warn)
         fixed_count += len(fixed)
         choices.append(_Choice(v, fixed + candidates, driver_only, caps))
     if pod.max_gpus is not None:
@@ -350,6 +413,9 @@ def plan(
 def _why_none(inv: "Inventory", pod, held: list, choices: list) -> str:
     """One line: why a node with GPUs gave this container none."""
     if held and not any(c.devices for c in choices):
+        unmapped = next((h["why"] for h in held if h["why"].endswith(UNMAPPED)), None)
+        if unmapped is not None:
+            return f'all {len(held)} GPU(s) held back: {unmapped} (share = "unallocated")'
         return f'all {len(held)} GPU(s) held back: allocated by the kubelet to other pods (share = "unallocated")'
     if pod.max_gpus == 0:
         return f'the pod says {policy.MAX_GPUS}: "0"'

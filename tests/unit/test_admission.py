@@ -49,6 +49,9 @@ def admit(name: str, operation: str, obj: dict, old: dict | None = None, namespa
     rules = spec["matchConstraints"]["resourceRules"]
     if not any(operation in r["operations"] and resource in r["resources"] for r in rules):
         return []
+    # a rule's "pods" matches no subresource request ("pods/status" must be listed); the
+    # request's resource is "pods" all the same (the subresource is request.subResource)
+    resource = resource.partition("/")[0]
     extra = {NODE_NAME: [node]} if node else {}
     act = {k: celpy.json_to_cel(v) for k, v in {
         "object": obj, "oldObject": old, "namespaceObject": namespace,
@@ -115,7 +118,7 @@ def test_gpu_optional_is_refused_elsewhere_with_how_to_opt_in(namespace):
 
 
 def test_the_static_message_says_the_same():
-    (v, _) = policy("gpuhook-gpu-optional")["spec"]["validations"]
+    v = policy("gpuhook-gpu-optional")["spec"]["validations"][0]
     assert "kubectl label namespace NAME gpuhook.dev/gpu-optional=allowed" in " ".join(v["message"].split())
 
 
@@ -136,6 +139,40 @@ def test_both_refusals_at_once():
     assert len(admit("gpuhook-gpu-optional", "CREATE", pod(annotations={"gpuhook.dev/x": ""}), namespace=ns("b"))) == 2
 
 
+RUNTIME_KEYS = ["a gpu-optional pod may not set io.kubernetes.* annotations nor io.container.manager: the container "
+                "runtime writes them"]
+UNKNOWN = ["a gpu-optional pod may set only the gpuhook.dev/ annotations gpuhook.dev/inject, gpuhook.dev/vendors "
+           "and gpuhook.dev/max-gpus"]
+
+
+@pytest.mark.parametrize("key", ["io.kubernetes.cri.sandbox-uid", "io.kubernetes.cri.sandbox-namespace",
+                                 "io.kubernetes.pod.uid", "io.kubernetes.pod.name", "io.kubernetes.container.name",
+                                 "io.kubernetes.cri-o.Labels", "io.container.manager"])
+def test_a_gpu_optional_pod_may_not_name_its_own_pod(key):
+    """The keys the CRI runtime names the pod by (CRI-O copies pod annotations into the spec)."""
+    assert admit("gpuhook-gpu-optional", "CREATE", pod(annotations={key: "x"}), namespace=OPTED_IN) == RUNTIME_KEYS
+    assert admit("gpuhook-gpu-optional", "CREATE", pod(None, annotations={key: "x"}), namespace=OPTED_IN) == []
+    assert admit("gpuhook-gpu-optional", "CREATE", pod(annotations={"kubernetes.io/x": "1", "io.k8s/y": "2"}),
+                 namespace=OPTED_IN) == []
+
+
+@pytest.mark.parametrize("resource", ["pods", "pods/status"])
+@pytest.mark.parametrize("key,refusal", [("gpuhook.dev/share", UNKNOWN), ("io.kubernetes.pod.uid", RUNTIME_KEYS),
+                                         ("io.container.manager", RUNTIME_KEYS)])
+def test_the_annotation_rules_hold_at_update_too(resource, key, refusal):
+    old = pod(annotations={"a": "1"}, node="n1")
+    new = pod(annotations={"a": "1", key: "v"}, node="n1")
+    assert admit("gpuhook-gpu-optional", "UPDATE", new, old, namespace=OPTED_IN, resource=resource) == refusal
+    changed = pod(annotations={"a": "1", key: "w"}, node="n1")
+    assert admit("gpuhook-gpu-optional", "UPDATE", changed, new, namespace=OPTED_IN, resource=resource) == refusal
+    # one the pod already had (admitted before the policy), unchanged: the pod can still be updated
+    assert admit("gpuhook-gpu-optional", "UPDATE", pod(annotations={"a": "2", key: "v"}, node="n1"), new,
+                 namespace=OPTED_IN, resource=resource) == []
+    # the namespace's opt-in is checked at CREATE only
+    assert admit("gpuhook-gpu-optional", "UPDATE", pod(annotations={"gpuhook.dev/inject": "false"}, node="n1"), old,
+                 namespace=ns("ml"), resource=resource) == []
+
+
 # -- the pod label gpuhook.dev/accelerator is the agent's ---------------------------------------
 
 LABEL = "gpuhook-pod-accelerator-label"
@@ -147,6 +184,15 @@ def test_no_pod_is_created_with_the_accelerator_label():
             "the pod label gpuhook.dev/accelerator is set by the gpuhook agent only"]
     assert admit(LABEL, "CREATE", pod(labels={"app": "x"})) == []
     assert admit(LABEL, "CREATE", pod()) == []
+
+
+@pytest.mark.parametrize("resource", ["pods", "pods/status"])
+def test_the_accelerator_label_is_guarded_through_the_status_subresource_too(resource):
+    old = pod(labels={"app": "x"}, node="n1")
+    new = pod(labels={"app": "x", "gpuhook.dev/accelerator": "nvidia"}, node="n1")
+    assert admit(LABEL, "UPDATE", new, old, user="system:node:n1", resource=resource) == [
+        "the pod label gpuhook.dev/accelerator is set by the gpuhook agent only"]
+    assert admit(LABEL, "UPDATE", old, new, user="alice", resource=resource) != []
 
 
 def test_only_the_agent_changes_the_accelerator_label():
@@ -210,15 +256,73 @@ def event(instance="n1", kind="Pod", component="gpuhook.dev/agent") -> dict:
             "reportingComponent": component, "reportingInstance": instance}
 
 
+def node_event(name="n1", reason="GPUInventory", namespace="default") -> dict:
+    e = event(kind="Node")
+    e["metadata"]["namespace"] = namespace
+    e["involvedObject"] = {"kind": "Node", "name": name}
+    e["reason"] = reason
+    return e
+
+
+EVENT_MSG = ["gpuhook's events are about pods and its own node, with gpuhook's reasons, reported by the agent of "
+             "its own node"]
+UPDATE_MSG = ["gpuhook may only update its own events, and there only how often and when they were seen"]
+
+
 def test_the_agents_events_name_its_own_node():
     assert admit(AGENT_POLICY, "CREATE", event(), user=AGENT, node="n1", resource="events") == []
-    assert admit(AGENT_POLICY, "UPDATE", event(kind="Node"), event(kind="Node"), user=AGENT, node="n1",
+    assert admit(AGENT_POLICY, "UPDATE", node_event(), node_event(), user=AGENT, node="n1",
                  resource="events") == []
-    msg = ["gpuhook's events are about pods and nodes, reported by the agent of its own node"]
+    msg = EVENT_MSG
     assert admit(AGENT_POLICY, "CREATE", event("n2"), user=AGENT, node="n1", resource="events") == msg
     assert admit(AGENT_POLICY, "CREATE", event(kind="Secret"), user=AGENT, node="n1", resource="events") == msg
     assert admit(AGENT_POLICY, "CREATE", event(component="kubelet"), user=AGENT, node="n1", resource="events") == msg
     assert admit(AGENT_POLICY, "CREATE", event(), user=AGENT, resource="events") == msg
+
+
+def _policy_reasons() -> dict:
+    """The reasons the events validation admits, by involvedObject.kind, read from its text."""
+    import re
+
+    text = " ".join(v["expression"] for v in policy(AGENT_POLICY)["spec"]["validations"])
+    return {kind: tuple(re.findall(r'"([A-Za-z]+)"', names))
+            for kind, names in re.findall(r'object\.involvedObject\.kind == "(\w+)" &&\s*object\.reason in \[([^\]]*)\]',
+                                          text)}
+
+
+def test_the_agents_event_reasons_are_gpuhooks_one_list():
+    from gpuhook.agent import kube
+
+    assert _policy_reasons() == kube.EVENT_REASONS
+    for reason in kube.EVENT_REASONS["Pod"]:
+        assert admit(AGENT_POLICY, "CREATE", dict(event(), reason=reason), user=AGENT, node="n1", resource="events") == []
+    for reason in kube.EVENT_REASONS["Node"]:
+        assert admit(AGENT_POLICY, "CREATE", node_event(reason=reason), user=AGENT, node="n1", resource="events") == []
+    for bad in (dict(event(), reason="BackOff"), dict(event(), reason="GPUInventory"), dict(event(), reason=""),
+                {k: v for k, v in event().items() if k != "reason"}, node_event(reason="GPUsInjected"),
+                node_event(name="n2"), node_event(namespace="ml"),
+                dict(event(), involvedObject={"kind": "Pod", "name": "etcd", "namespace": "kube-system"})):
+        assert admit(AGENT_POLICY, "CREATE", bad, user=AGENT, node="n1", resource="events") == EVENT_MSG, bad
+
+
+def test_the_agent_updates_only_its_own_events_and_only_their_count():
+    mine = dict(event(), message="container app got 1 GPU", type="Normal", count=1)
+    again = dict(mine, count=2, lastTimestamp="2026-01-01T00:00:01Z", series={"count": 2})
+    assert admit(AGENT_POLICY, "UPDATE", again, mine, user=AGENT, node="n1", resource="events") == []
+    # a kubelet's Event rewritten into the agent's (core/v1 Event updates skip immutability checks)
+    kubelets = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": "e", "namespace": "ml"},
+                "involvedObject": {"kind": "Pod", "name": "worker", "namespace": "ml"}, "reason": "BackOff",
+                "message": "Back-off restarting failed container", "type": "Warning",
+                "reportingComponent": "kubelet", "reportingInstance": "n1"}
+    assert admit(AGENT_POLICY, "UPDATE", dict(mine, reason="RanOnCPU"), kubelets, user=AGENT, node="n1",
+                 resource="events") == UPDATE_MSG
+    for change in ({"reason": "RanOnCPU"}, {"message": "something else"}, {"type": "Warning"},
+                   {"involvedObject": {"kind": "Pod", "name": "victim", "namespace": "ml"}},
+                   {"metadata": {"name": "e", "namespace": "ml", "finalizers": ["x/y"]}}):
+        assert admit(AGENT_POLICY, "UPDATE", dict(again, **change), mine, user=AGENT, node="n1",
+                     resource="events") == UPDATE_MSG, change
+    other_node = dict(mine, reportingInstance="n2")
+    assert admit(AGENT_POLICY, "UPDATE", again, other_node, user=AGENT, node="n1", resource="events") == UPDATE_MSG
 
 
 # -- the manifests -------------------------------------------------------------------------------

@@ -171,12 +171,12 @@ def test_the_create_line_names_the_pod(tmp_path):
 
     containerd = {"io.kubernetes.cri.sandbox-namespace": "ml", "io.kubernetes.cri.sandbox-name": "trainer-0",
                   "io.kubernetes.cri.sandbox-uid": "0b7c-uid", "io.kubernetes.cri.container-name": "worker"}
-    crio = {"io.kubernetes.pod.namespace": "ml", "io.kubernetes.pod.name": "trainer-0",
+    crio = {"io.container.manager": "cri-o", "io.kubernetes.pod.namespace": "ml", "io.kubernetes.pod.name": "trainer-0",
             "io.kubernetes.pod.uid": "0b7c-uid", "io.kubernetes.container.name": "worker"}
     want = {"pod_namespace": "ml", "pod_name": "trainer-0", "pod_uid": "0b7c-uid", "container_name": "worker"}
     assert pod_of(containerd) == pod_of(crio) == want
     assert pod_of({}) == {}  # docker, podman, plain runc
-    assert pod_of({"io.kubernetes.cri.sandbox-name": "x" * 254, "io.kubernetes.pod.namespace": "a\nb",
+    assert pod_of({"io.kubernetes.cri.sandbox-name": "x" * 254, "io.kubernetes.cri.sandbox-namespace": "a\nb",
                    "io.kubernetes.cri.sandbox-uid": ""}) == {}
 
     class Config:

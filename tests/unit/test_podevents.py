@@ -332,3 +332,84 @@ def test_metrics_endpoint_counts_creates(tmp_path, make_host):
     finally:
         p.terminate()
         p.wait(15)
+
+
+# -- a line's pod, the budgets, memory (issue 26.3, 26.6) --------------------------------------------
+
+def test_a_pod_is_trusted_only_as_the_namespace_name_and_uid_checked_together(fake_api, logs):
+    """After ml/trainer-0 was checked, a line with its uid but kube-system/etcd-node-2 (a pod of
+    another node) is looked up again and refused: no Event, no label on etcd-node-2."""
+    api = fake_api()
+    api.add_pod("ml", "trainer-0", "uid-trainer-0")
+    api.add_pod("kube-system", "etcd-node-2", "uid-etcd", node="node-2")
+    r = podevents.PodReporter(api.client(), log.get())
+    r.handle(create())
+    r.handle(create(ns="kube-system", pod="etcd-node-2", uid="uid-trainer-0"))
+    r.handle(create(ns="ml", pod="trainer-1", uid="uid-trainer-0"))  # no such pod
+    gets = [p for m, p, *_ in api.requests if m == "GET"]
+    assert gets == ["/api/v1/namespaces/ml/pods/trainer-0", "/api/v1/namespaces/kube-system/pods/etcd-node-2",
+                    "/api/v1/namespaces/ml/pods/trainer-1"]
+    assert [e["involvedObject"]["name"] for e in api.pod_events()] == ["trainer-0"]
+    assert "gpuhook.dev/accelerator" not in api.pods[("kube-system", "etcd-node-2")]["metadata"]["labels"]
+    assert not [p for m, p, *_ in api.requests if m == "PATCH" and "etcd" in p]
+    # the same forged line again costs nothing: no second GET
+    r.handle(create(ns="kube-system", pod="etcd-node-2", uid="uid-trainer-0"))
+    assert len([1 for m, *_ in api.requests if m == "GET"]) == 3
+
+
+def test_one_namespaces_creates_do_not_use_up_anothers_event_budget(fake_api, logs):
+    api = fake_api()
+    clock = Clock()
+    r = podevents.PodReporter(api.client(), log.get(), clock=clock, burst=5, rate=0.1, lookup_burst=100)
+    for i in range(20):
+        api.add_pod("noisy", f"p{i}", f"uid-n{i}")
+        r.handle(create(ns="noisy", pod=f"p{i}", uid=f"uid-n{i}"))
+    assert len(api.pod_events()) == 5 and r.dropped == 15
+    api.add_pod("ml", "trainer-0", "uid-trainer-0")
+    r.handle(create())  # another tenant's GPUsInjected is posted
+    assert api.pod_events()[-1]["involvedObject"]["name"] == "trainer-0"
+    limited = [x for x in logs() if x["event"] == "event.ratelimited"]
+    assert [x["namespace"] for x in limited] == ["noisy"]
+
+
+def test_lines_that_fail_the_check_cost_bounded_memory_and_rate_limited_lookups(fake_api, logs, monkeypatch):
+    monkeypatch.setattr(podevents, "MAX_ENTRIES", 8)
+    api = fake_api()
+    clock = Clock()
+    r = podevents.PodReporter(api.client(), log.get(), clock=clock, lookup_burst=10, lookup_rate=1.0)
+    for i in range(200):
+        r.handle(create(ns="evil", pod=f"ghost-{i}", uid=f"uid-{i}"))
+    assert len([1 for m, *_ in api.requests if m == "GET"]) == 10  # then one a second
+    assert r.dropped_lookups == 190 and api.pod_events() == []
+    clock.t += 3
+    for i in range(200, 210):
+        r.handle(create(ns="evil", pod=f"ghost-{i}", uid=f"uid-{i}"))
+    assert len([1 for m, *_ in api.requests if m == "GET"]) == 13
+    assert len(r.refused) <= 8 and len(r._said) <= 8 and len(r.pods) <= 8
+    assert len([x for x in logs() if x["event"] == "pod.skipped"]) == 1  # said once for the namespace
+    # another namespace's lookups are its own
+    api.add_pod("ml", "trainer-0", "uid-trainer-0")
+    r.handle(create())
+    assert api.pod_events()[-1]["involvedObject"]["name"] == "trainer-0"
+
+
+def test_the_agent_posts_only_gpuhooks_own_reasons():
+    """One list of reasons (kube.EVENT_REASONS): the reporter's and the node agent's come from
+    it, and an Event with another reason is never sent."""
+    import re
+
+    from gpuhook.agent import kube
+
+    from gpuhook.hook import BYPATH, LDCACHE
+
+    creates = {podevents.event_for(create(d))[0] for d in ("injected", "no-gpu", "declined", "error")}
+    hooks = {podevents.event_for({**create(podevents.HOOK_DECISION), "kind": k})[0] for k in (LDCACHE, BYPATH)}
+    assert creates | hooks == set(kube.EVENT_REASONS["Pod"])
+    with open(os.path.join(REPO, "gpuhook", "agent", "core.py")) as f:
+        node_reasons = set(re.findall(r'_post\(\s*"([A-Za-z]+)"', f.read()))
+    assert node_reasons == set(kube.EVENT_REASONS["Node"])
+    client = kube.KubeAPI("http://127.0.0.1:9", "t", "node-1", timeout=1.0)
+    with pytest.raises(ValueError, match="not one of gpuhook's"):
+        client.post_pod_event("ml", "p", "u", "c", "BackOff", "x")
+    with pytest.raises(ValueError, match="not one of gpuhook's"):
+        client.post_event("GPUsInjected", "a pod's reason on the Node")

@@ -1,0 +1,264 @@
+"""share = "unallocated": the kubelet checkpoint's device ids in every format the real device
+plugins write, each mapped to the GPU it takes, and an id gpuhook cannot map holding that
+vendor's GPUs back (issues 20.2, 26.2).
+
+The checkpoint is written as the kubelet's device manager writes it (checkpoint v2:
+Data.PodDeviceEntries[].DeviceIDs keyed by NUMA node, "-1" without topology; AllocResp the
+plugin's ContainerAllocateResponse, base64). The id formats, from the plugins' sources:
+NVIDIA k8s-device-plugin (AnnotatedID `<id>::<replica>` for time-slicing and MPS; deviceIDStrategy
+uuid and index; MIG `MIG-<uuid>`, `MIG-GPU-<uuid>/<gi>/<ci>` before R470, `<gpu>:<mig>` by
+index), GKE's container-engine-accelerators (`nvidia<minor>`, `nvidia<minor>/gi<n>`, either with
+`/vgpu<n>` when shared), ROCm/k8s-device-plugin (the PCI address, `amdgpu_xcp_<n>` for a
+partition, `<id>-slice-<n>` when time-sliced), Intel's GPU plugin (`card<N>-<i>`; "all" under
+`gpu.intel.com/i915_monitoring`)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from conftest import request
+from gpuhook.config import Config
+from gpuhook.inventory import Device, Inventory, Library, Node, VendorInventory
+from gpuhook.plan import plan
+
+CHECKPOINT = "var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+CUDA = Library("/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.14", "libcuda.so.1", "compute")
+UUIDS = [f"GPU-{i:08x}-3e5a-4b17-9c2e-5da9abb517{i:02x}" for i in range(4)]
+ME = "6f1c2a9e-0d3b-4c55-9a1e-7b2d8c4f0a11"
+OTHER = "b4e7d1f0-8c2a-4e9b-a3d5-1f6e0c9b7a22"
+
+
+def nvidia() -> VendorInventory:
+    # minors deliberately differ from indices (a GPU's /dev/nvidia<minor> need not be its index)
+    return VendorInventory("nvidia", tuple(
+        Device("nvidia", "gpu", i, UUIDS[i], (Node(f"/dev/nvidia{i + 4}", "c", 195, i + 4),), f"0000:{0x18 + i:02x}:00.0")
+        for i in range(4)), (Node("/dev/nvidiactl", "c", 195, 255),), (CUDA,), (), "550.54.14")
+
+
+def amd() -> VendorInventory:
+    """One MI300X split in four (partition 0 on the PCI device, 1..3 on amdgpu_xcp platform
+    devices) and one whole GPU."""
+    parts = tuple(Device("amd", "partition", i, f"0000:05:00.{i}", (Node(f"/dev/dri/renderD{128 + i}", "c", 226, 128 + i),),
+                         "0000:05:00.0", None, None, "0000:05:00.0") for i in range(4))
+    whole = Device("amd", "gpu", 4, "0000:85:00.0",
+                   (Node("/dev/dri/card9", "c", 226, 9), Node("/dev/dri/renderD140", "c", 226, 140)), "0000:85:00.0")
+    return VendorInventory("amd", (*parts, whole), (Node("/dev/kfd", "c", 235, 0),))
+
+
+def intel() -> VendorInventory:
+    return VendorInventory("intel", tuple(
+        Device("intel", "gpu", i, f"0000:{3 + i:02x}:00.0",
+               (Node(f"/dev/dri/card{i}", "c", 226, i), Node(f"/dev/dri/renderD{150 + i}", "c", 226, 150 + i)),
+               f"0000:{3 + i:02x}:00.0") for i in range(2)))
+
+
+def write_checkpoint(root: str, entries: list) -> None:
+    """As the kubelet writes it: one entry per (pod, container, resource)."""
+    path = os.path.join(root, CHECKPOINT)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    data = {"Data": {"PodDeviceEntries": [
+        {"PodUID": pod, "ContainerName": "main", "ResourceName": resource, "DeviceIDs": {"-1": ids},
+         "AllocResp": "CjYKFk5WSURJQV9WSVNJQkxFX0RFVklDRVMSHEdQVS0wMDAwMDAwMC0zZTVhLTRiMTctOWMyZQ=="}
+        for pod, resource, ids in entries],
+        "RegisteredDevices": {"nvidia.com/gpu": [f"{u}::{r}" for u in UUIDS for r in range(4)]}},
+        "Checksum": 2837465911}
+    with open(path, "w") as f:
+        json.dump(data, f)
+
+
+def given(root: str, entries: list, vendors=(nvidia, amd, intel)):
+    write_checkpoint(root, entries)
+    warnings: list[str] = []
+    explain: dict = {}
+    e = plan(Inventory(root, tuple(v() for v in vendors)),
+             request(annotations={"io.kubernetes.cri.sandbox-uid": ME}, rootfs=None),
+             config=Config(share="unallocated"), warnings=warnings, explain=explain)
+    return set(explain.get("devices", [])) if e else set(), explain.get("held_back", []), warnings
+
+
+ALL_NV = {f"nvidia:{u}" for u in UUIDS}
+ALL_AMD = {f"amd:0000:05:00.{i}" for i in range(4)} | {"amd:0000:85:00.0"}
+ALL_INTEL = {"intel:0000:03:00.0", "intel:0000:04:00.0"}
+EVERYTHING = ALL_NV | ALL_AMD | ALL_INTEL
+
+
+@pytest.mark.parametrize("resource,ident,taken", [
+    # NVIDIA: time-slicing / MPS replicas of a UUID and of an index (deviceIDStrategy=index)
+    ("nvidia.com/gpu", f"{UUIDS[1]}::0", {f"nvidia:{UUIDS[1]}"}),
+    ("nvidia.com/gpu", f"{UUIDS[1]}::3", {f"nvidia:{UUIDS[1]}"}),
+    ("nvidia.com/gpu.shared", f"{UUIDS[2]}::1", {f"nvidia:{UUIDS[2]}"}),  # renameByDefault
+    ("nvidia.com/gpu", "2", {f"nvidia:{UUIDS[2]}"}),
+    ("nvidia.com/gpu", "0::1", {f"nvidia:{UUIDS[0]}"}),
+    ("nvidia.com/gpu", UUIDS[3].lower(), {f"nvidia:{UUIDS[3]}"}),
+    # NVIDIA MIG, mapped to the parent GPU: the old UUID form, and the index form <gpu>:<mig>
+    ("nvidia.com/mig-1g.10gb", f"MIG-{UUIDS[1]}/7/0", {f"nvidia:{UUIDS[1]}"}),
+    ("nvidia.com/gpu", "3:0", {f"nvidia:{UUIDS[3]}"}),
+    ("nvidia.com/mig-3g.40gb", "3:1::2", {f"nvidia:{UUIDS[3]}"}),
+    # GKE: /dev names (minor 5 is index 1), MIG instances and shared GPUs
+    ("nvidia.com/gpu", "nvidia5", {f"nvidia:{UUIDS[1]}"}),
+    ("nvidia.com/gpu", "nvidia6/vgpu3", {f"nvidia:{UUIDS[2]}"}),
+    ("nvidia.com/gpu", "nvidia7/gi2", {f"nvidia:{UUIDS[3]}"}),
+    ("nvidia.com/gpu", "nvidia4/gi1/vgpu0", {f"nvidia:{UUIDS[0]}"}),
+    # ROCm: PCI address (a partitioned GPU's address takes all its partitions), time slices
+    ("amd.com/gpu", "0000:85:00.0", {"amd:0000:85:00.0"}),
+    ("amd.com/gpu", "0000:85:00.0-slice-2", {"amd:0000:85:00.0"}),
+    ("amd.com/cpx_nps4", "0000:05:00.0", {f"amd:0000:05:00.{i}" for i in range(4)}),
+    # Intel: card name with the shared-device number; the monitoring resource takes none
+    ("gpu.intel.com/i915", "card1-0", {"intel:0000:04:00.0"}),
+    ("gpu.intel.com/xe", "card0-3", {"intel:0000:03:00.0"}),
+    ("gpu.intel.com/i915_monitoring", "all", set()),
+    # another vendor's resource takes no GPU of these
+    ("example.com/fpga", "fpga0", set()),
+])
+def test_each_device_plugin_id_takes_its_gpu(tmp_path, resource, ident, taken):
+    got, held, warnings = given(str(tmp_path), [(OTHER, resource, [ident]), (ME, "nvidia.com/gpu", [f"{UUIDS[0]}::1"])])
+    assert got == EVERYTHING - taken
+    assert {h["device"] for h in held} == taken
+    assert all(OTHER in h["why"] for h in held)
+    assert not [w for w in warnings if "cannot map" in w]
+
+
+def test_an_amd_partition_on_an_xcp_platform_device(tmp_path):
+    """ROCm names partitions 1.. by their platform device: its render node says which."""
+    root = str(tmp_path)
+    os.makedirs(os.path.join(root, "sys/devices/platform/amdgpu_xcp_2/drm/renderD130"))
+    os.makedirs(os.path.join(root, "sys/devices/platform/amdgpu_xcp_2/drm/card12"))
+    got, held, warnings = given(root, [(OTHER, "amd.com/cpx_nps4", ["amdgpu_xcp_2-slice-0"])], vendors=(amd,))
+    assert {h["device"] for h in held} == {"amd:0000:05:00.2"}
+    assert got == ALL_AMD - {"amd:0000:05:00.2"} and warnings == []
+
+
+@pytest.mark.parametrize("resource,ident,vendor", [
+    ("nvidia.com/mig-1g.10gb", "MIG-8f2c1d90-3e5a-5b17-9c2e-5da9abb51763", "nvidia"),  # R470+: no parent in the id
+    ("nvidia.com/gpu", "GPU-ffffffff-3e5a-4b17-9c2e-5da9abb517ff", "nvidia"),  # a GPU this node's probe did not see
+    ("nvidia.com/gpu", "9", "nvidia"),
+    ("nvidia.com/gpu", "nvidia0", "nvidia"),
+    ("nvidia.com/gpu", f"{UUIDS[0]}::x", "nvidia"),
+    ("nvidia.com/gpu", "vgpu-7", "nvidia"),
+    ("amd.com/gpu", "amdgpu_xcp_9", "amd"),  # no such platform device
+    ("amd.com/gpu", "gpu-0", "amd"),
+    ("gpu.intel.com/i915", "renderD128", "intel"),
+    ("gpu.intel.com/xe", "card7-0", "intel"),
+])
+def test_an_id_gpuhook_cannot_map_holds_that_vendors_gpus_back(tmp_path, resource, ident, vendor):
+    got, held, warnings = given(str(tmp_path), [(OTHER, resource, [ident])])
+    mine = {"nvidia": ALL_NV, "amd": ALL_AMD, "intel": ALL_INTEL}[vendor]
+    assert got == EVERYTHING - mine  # the other vendors' GPUs are still given
+    assert {h["device"] for h in held} == mine
+    assert all("cannot map" in h["why"] and resource in h["why"] for h in held)
+    assert [w for w in warnings if "cannot map" in w and f"no {vendor} GPU is given" in w]
+    explain: dict = {}
+    only = Inventory(str(tmp_path), tuple(v() for v in (nvidia, amd, intel) if v().vendor == vendor))
+    assert not plan(only, request(rootfs=None), config=Config(share="unallocated"), explain=explain)
+    assert explain["reason"] == (f'all {len(mine)} GPU(s) held back: the kubelet allocated {resource} '
+                                 f"{ident!r} to pod {OTHER!r}, which gpuhook cannot map to a GPU of this node "
+                                 '(share = "unallocated")')
+
+
+def test_a_pods_own_replicas_are_not_someone_elses(tmp_path):
+    got, held, _ = given(str(tmp_path), [(ME, "nvidia.com/gpu", [f"{UUIDS[2]}::0", "MIG-8f2c1d90-3e5a-5b17-9c2e-5da9abb51763"])])
+    assert got == EVERYTHING and held == []
+
+
+def alloc_resp(devices: list[str], envs: dict) -> str:
+    """A ContainerAllocateResponse as the device plugin sends it and the kubelet keeps it
+    (k8s.io/kubelet deviceplugin/v1beta1: envs = 1, devices = 3 {container_path = 1,
+    host_path = 2, permissions = 3}), encoded by the protobuf library, base64 as in the JSON."""
+    import base64
+
+    pb = pytest.importorskip("google.protobuf", reason="protobuf (the CRI tests' grpcio-tools bring it)")
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    f = descriptor_pb2.FileDescriptorProto(name="deviceplugin_test.proto", package="v1beta1", syntax="proto3")
+    spec = f.message_type.add(name="DeviceSpec")
+    for i, n in enumerate(("container_path", "host_path", "permissions"), 1):
+        spec.field.add(name=n, number=i, type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
+                       label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
+    resp = f.message_type.add(name="ContainerAllocateResponse")
+    entry = resp.nested_type.add(name="EnvsEntry")
+    entry.options.map_entry = True
+    for i, n in enumerate(("key", "value"), 1):
+        entry.field.add(name=n, number=i, type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
+                        label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
+    resp.field.add(name="envs", number=1, type=descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE,
+                   type_name=".v1beta1.ContainerAllocateResponse.EnvsEntry",
+                   label=descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED)
+    resp.field.add(name="devices", number=3, type=descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE,
+                   type_name=".v1beta1.DeviceSpec", label=descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(f)
+    cls = message_factory.GetMessageClass(pool.FindMessageTypeByName("v1beta1.ContainerAllocateResponse"))
+    msg = cls()
+    msg.envs.update(envs)
+    for d in devices:
+        msg.devices.add(container_path=d, host_path=d, permissions="rw")
+    assert pb  # the library that encoded it
+    return base64.b64encode(msg.SerializeToString()).decode()
+
+
+MIG_UUID = "MIG-8f2c1d90-3e5a-5b17-9c2e-5da9abb51763"
+
+
+def test_a_mig_uuid_is_mapped_to_its_parent_by_the_plugins_device_nodes(tmp_path):
+    """deviceIDStrategy uuid and passDeviceSpecs: the id is MIG-<uuid> (no parent in it), the
+    plugin's answer in the checkpoint holds the parent /dev/nvidia<minor> (minor 6: index 2)."""
+    root = str(tmp_path)
+    resp = alloc_resp(["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia6", "/dev/nvidia-caps/nvidia-cap21",
+                       "/dev/nvidia-caps/nvidia-cap22"], {"NVIDIA_VISIBLE_DEVICES": MIG_UUID})
+    write_checkpoint(root, [(OTHER, "nvidia.com/mig-1g.10gb", [MIG_UUID])])
+    path = os.path.join(root, CHECKPOINT)
+    data = json.load(open(path))
+    data["Data"]["PodDeviceEntries"][0]["AllocResp"] = resp
+    json.dump(data, open(path, "w"))
+    warnings: list[str] = []
+    explain: dict = {}
+    plan(Inventory(root, (nvidia(),)), request(annotations={"io.kubernetes.cri.sandbox-uid": ME}, rootfs=None),
+         config=Config(share="unallocated"), warnings=warnings, explain=explain)
+    assert [h["device"] for h in explain["held_back"]] == [f"nvidia:{UUIDS[2]}"]
+    assert set(explain["devices"]) == ALL_NV - {f"nvidia:{UUIDS[2]}"} and warnings == []
+    # without device nodes in the answer (the default, passDeviceSpecs=false): every NVIDIA GPU held back
+    got, held, warnings = given(str(tmp_path / "b"), [(OTHER, "nvidia.com/mig-1g.10gb", [MIG_UUID])], vendors=(nvidia,))
+    assert got == set() and {h["device"] for h in held} == ALL_NV and any("cannot map" in w for w in warnings)
+
+
+@pytest.mark.parametrize("raw,paths", [("", ()), ("CgA=", ()), ("not base64!", ()), ("////", ()),
+                                       ("GgQSAi9k", ("/d",)),  # devices { host_path: "/d" }
+                                       ("Gv////8P", ()),  # a length past the end
+                                       ("GgQSAi9kGg==", ("/d",))])  # torn after a whole field
+def test_an_answer_gpuhook_cannot_read_names_no_device(raw, paths):
+    from gpuhook.plan import policy
+
+    assert policy.alloc_device_paths(raw) == paths
+
+
+# -- hostile or broken checkpoint text: the parsers never raise ------------------------------------
+
+from hypothesis import given as for_all, settings, strategies as st  # noqa: E402
+
+RESOURCES = st.sampled_from(["nvidia.com/gpu", "nvidia.com/mig-1g.10gb", "amd.com/gpu", "gpu.intel.com/i915",
+                             "gpu.intel.com/i915_monitoring", "example.com/x", ""])
+
+
+@settings(max_examples=400, deadline=None)
+@for_all(RESOURCES, st.text(max_size=80) | st.from_regex(r"(GPU-[0-9a-f-]{1,40}|MIG-|nvidia|amdgpu_xcp_|card)[0-9/:a-z_.-]{0,20}(::[0-9x]{0,3})?", fullmatch=True))
+def test_any_id_is_a_ref_never_an_exception(resource, ident):
+    from gpuhook.plan import policy
+
+    ref = policy.device_ref(resource, ident)
+    assert ref.kind in ("uuid", "index", "minor", "mig", "pci", "xcp", "card", "none", "any", "unknown")
+    if ref.kind in ("index", "minor"):
+        int(ref.value)
+
+
+@settings(max_examples=300, deadline=None)
+@for_all(st.binary(max_size=200))
+def test_any_answer_bytes_give_paths_never_an_exception(data):
+    import base64
+
+    from gpuhook.plan import policy
+
+    paths = policy.alloc_device_paths(base64.b64encode(data).decode())
+    assert isinstance(paths, tuple) and all(isinstance(p, str) for p in paths)
