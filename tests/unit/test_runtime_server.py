@@ -219,20 +219,32 @@ def ask(node, fields: list[str]) -> bytes:
     return reply
 
 
-def test_a_request_past_its_deadline_writes_nothing(node, make_host):
+def request(node, deadline_ns: int, *argv: str, **env: str) -> list[str]:
+    """A request's fields as the front sends them, with the node's environment."""
+    entries = [f"{k}={v}" for k, v in {"GPUHOOK_CONFIG": str(node.config), "GPUHOOK_CACHE_DIR": node.cache,
+                                        **env}.items()]
+    return [server.MAGIC, "18", str(deadline_ns), str(node.tmp), str(len(entries)), *entries, str(len(argv)), *argv]
+
+
+def test_a_request_past_its_deadline_writes_nothing(node, monkeypatch):
     """A request the front stopped waiting for (it has started Python): the server answers
-    "fallback" and writes nothing, config.json, log or exec record."""
-    node.start_server()
-    fields = [server.MAGIC, os.path.dirname(wrapper_path()), server.identity(wrapper_path()),
-              server.identity("/proc/self/ns/mnt"), "18",
-              str(time.monotonic_ns() - 1), str(node.tmp), "2", f"GPUHOOK_CONFIG={node.config}",
-              f"GPUHOOK_CACHE_DIR={node.cache}", "4", "create", "--bundle", str(node.bundle), "c11"]
-    assert ask(node, fields) == b"fallback\0"
+    "fallback" and writes nothing, config.json, log or exec record (handle(), in this process:
+    only the front itself is served through the socket)."""
+    for name, value in node.env().items():
+        monkeypatch.setenv(name, value)
+    own = server.Installation()
+    argv = ("--root", str(node.tmp / "state"), "create", "--bundle", str(node.bundle), "c11")
+    late = server.parse_request(server._reply(*request(node, time.monotonic_ns() - 1, *argv)))
+    assert server.handle(late, own) == b"fallback\0"
     assert json.loads((node.bundle / "config.json").read_text()) == SPEC
+    assert log_records(node.log) == [] and not os.path.exists(os.path.join(node.cache, "exec"))
+    # the same request in time is served; its log line is in the answer (the front writes it)
+    req = server.parse_request(server._reply(*request(node, time.monotonic_ns() + 10**10, *argv)))
+    reply = server.handle(req, own).split(b"\0")
+    assert reply[0] == b"exec" and reply[2] == node.log.encode() and b'"decision":"injected"' in reply[3]
+    assert "GPUHOOK_ACCELERATOR=nvidia" in (node.bundle / "config.json").read_text()
     assert log_records(node.log) == []
-    # the same request in time is served
-    fields[5] = str(time.monotonic_ns() + 10**10)
-    assert ask(node, fields).startswith(b"exec\0") and "GPUHOOK_ACCELERATOR=nvidia" in (node.bundle / "config.json").read_text()
+    assert os.getcwd() == "/" and os.environ["GPUHOOK_CONFIG"] == str(node.config)
 
 
 def test_fail_closed_exits_as_python_would(tmp_path, make_host):
@@ -290,23 +302,24 @@ def test_the_socket_is_named_once():
     assert re.search(rf"^ExecStart={defaults.INSTALL_PREFIX}/bin/gpuhook runtime-server$", units.SERVICE_TEXT, re.M)
 
 
-HEAD = b"gpuhook-runtime 2\0/b\0" + b"1:2\0" + b"3:4\0" + b"18\0" + b"99\0"
+HEAD = b"gpuhook-runtime 3\0" + b"18\0" + b"99\0"
 
 
-@pytest.mark.parametrize("data", [b"", b"gpuhook-runtime 2\0", b"other" + HEAD[17:] + b"/\x000\x000\0",
+@pytest.mark.parametrize("data", [b"", b"gpuhook-runtime 3\0", b"gpuhook-runtime 2\0" + HEAD[18:] + b"/\x000\x000\0",
+                                  b"other\0" + HEAD[18:] + b"/\x000\x000\0",
                                   HEAD + b"rel\x000\x000\0", HEAD + b"/\x002\0A=1\x000\0", HEAD + b"/\x00x\x000\0",
+                                  HEAD + b"/\x00-1\x000\0",
                                   HEAD.replace(b"18", b"x") + b"/\x000\x000\0",
                                   HEAD.replace(b"18", b"4096") + b"/\x000\x000\0",
                                   HEAD.replace(b"99", b"soon") + b"/\x000\x000\0",
-                                  HEAD + b"/\x000\x001\0"])
+                                  HEAD + b"/\x000\x001\0", HEAD + b"/\x000\x000"])
 def test_bad_requests_are_refused(data):
     assert server.parse_request(data) is None
 
 
 def test_a_request_parses():
     req = server.parse_request(HEAD + b"/w\x002\0A=1\0A=2\x002\0create\0x\0")
-    assert (req.here, req.exe, req.mntns, req.umask, req.deadline_ns, req.cwd, req.env, req.argv) == (
-        "/b", "1:2", "3:4", 18, 99, "/w", {"A": "1"}, ["create", "x"])
+    assert (req.umask, req.deadline_ns, req.cwd, req.env, req.argv) == (18, 99, "/w", {"A": "1"}, ["create", "x"])
 
 
 def test_the_bundle_served(tmp_path, make_host):
