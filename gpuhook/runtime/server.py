@@ -234,7 +234,8 @@ def handle(req: Request, own: Installation) -> bytes:
     sys.stderr = err
     saved_umask = os.umask(req.umask)
     runtime.DEADLINE_NS = req.deadline_ns - MARGIN_NS
-    runtime.DEFERRED_LOG = logged = []
+    logged: list[tuple[str, bytes]] = []
+    runtime.DEFERRED_LOG = logged
     try:
         try:
             argv = prepare(list(req.argv))
@@ -344,13 +345,14 @@ def serve(sock: socket.socket) -> None:
         send(c)
 
     def send(c: Connection) -> None:
+        out = c.out or b""
         try:
-            n = c.sock.send(c.out, socket.MSG_NOSIGNAL)
+            n = c.sock.send(out, socket.MSG_NOSIGNAL)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
             return close(c)
-        c.out = c.out[n:]
+        c.out = out[n:]
         if not c.out:
             close(c)
 
