@@ -210,7 +210,8 @@ def write_atomic(path: str, data: bytes, mode: int | None = None, sync_dir: bool
     one, .<name>.gpuhook.tmp, only for the rename, and the next write of the same file
     takes that name over: a writer killed between the two calls leaves a whole new file
     there, which the next writer (the front's fallback to Python after a server died)
-    removes. Where the filesystem has no O_TMPFILE, a named temp file as before."""
+    removes. Where the filesystem has no O_TMPFILE, or there is no /proc to link it from (a
+    bare chroot), a named temp file as before."""
     d = os.path.dirname(os.path.abspath(path))
     if mode is None:
         try:
@@ -228,17 +229,20 @@ def write_atomic(path: str, data: bytes, mode: int | None = None, sync_dir: bool
         else:
             try:
                 _write_all(fd, data, mode, sync)
-                _link_into_place(fd, dfd, os.path.basename(path))
+                linked = _link_into_place(fd, dfd, os.path.basename(path))
             finally:
                 os.close(fd)
+            if not linked:  # no /proc (a bare chroot): the named way
+                _write_named(d, path, data, mode, sync)
         if sync_dir:
             os.fsync(dfd)
     finally:
         os.close(dfd)
 
 
-def _link_into_place(fd: int, dfd: int, name: str) -> None:
-    """The unnamed file fd as <dfd>/name: linked as .<name>.gpuhook.tmp, renamed over name."""
+def _link_into_place(fd: int, dfd: int, name: str) -> bool:
+    """The unnamed file fd as <dfd>/name: linked as .<name>.gpuhook.tmp, renamed over name.
+    False when there is no /proc/self/fd to link it from (nothing written then)."""
     tmp = f".{name}.gpuhook.tmp"
     for _attempt in range(8):
         try:  # linkat(AT_SYMLINK_FOLLOW) of /proc/self/fd/N: O_TMPFILE's way to a name
@@ -246,9 +250,11 @@ def _link_into_place(fd: int, dfd: int, name: str) -> None:
         except FileExistsError:  # a killed writer's (a whole file), or a writer's now: ours wins
             _unlink(tmp, dfd)
             continue
+        except FileNotFoundError:
+            return False
         try:
             os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-            return
+            return True
         except FileNotFoundError:  # another writer took the name over between the two calls
             continue
         except BaseException:
