@@ -61,6 +61,10 @@ IN_SERVER = False
 # the runtime server's: past this (time.monotonic_ns) its caller has started Python itself, so
 # the request writes nothing (Abandoned)
 DEADLINE_NS: int | None = None
+# the runtime server's: the create's log line goes here, (file, line), not into the file: the
+# server's reply carries it and the front writes it, so that a server that dies before it
+# replies has logged nothing, and the front's fallback to Python logs that create once
+DEFERRED_LOG: list[tuple[str, bytes]] | None = None
 
 
 class Abandoned(BaseException):
@@ -283,7 +287,10 @@ def log_line(config, inv: Invocation, out: Outcome, started: float) -> None:
         stage("logged")
         t0 = STAGES[0][1]
         record["stages_ms"] = {name: round((t - t0) * 1000, 3) for name, t in STAGES}
-    append_line(config.log_file, fastjson.dumps(record))
+    if DEFERRED_LOG is not None:
+        DEFERRED_LOG.append((config.log_file, line_bytes(fastjson.dumps(record))))
+    else:
+        append_line(config.log_file, fastjson.dumps(record))
 
 
 def record_exec_env(inv: Invocation, out: Outcome, real: str) -> None:
@@ -366,6 +373,11 @@ def utc_now(ms: bool = True, t: float | None = None) -> str:
     return head + (f".{int(t * 1000) % 1000:03d}Z" if ms else "Z")
 
 
+def line_bytes(line: str) -> bytes:
+    """A log line as append_line writes it: one line, its newline at the end, UTF-8."""
+    return (line.replace("\n", " ") + "\n").encode("utf-8", "replace")
+
+
 def append_line(path: str, line: str) -> None:
     """One write(2) of a whole line with O_APPEND: concurrent creates never interleave."""
     try:
@@ -373,7 +385,7 @@ def append_line(path: str, line: str) -> None:
     except OSError:
         return
     try:
-        os.write(fd, (line.replace("\n", " ") + "\n").encode("utf-8", "replace"))
+        os.write(fd, line_bytes(line))
     except OSError:
         pass
     finally:

@@ -67,8 +67,11 @@ static const char *const KEYS[] = {"runtime", "host_root", "log_file", "fail_mod
 #define MAX_CONFIG (1 << 20) /* what Python reads of it */
 /* the resident server (gpuhook/runtime/server.py): its socket in the cache dir, its wire */
 #define SOCKET_NAME "runtime.sock"
-#define SERVER_MAGIC "gpuhook-runtime 2"
+#define SERVER_MAGIC "gpuhook-runtime 3"
 #define MAX_REPLY (1 << 20)
+#define MAX_REPLY_FIELDS 4096
+#define MAX_REPLY_TEXT (64 << 10) /* the stderr text of an answer */
+#define MAX_REPLY_LOG_LINE (256 << 10) /* its log line (Python bounds what a pod can put there) */
 #define SERVER_TIMEOUT_S 3 /* then Python starts here, as with no server: a wedged server costs a create 3 s */
 /* runc's container id characters (execenv.ID_CHARS); the log line's safe characters */
 #define ID_CHARS "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_+.-"
@@ -406,8 +409,18 @@ static int gpu_present(const char *host_root) {
     return 0;
 }
 
-/* log_no_gpu: the create's log line (decision no-gpu), one write with O_APPEND as Python's
- * runtime.append_line; never through a link, never blocking on a FIFO; a new file is 0640. */
+/* append_log: one whole line, one write with O_APPEND as Python's runtime.append_line; never
+ * through a link, never blocking on a FIFO; a new file is 0640 */
+static void append_log(const char *file, const char *line, size_t n) {
+    int fd = open(file, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0640);
+    if (fd >= 0) {
+        if (write(fd, line, n) < 0) { /* a full disk: the container starts all the same */
+        }
+        close(fd);
+    }
+}
+
+/* log_no_gpu: the create's log line (decision no-gpu) */
 static void log_no_gpu(const struct config *c, const struct invocation *inv) {
     const char *file = c->log_file ? c->log_file : LOG_FILE;
     if (!*file) return;
@@ -425,12 +438,7 @@ static void log_no_gpu(const struct config *c, const struct invocation *inv) {
                      tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
                      now.tv_nsec / 1000000, q, id, q, bundle);
     if (n < 0) return;
-    int fd = open(file, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0640);
-    if (fd >= 0) {
-        if (write(fd, line, (size_t)n) < 0) { /* a full disk: the container starts all the same */
-        }
-        close(fd);
-    }
+    append_log(file, line, (size_t)n);
     free(line);
 }
 
@@ -498,14 +506,6 @@ static void add_number(struct fields *f, long n) {
     add_field(f, buf);
 }
 
-/* identity: "dev:ino" of a file ("0:0" when it cannot be stat'ed) */
-static const char *identity(const char *path, char *buf, size_t size) {
-    struct stat st;
-    if (stat(path, &st)) st.st_dev = st.st_ino = 0;
-    snprintf(buf, size, "%llu:%llu", (unsigned long long)st.st_dev, (unsigned long long)st.st_ino);
-    return buf;
-}
-
 static long long now_ns(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -524,11 +524,13 @@ static int wait_for(int fd, short events, long long deadline) {
     }
 }
 
+static void act_on_reply(char **fields, int k);
+
 /* ask_server: a create, run or exec through the node's resident server (server.py): it runs
  * what Python would, then this process execs the argv it answers (or exits as it says).
  * Returns when there is no answer to act on (no server, another version, a timeout, any
  * doubt): the caller starts Python, as on a node without a server. */
-static void ask_server(int argc, char **argv, const char *dir) {
+static void ask_server(int argc, char **argv) {
     const char *cache = cache_dir();
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     size_t n = strlen(cache);
@@ -547,10 +549,7 @@ static void ask_server(int argc, char **argv, const char *dir) {
     }
     struct fields req = {0};
     char buf[64];
-    add_field(&req, SERVER_MAGIC);
-    add_field(&req, dir);
-    add_field(&req, identity("/proc/self/exe", buf, sizeof buf)); /* which front: the server serves its own */
-    add_field(&req, identity("/proc/self/ns/mnt", buf, sizeof buf)); /* where paths resolve: its own namespace */
+    add_field(&req, SERVER_MAGIC); /* who this is, the server asks the kernel (SO_PEERPIDFD) */
     mode_t mask = umask(0);
     umask(mask);
     add_number(&req, (long)mask);
@@ -591,22 +590,54 @@ static void ask_server(int argc, char **argv, const char *dir) {
     }
     close(fd);
     if (!got || reply[got - 1]) return; /* not whole */
-    reply[got] = 0;
-    char *fields[4096];
+    char *fields[MAX_REPLY_FIELDS + 1];
     int k = 0;
-    for (char *p = reply; p < reply + got && k < 4096; p += strlen(p) + 1) fields[k++] = p;
-    if (k >= 2 && !strcmp(fields[0], "exec") && k >= 3 && k < 4096) {
+    for (char *p = reply; p < reply + got; p += strlen(p) + 1) {
+        if (k == MAX_REPLY_FIELDS) return;
+        fields[k++] = p;
+    }
+    fields[k] = NULL;
+    act_on_reply(fields, k);
+}
+
+/* reply_status: an exit status as the server writes it ("0" to "255", no sign, no leading
+ * zero, nothing after), else -1 */
+static int reply_status(const char *s) {
+    size_t n = strlen(s);
+    if (n < 1 || n > 3 || s[strspn(s, "0123456789")] || (n > 1 && s[0] == '0')) return -1;
+    int v = atoi(s);
+    return v <= 255 ? v : -1;
+}
+
+/* reply_log_ok: the log file and line of an answer: both empty, or an absolute path and one
+ * whole line (its one newline at its end) */
+static int reply_log_ok(const char *file, const char *line) {
+    size_t n = strlen(line);
+    if (!*file) return !*line;
+    return file[0] == '/' && strlen(file) < PATH_MAX && n > 0 && n <= MAX_REPLY_LOG_LINE &&
+           strchr(line, '\n') == line + n - 1;
+}
+
+/* act_on_reply: the server's answer, every field checked: "exec", text, log file, log line,
+ * argv (at least the runtime, a path); "exit", status, text, log file, log line. Anything
+ * else, "fallback" and "stale" included, returns: no answer, Python starts. */
+static void act_on_reply(char **fields, int k) {
+    if (k >= 5 && !strcmp(fields[0], "exec") && strlen(fields[1]) <= MAX_REPLY_TEXT &&
+        reply_log_ok(fields[2], fields[3]) && strchr(fields[4], '/')) {
+        if (*fields[2]) append_log(fields[2], fields[3], strlen(fields[3]));
         if (*fields[1]) fputs(fields[1], stderr);
-        char **args = fields + 2;
-        fields[k] = NULL;
+        char **args = fields + 4;
         execv(args[0], args);
         fprintf(stderr, "gpuhook-runtime: cannot run the real OCI runtime %s: %s\n", args[0], strerror(errno));
         _exit(127);
     }
-    if (k == 3 && !strcmp(fields[0], "exit")) {
+    int status;
+    if (k == 5 && !strcmp(fields[0], "exit") && (status = reply_status(fields[1])) >= 0 &&
+        strlen(fields[2]) <= MAX_REPLY_TEXT && reply_log_ok(fields[3], fields[4])) {
+        if (*fields[3]) append_log(fields[3], fields[4], strlen(fields[4]));
         if (*fields[2]) fputs(fields[2], stderr);
         fflush(stderr);
-        _exit(atoi(fields[1]));
+        _exit(status);
     }
 }
 
@@ -732,8 +763,8 @@ int main(int argc, char **argv) {
      * front could not read for sure: Python decides everything, the node's resident one when
      * it runs (server.py), else a fresh one. */
     const char *cmd = inv.command ? inv.command : "";
-    char *dir = here(argv[0]); /* resolved once: the server's check and Python's paths name one version */
-    if (!strcmp(cmd, "create") || !strcmp(cmd, "run") || !strcmp(cmd, "exec")) ask_server(argc, argv, dir);
+    char *dir = here(argv[0]); /* resolved once: Python's paths name one version */
+    if (!strcmp(cmd, "create") || !strcmp(cmd, "run") || !strcmp(cmd, "exec")) ask_server(argc, argv);
     exec_python(argc, argv, dir);
     if (c.fail_mode && !strcmp(c.fail_mode, "closed")) return 1;
     char *rt = real_runtime(c.runtime);

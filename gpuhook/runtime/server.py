@@ -5,32 +5,45 @@ every GPU container's create. A node may instead keep one interpreter warm:
 `gpuhook runtime-server`, started by systemd on its socket (systemd/gpuhook-runtime.socket)
 or by hand. The front (gpuhook-runtime.c) connects to <cache dir>/runtime.sock for each
 create, run or exec that needs Python; the server runs runtime.prepare, exactly what a fresh
-interpreter would run, in the caller's environment and current directory, and answers with
-the argv the front then execs (or the exit status and the lines to print).
+interpreter would run, in the caller's current directory, umask and command line, and answers
+with the argv the front then execs (or the exit status and the lines to print).
 
 When there is no server, or it refuses, or does not answer within the front's deadline, the
-front starts Python itself: the server only ever saves time. It serves only the front of its
-own installation (the same directory and the same file, by device and inode) in its own
-mount namespace, and only before the front's deadline (less a margin: past it the front has
-started Python, so the request writes nothing: runtime.Abandoned). Any other front gets
-"fallback"; when its own installation has changed under it (an upgrade: a new front file, or
-the bundle's current version is another), "stale", and it exits: systemd starts the new
-one on the next connection.
+front starts Python itself: the server only ever saves time. Who the caller is, the server
+asks the kernel, never the request: the peer's pid and uid (SO_PEERCRED), a pidfd of it
+(SO_PEERPIDFD), then its executable, mount namespace and user namespace from /proc/<pid>,
+read while the pidfd shows it alive (so the pid was not another's meanwhile). It serves only
+its own uid, its own installation's front (that file, by device and inode) and its own mount
+and user namespaces; any other caller gets "fallback", and an upgrade of its own installation
+(a new front file, or the bundle's current version another) "stale", and it exits: systemd
+starts the new one on the next connection. What it reads and writes is chosen by its own
+environment and node config, never the request's: a request whose GPUHOOK_CONFIG or
+GPUHOOK_CACHE_DIR is not the server's own gets "fallback" (the fresh interpreter, in the
+caller's own context, honours them); of the request's environment only CALLER_ENV is used.
+Past the front's deadline less a margin the front has started Python, so the request writes
+nothing (runtime.Abandoned). The create's log line travels in the answer and the front writes
+it: a server that dies before it answers has logged nothing, and the create is logged once.
 
-One request at a time, in one thread: prepare changes the process's environment and current
-directory for the request, and ~2 ms of work each leaves nothing to gain from threads under
-one interpreter lock. A caller has REQUEST_TIMEOUT seconds to send its request; only the
-server's own user may connect (SO_PEERCRED), and the socket is 0600 in a 0700 directory.
+Requests are read concurrently (one selector): each connection has one deadline,
+REQUEST_TIMEOUT from its accept, for its whole request and answer, and a slow or silent
+client holds only its own connection. A whole request runs at once, one at a time in this
+thread: prepare changes the process's environment and current directory for the request, and
+~1-2 ms of work each leaves nothing to gain from threads under one interpreter lock. The
+socket is 0600 in a 0700 directory.
 
-The wire: NUL-terminated fields. Request: MAGIC, the front's directory (its links resolved),
-its file's "dev:ino", its mount namespace's "dev:ino", its umask, its deadline
+The wire: NUL-terminated fields. Request: MAGIC, the front's umask, its deadline
 (CLOCK_MONOTONIC ns), the current directory, the number of env entries and the entries, the
-number of arguments and the arguments. Reply: "exec", the text for stderr, then the argv; or "exit", the status,
-the text for stderr; or "fallback" (start Python) or "stale" (the same, and the server goes).
+number of arguments and the arguments. Reply: "exec", the text for stderr, the log file and
+its line ("" and "" for none), then the argv; or "exit", the status, the text for stderr, the
+log file and its line; or "fallback" (start Python) or "stale" (the same, and the server goes).
+The front acts on nothing but a reply whole and well-formed in every field.
 """
 
+import errno
 import io
 import os
+import selectors
+import signal
 import socket
 import struct
 import sys
@@ -41,14 +54,24 @@ from ..config import cache_dir
 from ..defaults import BUNDLE_VERSIONS
 from . import EDITING_COMMANDS, parse_args, prepare
 
-MAGIC = "gpuhook-runtime 2"
+MAGIC = "gpuhook-runtime 3"
 SOCKET_NAME = "runtime.sock"  # in the cache dir (the front names it too: tests/unit/test_front.py)
 MAX_REQUEST = 1 << 20
-REQUEST_TIMEOUT = 2.0
+REQUEST_TIMEOUT = 2.0  # for a connection's whole request and answer, from its accept
+MAX_CONNECTIONS = 64  # read at once; one more gets "fallback" at once
 MARGIN_NS = 1_000_000_000  # the server gives up this long before the front does
 FRONT = os.path.join("bin", "gpuhook-runtime")  # the front, in its installation's root
 # the subcommands the front brings here (delete it handles itself: it runs the runtime first)
 SERVED = EDITING_COMMANDS | {"exec"}
+# The environment a create reads (config.py, runtime, execenv). What chooses the files the
+# server reads and writes is its own: a request naming another value of these gets "fallback"
+# (a fresh interpreter honours them, as the caller's own process)...
+OWN_ENV = ("GPUHOOK_CONFIG", "GPUHOOK_CACHE_DIR")
+# ...and these are the caller's: where its real runtime is on its PATH (the front execs what
+# the answer names), the $PWD its relative --root is read against, and GPUHOOK_STAGES (the
+# log line's timings). Nothing else of the request's environment is used.
+CALLER_ENV = ("PATH", "PWD", "GPUHOOK_STAGES")
+SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux 6.5; Python 3.11's socket lacks the name
 # what a create may import, imported before the first request (a probe imports its vendor's)
 WARM = (
     "gpuhook.plan",
@@ -67,11 +90,10 @@ WARM = (
 
 
 class Request:
-    __slots__ = ("here", "exe", "mntns", "umask", "deadline_ns", "cwd", "env", "argv")
+    __slots__ = ("umask", "deadline_ns", "cwd", "env", "argv")
 
-    def __init__(self, here, exe, mntns, umask, deadline_ns, cwd, env, argv):
-        self.here, self.exe, self.mntns, self.umask, self.deadline_ns = here, exe, mntns, umask, deadline_ns
-        self.cwd, self.env, self.argv = cwd, env, argv
+    def __init__(self, umask, deadline_ns, cwd, env, argv):
+        self.umask, self.deadline_ns, self.cwd, self.env, self.argv = umask, deadline_ns, cwd, env, argv
 
 
 def socket_path() -> str:
@@ -88,30 +110,31 @@ def install_root() -> str:
 def parse_request(data: bytes) -> Request | None:
     """None for anything that is not a whole, well-formed request."""
     fields = data.split(b"\0")
-    if len(fields) < 10 or fields.pop() != b"" or fields[0].decode(errors="replace") != MAGIC:
+    if len(fields) < 7 or fields.pop() != b"" or fields[0] != MAGIC.encode():
         return None
     try:
-        here, exe, mntns, umask, deadline = (os.fsdecode(f) for f in fields[1:6])
-        cwd = os.fsdecode(fields[6])
-        n_env = int(fields[7])
-        env_fields = fields[8 : 8 + n_env]
-        n_argv = int(fields[8 + n_env])
-        argv = [os.fsdecode(a) for a in fields[9 + n_env :]]
-        umask_value, deadline_ns = int(umask), int(deadline)
+        umask_value, deadline_ns = int(fields[1]), int(fields[2])
+        cwd = os.fsdecode(fields[3])
+        n_env = int(fields[4])
+        env_fields = fields[5 : 5 + n_env]
+        n_argv = int(fields[5 + n_env])
+        argv = [os.fsdecode(a) for a in fields[6 + n_env :]]
     except (ValueError, IndexError):
         return None
-    if len(env_fields) != n_env or len(argv) != n_argv or not cwd.startswith("/") or not 0 <= umask_value <= 0o777:
+    if n_env < 0 or len(env_fields) != n_env or len(argv) != n_argv or not cwd.startswith("/"):
+        return None
+    if not 0 <= umask_value <= 0o777:
         return None
     env: dict[str, str] = {}
     for entry in env_fields:
         key, eq, value = os.fsdecode(entry).partition("=")
         if eq and key:
             env.setdefault(key, value)  # the first of a name, as getenv(3) reads it
-    return Request(here, exe, mntns, umask_value, deadline_ns, cwd, env, argv)
+    return Request(umask_value, deadline_ns, cwd, env, argv)
 
 
 def identity(path: str) -> str:
-    """ "dev:ino" of a file, as the front sends it ("0:0" when it cannot be stat'ed)."""
+    """ "dev:ino" of a file, its links followed ("0:0" when it cannot be stat'ed)."""
     try:
         st = os.stat(path)
     except OSError:
@@ -119,13 +142,51 @@ def identity(path: str) -> str:
     return f"{st.st_dev}:{st.st_ino}"
 
 
+class Peer:
+    """The process at the other end of a connection, as the kernel says: its executable, mount
+    namespace and user namespace ("dev:ino" each)."""
+
+    __slots__ = ("exe", "mntns", "userns")
+
+    def __init__(self, exe: str, mntns: str, userns: str):
+        self.exe, self.mntns, self.userns = exe, mntns, userns
+
+
+def peer_of(conn: socket.socket) -> Peer | None:
+    """Who connected: None when it is not this server's uid, or cannot be told for sure. The
+    pid (SO_PEERCRED) names /proc/<pid>; the pidfd (SO_PEERPIDFD, taken at connect by the
+    kernel) still alive after /proc/<pid> was read says that pid was the peer's throughout.
+    A kernel without SO_PEERPIDFD (before 6.5): a pidfd opened now, of the pid the peer had."""
+    pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    if uid != os.geteuid() or pid <= 0:
+        return None
+    try:
+        pidfd = struct.unpack("i", conn.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD, 4))[0]
+    except OSError as e:
+        if e.errno != errno.ENOPROTOOPT:  # no SO_PEERPIDFD here; anything else (ESRCH: gone): no answer
+            return None
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            return None
+    try:
+        peer = Peer(*(identity(f"/proc/{pid}/{name}") for name in ("exe", "ns/mnt", "ns/user")))
+        signal.pidfd_send_signal(pidfd, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(pidfd)
+    return None if "0:0" in (peer.exe, peer.mntns, peer.userns) else peer
+
+
 class Installation:
-    """What this server serves: its installation's root, its front, its mount namespace."""
+    """What this server serves: its installation's root, its front, its namespaces."""
 
     def __init__(self):
         self.root = install_root()
         self.front = identity(os.path.join(self.root, FRONT))
         self.mntns = identity("/proc/self/ns/mnt")
+        self.userns = identity("/proc/self/ns/user")
 
     def changed(self) -> bool:
         """An upgrade under this server: its front is another file now, or (a host bundle's
@@ -139,58 +200,72 @@ class Installation:
         return False
 
 
-def _reply(*fields: str) -> bytes:
-    return b"".join(os.fsencode(f) + b"\0" for f in fields)
+def _reply(*fields: str | bytes) -> bytes:
+    return b"".join((f if isinstance(f, bytes) else os.fsencode(f)) + b"\0" for f in fields)
+
+
+def refusal(peer: Peer | None, own: Installation) -> bytes | None:
+    """The answer to a caller this server does not serve ("fallback", or "stale" when its own
+    installation changed under it), None for its own front in its own namespaces."""
+    if peer is None or peer.mntns != own.mntns or peer.userns != own.userns:
+        return _reply("fallback")
+    if peer.exe != own.front:
+        return _reply("stale" if own.changed() else "fallback")
+    return None
 
 
 def handle(req: Request, own: Installation) -> bytes:
-    """Run the create path for one request, in its environment, directory and umask."""
-    if time.monotonic_ns() > req.deadline_ns - MARGIN_NS or req.mntns != own.mntns:
+    """Run the create path for one request (of a caller refusal() let through), in its
+    directory, umask and CALLER_ENV."""
+    if time.monotonic_ns() > req.deadline_ns - MARGIN_NS:
         return _reply("fallback")
-    if os.path.realpath(os.path.join(req.here, "..")) != own.root or req.exe != own.front:
-        return _reply("stale" if own.changed() else "fallback")
+    if any((req.env.get(name) or "") != (os.environ.get(name) or "") for name in OWN_ENV):
+        return _reply("fallback")
     if parse_args(req.argv).command not in SERVED:
         return _reply("fallback")
-    saved_env, saved_stderr = dict(os.environ), sys.stderr
+    saved_env, saved_stderr = {name: os.environ.get(name) for name in CALLER_ENV}, sys.stderr
     err = io.StringIO()
     try:
         os.chdir(req.cwd)
     except OSError:
         return _reply("fallback")
-    os.environ.clear()
-    os.environ.update(req.env)
+    for name in CALLER_ENV:
+        _set_env(name, req.env.get(name))
     sys.stderr = err
     saved_umask = os.umask(req.umask)
     runtime.DEADLINE_NS = req.deadline_ns - MARGIN_NS
+    logged: list[tuple[str, bytes]] = []
+    runtime.DEFERRED_LOG = logged
     try:
         try:
             argv = prepare(list(req.argv))
-            return _reply("exec", err.getvalue(), *argv)
+            return _reply("exec", err.getvalue(), *_log_fields(logged), *argv)
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
-            return _reply("exit", str(code), err.getvalue())
+            return _reply("exit", str(code), err.getvalue(), *_log_fields(logged))
     except (Exception, runtime.Abandoned):  # a bug here, or nobody waiting: Python runs it afresh
         return _reply("fallback")
     finally:
-        runtime.DEADLINE_NS = None
+        runtime.DEADLINE_NS = runtime.DEFERRED_LOG = None
         os.umask(saved_umask)
         sys.stderr = saved_stderr
-        os.environ.clear()
-        os.environ.update(saved_env)
+        for name, value in saved_env.items():
+            _set_env(name, value)
         os.chdir("/")
 
 
-def _receive(conn: socket.socket) -> bytes | None:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        chunk = conn.recv(65536)
-        if not chunk:
-            return b"".join(chunks)
-        size += len(chunk)
-        if size > MAX_REQUEST:
-            return None
-        chunks.append(chunk)
+def _set_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
+def _log_fields(logged: list[tuple[str, bytes]]) -> tuple[str | bytes, ...]:
+    """The log file and the create's line, for the front to write ("" and "": none)."""
+    if len(logged) > 1:
+        raise ValueError("more than one log line for one create")
+    return logged[0] if logged else ("", b"")
 
 
 def listening_socket() -> socket.socket:
@@ -230,6 +305,18 @@ def listening_socket() -> socket.socket:
     return sock
 
 
+class Connection:
+    """One caller's connection: what it sent so far, the answer still to send, its deadline."""
+
+    __slots__ = ("sock", "deadline", "chunks", "size", "out")
+
+    def __init__(self, sock: socket.socket, deadline: float):
+        self.sock, self.deadline = sock, deadline
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.out: bytes | None = None
+
+
 def serve(sock: socket.socket) -> None:
     """Answer requests until its installation changes under it (a stale request)."""
     import importlib
@@ -242,19 +329,81 @@ def serve(sock: socket.socket) -> None:
     own = Installation()
     runtime.IN_SERVER = True
     os.chdir("/")
-    while True:
-        conn, _ = sock.accept()
-        with conn:
-            try:
-                uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
-                if uid != os.geteuid():
-                    continue
-                conn.settimeout(REQUEST_TIMEOUT)
-                data = _receive(conn)
-                req = parse_request(data) if data is not None else None
-                reply = handle(req, own) if req is not None else _reply("fallback")
-                conn.sendall(reply)
-            except OSError:
-                continue
-        if reply.startswith(b"stale\0"):
+    sock.setblocking(False)
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_READ)
+    open_: dict[int, Connection] = {}
+
+    def close(c: Connection) -> None:
+        sel.unregister(c.sock)
+        del open_[c.sock.fileno()]
+        c.sock.close()
+
+    def answer(c: Connection, reply: bytes) -> None:
+        c.out = reply
+        sel.modify(c.sock, selectors.EVENT_WRITE, c)
+        send(c)
+
+    def send(c: Connection) -> None:
+        out = c.out or b""
+        try:
+            n = c.sock.send(out, socket.MSG_NOSIGNAL)
+        except (BlockingIOError, InterruptedError):
             return
+        except OSError:
+            return close(c)
+        c.out = out[n:]
+        if not c.out:
+            close(c)
+
+    while True:
+        wait = min((c.deadline for c in open_.values()), default=None)
+        events = sel.select(None if wait is None else max(0.0, wait - time.monotonic()))
+        stale = False
+        for key, _mask in events:
+            if key.fileobj is sock:
+                while True:
+                    try:
+                        conn, _ = sock.accept()
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    except OSError:  # out of fds: the backlog waits for a connection to end
+                        break
+                    conn.setblocking(False)
+                    c = Connection(conn, time.monotonic() + REQUEST_TIMEOUT)
+                    open_[conn.fileno()] = c
+                    sel.register(conn, selectors.EVENT_READ, c)
+                    try:
+                        reply = refusal(peer_of(conn), own) if len(open_) <= MAX_CONNECTIONS else _reply("fallback")
+                    except OSError:
+                        reply = _reply("fallback")
+                    if reply is not None:
+                        stale = stale or reply.startswith(b"stale\0")
+                        answer(c, reply)
+                continue
+            c = key.data
+            if c.sock.fileno() not in open_:
+                continue
+            if c.out is not None:
+                send(c)
+                continue
+            try:
+                chunk = c.sock.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                close(c)
+                continue
+            c.size += len(chunk)
+            if c.size > MAX_REQUEST:
+                answer(c, _reply("fallback"))
+            elif chunk:
+                c.chunks.append(chunk)
+            else:  # the whole request: run now
+                req = parse_request(b"".join(c.chunks))
+                answer(c, handle(req, own) if req is not None else _reply("fallback"))
+        if stale:
+            return
+        now = time.monotonic()
+        for c in [c for c in open_.values() if c.deadline <= now]:
+            close(c)

@@ -272,14 +272,24 @@ def bench(args, want: set[str], tmp: str, state: str, runc: str, started_ids: li
         return path
 
     # the node's resident runtime server (gpuhook runtime-server; systemd/gpuhook-runtime.socket),
-    # as installed nodes run it; the "no server" rows use a cache dir with no socket in it
+    # as installed nodes run it: one per node config here, since a server serves only the creates
+    # whose GPUHOOK_CONFIG and GPUHOOK_CACHE_DIR are its own (server.OWN_ENV); ghe(cfg) is the env
+    # of a create served by cfg's. The "no server" rows use a cache dir with no socket in it.
     server_log = open(os.path.join(tmp, "runtime-server.log"), "w")
-    try:
-        srv = runtime_server.start([os.path.join(opt, "bin", "gpuhook"), "runtime-server"], env, stdout=server_log,
-                                   stderr=server_log)
-    except RuntimeError as e:
-        raise SystemExit(f"bench: {e}{open(server_log.name).read()[-300:]}") from None
-    servers.append(srv)
+    served: dict[str, tuple[dict, subprocess.Popen]] = {}
+
+    def ghe(cfg: str) -> dict:
+        if cfg not in served:
+            e = dict(env, GPUHOOK_CONFIG=cfg, GPUHOOK_CACHE_DIR=f"{cache}-{os.path.basename(cfg)[:-5]}")
+            try:
+                srv = runtime_server.start([os.path.join(opt, "bin", "gpuhook"), "runtime-server"], e,
+                                           stdout=server_log, stderr=server_log)
+            except RuntimeError as err:
+                raise SystemExit(f"bench: {err}{open(server_log.name).read()[-300:]}") from None
+            servers.append(srv)
+            served[cfg] = (e, srv)
+        return served[cfg][0]
+
     no_server = dict(env, GPUHOOK_CACHE_DIR=cache + "-no-server")
 
     gh = {name: gh_config(name, root) for name, root in roots.items()}
@@ -323,7 +333,7 @@ def bench(args, want: set[str], tmp: str, state: str, runc: str, started_ids: li
             check_spec = f.read()
         set_spec(with_env(check_spec, ["NVIDIA_VISIBLE_DEVICES=all"]) if who == "peer" else check_spec,
                  os.path.join(check, "config.json"))
-        e = dict(env, GPUHOOK_CONFIG=ghc or "", NVIDIA_CTK_CONFIG_FILE_PATH=pc or "")
+        e = dict(ghe(ghc) if ghc else dict(env, GPUHOOK_CONFIG=""), NVIDIA_CTK_CONFIG_FILE_PATH=pc or "")
         out = os.path.join(tmp, "check.out")
         cid = f"check-{who}-{host}"
         with open(out, "wb") as o, tempfile.TemporaryFile() as err:  # files: the container keeps them open
@@ -348,7 +358,7 @@ def bench(args, want: set[str], tmp: str, state: str, runc: str, started_ids: li
         print(f"check: {who} on {host}: {nodes} GPU nodes" + (", libcuda in the ld cache" if "libcuda" in text else ""))
 
     # containers to exec into: one started by runc alone, one through gpuhook (injected)
-    gpu_env = dict(env, GPUHOOK_CONFIG=gh["gpu8"])
+    gpu_env = ghe(gh["gpu8"])
     for cid, binary in (("xplain", runc), ("xgpu", wrapper)):
         xb = os.path.join(tmp, f"bundle-{cid}")
         bundle.make_bundle(xb, ["sleep", "100000"])
@@ -374,9 +384,6 @@ def bench(args, want: set[str], tmp: str, state: str, runc: str, started_ids: li
     # each side: (spec to put in place or None, commands, how many of them are timed, env)
     def side(spec, cmds, n, e):
         return lambda: (spec, cmds, n, e)
-
-    def ghe(cfg):
-        return dict(env, GPUHOOK_CONFIG=cfg)
 
     def pe(cfg):
         return dict(env, NVIDIA_CTK_CONFIG_FILE_PATH=cfg)
@@ -467,7 +474,7 @@ def bench(args, want: set[str], tmp: str, state: str, runc: str, started_ids: li
                    pe(peer_cfg["gpu8-alone"]) if P else None, pe(peer_cfg["gpu8"]) if P else None)
     rows["wrapper peak RSS MiB"] = {"base": None, "ms": {}, "added": {k: v for k, v in mem["wrapper"].items()}}
 
-    with open(f"/proc/{srv.pid}/status") as f:  # the resident server: its high-water mark so far
+    with open(f"/proc/{served[gh['gpu8']][1].pid}/status") as f:  # the 8-GPU rows' server: its high-water mark
         mem["server"] = round(int(next(x for x in f if x.startswith("VmHWM:")).split()[1]) / 1024, 1)
     report(rows, mem, peer, entries)
     where = where_time_goes(opt, b, original, ghe(gh_alone), log)

@@ -149,6 +149,90 @@ def test_a_server_that_answers_nothing_sure_means_python(node, answer):
     s.close()
 
 
+def listener(node) -> socket.socket:
+    os.makedirs(node.cache, exist_ok=True)
+    path = os.path.join(node.cache, server.SOCKET_NAME)
+    if os.path.lexists(path):
+        os.unlink(path)
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(path)
+    s.listen(1)
+    return s
+
+
+def answered(node, answer: bytes) -> subprocess.CompletedProcess:
+    """A create through the front, a listener in the server's place answering `answer`."""
+    s = listener(node)
+    if node.mark.exists():
+        node.mark.unlink()
+    proc = subprocess.Popen([wrapper_path(), "create", "--bundle", str(node.bundle), "c4"], env=node.env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    conn, _ = s.accept()
+    conn.settimeout(5)
+    while conn.recv(65536):
+        pass
+    conn.sendall(answer)
+    conn.close()
+    s.close()
+    out, err = proc.communicate(timeout=30)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+LOG_ABS = "/tmp/gpuhook-test-answer.log"
+BAD_ANSWERS = {
+    "exit-status-not-a-number": b"exit\0abc\0\0\0\0",
+    "exit-status-not-a-number-wire-2": b"exit\0abc\0\0",
+    "exit-status-empty": b"exit\0\0\0\0\0",
+    "exit-status-negative": b"exit\0-1\0\0\0\0",
+    "exit-status-over-255": b"exit\x00256\0\0\0\0",
+    "exit-status-with-space": b"exit\0 1\0\0\0\0",
+    "exit-status-with-tail": b"exit\x001x\0\0\0\0",
+    "exit-status-leading-zero": b"exit\x0007\0\0\0\0",
+    "exit-fields-too-few": b"exit\x000\0\0",
+    "exit-fields-too-many": b"exit\x000\0\0\0\0\0",
+    "exec-no-argv": b"exec\0\0\0\0",
+    "exec-argv-empty": b"exec\0\0\0\0\0",
+    "exec-argv-not-a-path": b"exec\0\0\0\0true\0",
+    "exec-text-too-long": b"exec\0" + b"x" * (64 * 1024 + 1) + b"\0\0\0/bin/true\0",
+    "log-file-relative": b"exec\0\0gpuhook.log\0line\n\0/bin/true\0",
+    "log-line-without-newline": f"exec\0\0{LOG_ABS}\0line\0/bin/true\0".encode(),
+    "log-line-two-lines": f"exec\0\0{LOG_ABS}\0a\nb\n\0/bin/true\0".encode(),
+    "log-line-without-file": b"exec\0\0\0line\n\0/bin/true\0",
+    "log-file-without-line": f"exec\0\0{LOG_ABS}\0\0/bin/true\0".encode(),
+    "log-line-too-long": f"exec\0\0{LOG_ABS}\0".encode() + b"x" * (256 * 1024) + b"\n\0/bin/true\0",
+    "fields-too-many": b"exec\0\0\0\0/bin/true\0" + b"a\0" * 5000,
+    "not-whole": b"exit\x000\0\0\0",
+    "unknown-kind": b"done\x000\0\0\0\0",
+    "fallback-with-more": b"fallback\0x\0",
+}
+
+
+@pytest.mark.parametrize("answer", list(BAD_ANSWERS.values()), ids=list(BAD_ANSWERS))
+def test_a_malformed_answer_means_python(node, answer):
+    """Every field of an answer is checked: a status that is not 0..255 written plainly, a
+    field too many or too few, no argv, a runtime that is not a path, text or a log line too
+    long, a log file that is not absolute, a log line that is not one line: no answer, and the
+    front starts Python (before, `exit\0abc` made the create return 0, runc never run)."""
+    if os.path.exists(LOG_ABS):
+        os.unlink(LOG_ABS)
+    r = answered(node, answer)
+    assert r.returncode == 0 and node.mark.exists(), r.stderr
+    assert not node.argv_file.exists() and not os.path.exists(LOG_ABS)
+
+
+def test_a_well_formed_answer_is_acted_on(node, tmp_path):
+    """The shapes those are near: an exit status with its text and log line, an exec whose log
+    line the front writes before it runs the runtime."""
+    log = tmp_path / "answer.log"
+    r = answered(node, b"exit\x003\0oops\n\0" + f"{log}\0{{\"a\":1}}\n\0".encode())
+    assert (r.returncode, r.stderr, node.mark.exists()) == (3, "oops\n", False)
+    assert log.read_text() == '{"a":1}\n'
+    r = answered(node, f"exec\0said\n\0{log}\0{{\"b\":2}}\n\0{node.tmp / 'runc'}\0x\0y\0".encode())
+    assert (r.returncode, r.stderr, node.mark.exists()) == (0, "said\n", False)
+    assert log.read_text().splitlines() == ['{"a":1}', '{"b":2}']
+    assert node.argv_file.read_text().splitlines() == [str(node.tmp / "runc"), "x", "y"]
+
+
 def installation(tmp_path) -> str:
     """A copy of this gpuhook laid out as an installation: <root>/bin/gpuhook-runtime (the
     front) and <root>/lib/python3.X/site-packages/gpuhook (the package it serves)."""
@@ -219,20 +303,32 @@ def ask(node, fields: list[str]) -> bytes:
     return reply
 
 
-def test_a_request_past_its_deadline_writes_nothing(node, make_host):
+def request(node, deadline_ns: int, *argv: str, **env: str) -> list[str]:
+    """A request's fields as the front sends them, with the node's environment."""
+    entries = [f"{k}={v}" for k, v in {"GPUHOOK_CONFIG": str(node.config), "GPUHOOK_CACHE_DIR": node.cache,
+                                        **env}.items()]
+    return [server.MAGIC, "18", str(deadline_ns), str(node.tmp), str(len(entries)), *entries, str(len(argv)), *argv]
+
+
+def test_a_request_past_its_deadline_writes_nothing(node, monkeypatch):
     """A request the front stopped waiting for (it has started Python): the server answers
-    "fallback" and writes nothing, config.json, log or exec record."""
-    node.start_server()
-    fields = [server.MAGIC, os.path.dirname(wrapper_path()), server.identity(wrapper_path()),
-              server.identity("/proc/self/ns/mnt"), "18",
-              str(time.monotonic_ns() - 1), str(node.tmp), "2", f"GPUHOOK_CONFIG={node.config}",
-              f"GPUHOOK_CACHE_DIR={node.cache}", "4", "create", "--bundle", str(node.bundle), "c11"]
-    assert ask(node, fields) == b"fallback\0"
+    "fallback" and writes nothing, config.json, log or exec record (handle(), in this process:
+    only the front itself is served through the socket)."""
+    for name, value in node.env().items():
+        monkeypatch.setenv(name, value)
+    own = server.Installation()
+    argv = ("--root", str(node.tmp / "state"), "create", "--bundle", str(node.bundle), "c11")
+    late = server.parse_request(server._reply(*request(node, time.monotonic_ns() - 1, *argv)))
+    assert server.handle(late, own) == b"fallback\0"
     assert json.loads((node.bundle / "config.json").read_text()) == SPEC
+    assert log_records(node.log) == [] and not os.path.exists(os.path.join(node.cache, "exec"))
+    # the same request in time is served; its log line is in the answer (the front writes it)
+    req = server.parse_request(server._reply(*request(node, time.monotonic_ns() + 10**10, *argv)))
+    reply = server.handle(req, own).split(b"\0")
+    assert reply[0] == b"exec" and reply[2] == node.log.encode() and b'"decision":"injected"' in reply[3]
+    assert "GPUHOOK_ACCELERATOR=nvidia" in (node.bundle / "config.json").read_text()
     assert log_records(node.log) == []
-    # the same request in time is served
-    fields[5] = str(time.monotonic_ns() + 10**10)
-    assert ask(node, fields).startswith(b"exec\0") and "GPUHOOK_ACCELERATOR=nvidia" in (node.bundle / "config.json").read_text()
+    assert os.getcwd() == "/" and os.environ["GPUHOOK_CONFIG"] == str(node.config)
 
 
 def test_fail_closed_exits_as_python_would(tmp_path, make_host):
@@ -290,23 +386,24 @@ def test_the_socket_is_named_once():
     assert re.search(rf"^ExecStart={defaults.INSTALL_PREFIX}/bin/gpuhook runtime-server$", units.SERVICE_TEXT, re.M)
 
 
-HEAD = b"gpuhook-runtime 2\0/b\0" + b"1:2\0" + b"3:4\0" + b"18\0" + b"99\0"
+HEAD = b"gpuhook-runtime 3\0" + b"18\0" + b"99\0"
 
 
-@pytest.mark.parametrize("data", [b"", b"gpuhook-runtime 2\0", b"other" + HEAD[17:] + b"/\x000\x000\0",
+@pytest.mark.parametrize("data", [b"", b"gpuhook-runtime 3\0", b"gpuhook-runtime 2\0" + HEAD[18:] + b"/\x000\x000\0",
+                                  b"other\0" + HEAD[18:] + b"/\x000\x000\0",
                                   HEAD + b"rel\x000\x000\0", HEAD + b"/\x002\0A=1\x000\0", HEAD + b"/\x00x\x000\0",
+                                  HEAD + b"/\x00-1\x000\0",
                                   HEAD.replace(b"18", b"x") + b"/\x000\x000\0",
                                   HEAD.replace(b"18", b"4096") + b"/\x000\x000\0",
                                   HEAD.replace(b"99", b"soon") + b"/\x000\x000\0",
-                                  HEAD + b"/\x000\x001\0"])
+                                  HEAD + b"/\x000\x001\0", HEAD + b"/\x000\x000"])
 def test_bad_requests_are_refused(data):
     assert server.parse_request(data) is None
 
 
 def test_a_request_parses():
     req = server.parse_request(HEAD + b"/w\x002\0A=1\0A=2\x002\0create\0x\0")
-    assert (req.here, req.exe, req.mntns, req.umask, req.deadline_ns, req.cwd, req.env, req.argv) == (
-        "/b", "1:2", "3:4", 18, 99, "/w", {"A": "1"}, ["create", "x"])
+    assert (req.umask, req.deadline_ns, req.cwd, req.env, req.argv) == (18, 99, "/w", {"A": "1"}, ["create", "x"])
 
 
 def test_the_bundle_served(tmp_path, make_host):
