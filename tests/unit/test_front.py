@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from conftest import FRONT, REPO, is_root, log_records
 from gpuhook.testing import fakehost
+from gpuhook.testing.front import prime
 from gpuhook import config, defaults, probe, runtime
 from gpuhook.install import build
 from gpuhook.probe import cache
@@ -76,10 +77,6 @@ def test_the_exec_record_key_is_execenvs():
     assert define("RECORD_DIR") == execenv.RECORD_DIR
 
 
-def test_the_keys_it_reads_are_configs():
-    assert set(strings("KEYS")) <= set(config.Config._fields)
-
-
 def test_the_front_runs_the_entry_of_defaults():
     """Every Python the front starts on a site-packages dir runs defaults.RUNTIME_MAIN (the
     module store's entry, gpuhook/startup.py)."""
@@ -104,6 +101,7 @@ def front(tmp_path, host_root: str, *args: str, python: str | None = None,
     cfg = tmp_path / "config.toml"
     log = log_file if log_file is not None else str(tmp_path / "gpuhook.log")
     cfg.write_text(f'runtime = "/bin/true"\nhost_root = "{host_root}"\nlog_file = "{log}"\n')
+    prime(str(cfg), str(tmp_path / "cache"))
     mark = str(tmp_path / "python-ran")
     if os.path.exists(mark):
         os.unlink(mark)
@@ -146,18 +144,27 @@ def test_the_no_gpu_line(tmp_path):
 
 
 def test_a_key_twice_is_left_to_python(tmp_path):
-    """TOML refuses a key twice: the front cannot say which one counts, so Python decides
-    (and logs why), even on a CPU-only node."""
+    """TOML refuses a key twice: Python takes the defaults (the front file says so), and a
+    create goes to Python, whose log line says why, even on a CPU-only node."""
     root = str(tmp_path / "cpu")
     fakehost.build(root, "cpu", mknod=False)
     r, mark = front(tmp_path, root, "create", "--bundle", str(tmp_path), "c5")
     assert not os.path.exists(mark)
     cfg = tmp_path / "config.toml"
     cfg.write_text(cfg.read_text() + 'runtime = "/bin/false"\n')
+    cache = str(tmp_path / "cache")
     env = {"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(cfg), "GPUHOOK_TEST_MARK": mark,
-           "GPUHOOK_PYTHON": fake_python(tmp_path)}
+           "GPUHOOK_PYTHON": fake_python(tmp_path), "GPUHOOK_CACHE_DIR": cache}
     subprocess.run([FRONT, "create", "--bundle", str(tmp_path), "c5"], env=env, capture_output=True, timeout=20)
-    assert os.path.exists(mark)
+    assert os.path.exists(mark)  # no front file for this file yet: Python decides
+    os.unlink(mark)
+    prime(str(cfg), cache)
+    subprocess.run([FRONT, "create", "--bundle", str(tmp_path), "c5"], env=env, capture_output=True, timeout=20)
+    assert os.path.exists(mark)  # a config with errors: creates go to Python
+    os.unlink(mark)
+    r = subprocess.run([FRONT, "--root", str(tmp_path / "st"), "state", "c5"], env=env, capture_output=True,
+                       timeout=20)
+    assert not os.path.exists(mark) and b"does not exist" in r.stderr, r  # runc, the default: neither line's
 
 
 # argvs from the words a runtime's caller uses: global and subcommand flags, values, ids
@@ -178,6 +185,7 @@ def test_the_front_parses_as_python_does(tmp_path_factory, argv):
     log = tmp / "gpuhook.log"
     cfg = tmp / "config.toml"
     cfg.write_text(f'runtime = "/bin/true"\nhost_root = "{root}"\nlog_file = "{log}"\n')
+    prime(str(cfg), str(tmp / "cache"))
     r = subprocess.run([FRONT, *argv], env={"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(cfg),
                                              "GPUHOOK_CACHE_DIR": str(tmp / "cache")},
                        cwd=tmp, capture_output=True, timeout=20)
@@ -244,7 +252,8 @@ def test_the_bundle_front_runs_its_loader_directly(tmp_path):
 
 def test_the_installed_node_config_is_read_by_the_front_alone(tmp_path):
     """The config `gpuhook install` writes (all defaults, commented) and one with every key
-    set plainly: the front reads them for sure (no Python for a pass-through)."""
+    set plainly: once Python has loaded it, the front acts on it alone (no Python for a
+    pass-through)."""
     from gpuhook.install.core import NODE_CONFIG_TEXT
 
     cfg = tmp_path / "config.toml"
@@ -252,8 +261,115 @@ def test_the_installed_node_config_is_read_by_the_front_alone(tmp_path):
     for text in (NODE_CONFIG_TEXT, 'runtime = "/bin/true"\nhost_root = "/"\nlog_file = ""\nfail_mode = "open"\n'
                  'probe_cache_ttl = 10\nshare = "all"\nnvidia_driver_root = "auto"\nldconfig = "/sbin/ldconfig"\n'):
         cfg.write_text(text)
+        prime(str(cfg), str(tmp_path / "cache"))
         env = {"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(cfg), "GPUHOOK_TEST_MARK": str(mark),
-               "GPUHOOK_PYTHON": fake_python(tmp_path)}
+               "GPUHOOK_PYTHON": fake_python(tmp_path), "GPUHOOK_CACHE_DIR": str(tmp_path / "cache")}
         r = subprocess.run([FRONT, "--root", str(tmp_path / "st"), "state", "x"], env=env, capture_output=True,
                            timeout=20)
         assert not mark.exists(), (text, r.stderr)
+
+
+# -- the node config: whatever the front decides of it, Python decides the same -------------
+
+# lines of a node config, valid and not: tomllib (config.parse) judges each file
+CONFIG_LINES = [
+    'runtime = "@RT_A@"', "runtime = '@RT_B@'", 'runtime = "@DIR@/missing"', 'runtime = ""', "runtime = 5",
+    'runtime = "rt-b"', '"runtime" = "@RT_B@"', 'runtime.x = "@RT_B@"', 'runtime = """@RT_B@"""',
+    'runtime = "@RT_\\u0041@"', 'log_file = "@LOG_A@"', "log_file = '@LOG_B@'", 'log_file = ""',
+    'host_root = "@CPU@"', 'host_root = "@GPU@"', 'host_root = "relative"', "host_root = 1",
+    'fail_mode = "closed"', 'fail_mode = "open"', 'fail_mode = "maybe"', "[table]", "[nvidia]", "[[x]]",
+    "x = 1", "x = 1979-05-27", "x = 07:32:00", "x = 0x_1", "x = 1__0", "x = +inf", "x = nan", "y = [1,",
+    'y = """', "bad key = 1", "x.y = 1", "zz = true", "zz = True", "share = \"all\"", "probe_cache_ttl = -1",
+    "probe_cache_ttl = 2.5", "# runtime = \"@RT_B@\"", "", "   ", "\t", "=", "x = 'a' 'b'", "x = 1 # c",
+]
+
+
+def _config_text(lines: list[str], tmp) -> str:
+    subst = {"@RT_A@": f"{tmp}/rt-a", "@RT_B@": f"{tmp}/bin/rt-b", "@RT_\\u0041@": f"{tmp}/rt-\\u0041",
+             "@DIR@": str(tmp), "@LOG_A@": f"{tmp}/log-a", "@LOG_B@": f"{tmp}/log-b", "@CPU@": f"{tmp}/cpu",
+             "@GPU@": f"{tmp}/gpu"}
+    text = "\n".join(lines) + "\n"
+    for k, v in subst.items():
+        text = text.replace(k, v)
+    return text
+
+
+@pytest.fixture(scope="module")
+def config_world(tmp_path_factory):
+    """Runtimes that say which one ran, a CPU-only and a GPU host, a bundle."""
+    tmp = tmp_path_factory.mktemp("world")
+    (tmp / "bin").mkdir()
+    for rt in ("rt-a", "rt-A", "bin/rt-b", "bin/runc"):
+        p = tmp / rt
+        p.write_text('#!/bin/sh\necho "$0" >> "$GPUHOOK_TEST_RAN"\n')
+        p.chmod(0o755)
+    fakehost.build(str(tmp / "cpu"), "cpu", mknod=False)
+    fakehost.build(str(tmp / "gpu"), "nvidia", mknod=False)
+    (tmp / "bundle").mkdir()
+    (tmp / "bundle" / "config.json").write_text("{}")
+    return tmp
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.lists(st.sampled_from(CONFIG_LINES), max_size=7))
+def test_the_front_decides_of_the_node_config_what_python_decides(config_world, tmp_path_factory, lines):
+    """On generated node configs (valid or not), with tomllib as the judge: the front either
+    leaves the call to Python or does what Python would, the runtime it runs, where the
+    no-GPU line goes, whether a create may skip Python, the fail mode, before and after
+    Python has left its front file."""
+    tmp, here = config_world, tmp_path_factory.mktemp("cfg")
+    cfg, cache, ran, log = here / "config.toml", here / "cache", here / "ran", tmp / "log-default"
+    text = _config_text(lines, tmp)
+    cfg.write_text(text)
+    judge, errors = config.parse(text)  # tomllib
+    path = f"{tmp}/bin:/usr/bin:/bin"
+    old_path = os.environ["PATH"]
+    os.environ["PATH"] = path
+    try:
+        want_rt = config.find_runtime(judge.runtime)
+    finally:
+        os.environ["PATH"] = old_path
+
+    def run(*args: str, python: str | None = None) -> tuple[subprocess.CompletedProcess, list[str], bool]:
+        for f in (ran, here / "python-ran"):
+            if f.exists():
+                f.unlink()
+        env = {"PATH": path, "GPUHOOK_CONFIG": str(cfg), "GPUHOOK_CACHE_DIR": str(cache), "GPUHOOK_TEST_RAN": str(ran),
+               "GPUHOOK_TEST_MARK": str(here / "python-ran"), "GPUHOOK_PYTHON": python or fake_python(here)}
+        r = subprocess.run([FRONT, "--root", str(here / "st"), *args], env=env, capture_output=True, timeout=20)
+        return r, (ran.read_text().splitlines() if ran.exists() else []), (here / "python-ran").exists()
+
+    def check_pass_through(must_decide: bool) -> None:
+        r, rts, to_python = run("state", "c1")
+        if to_python:
+            assert not must_decide, (text, "a current front file, and still Python")
+            return
+        if want_rt is None:
+            assert r.returncode == 127 and not rts and b"no real OCI runtime" in r.stderr, (text, r)
+        else:
+            assert rts == [want_rt], (text, rts, want_rt)
+
+    check_pass_through(must_decide=False)  # no front file yet: Python's, or the defaults with no file
+    prime(str(cfg), str(cache))
+    check_pass_through(must_decide=True)
+    if judge.log_file == defaults.LOG_FILE:
+        return  # a create would log in the node's own log
+    for log_file in (tmp / "log-a", tmp / "log-b"):
+        log_file.unlink(missing_ok=True)
+    r, rts, to_python = run("create", "--bundle", str(tmp / "bundle"), "c1")
+    gpu = judge.host_root == f"{tmp}/gpu"
+    if want_rt is None:
+        assert r.returncode == 127 and not to_python, (text, r)
+        return
+    # a create may skip Python only where Python would find no GPU and has no error to log
+    assert to_python == (gpu or bool(errors)), (text, to_python, errors)
+    if not to_python:
+        assert rts == [want_rt]
+        for log_file in (tmp / "log-a", tmp / "log-b"):
+            assert log_file.exists() == (judge.log_file == str(log_file)), (text, judge.log_file)
+    else:  # no Python at all: the runtime, unless the node says fail closed
+        r, rts, _ = run("create", "--bundle", str(tmp / "bundle"), "c1", python=str(here / "no-python"))
+        if judge.fail_mode == "closed":
+            assert r.returncode == 1 and rts == [], (text, r)
+        else:
+            assert rts == [want_rt], (text, r)
