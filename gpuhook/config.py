@@ -281,3 +281,29 @@ def find_runtime(name: "str | None") -> "str | None":
             if os.access(p, os.X_OK) and not os.path.isdir(p):
                 return p
     return None
+
+
+# the C front as this package ships it (setup.py builds it here; the host bundle's bin/ holds a copy)
+FRONT_BINARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runtime", "gpuhook-runtime")
+
+
+def is_front(path: str) -> bool:
+    """The runtime is gpuhook-runtime itself (its name, the front's file, or a copy of it):
+    run as the real runtime, it would run itself for ever. The C front's is_front too."""
+    if os.path.basename(path) == "gpuhook-runtime":
+        return True
+    try:
+        with open(path, "rb") as a, open(FRONT_BINARY, "rb") as b:
+            sa, sb = os.fstat(a.fileno()), os.fstat(b.fileno())
+            if os.path.samestat(sa, sb):
+                return True
+            if sa.st_size != sb.st_size or sa.st_mode & 0o170000 != 0o100000:
+                return False
+            while True:
+                x, y = a.read(1 << 16), b.read(1 << 16)
+                if x != y:
+                    return False
+                if not x:
+                    return True
+    except OSError:
+        return False

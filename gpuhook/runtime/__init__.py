@@ -401,16 +401,19 @@ def prepare(args: list[str]) -> list[str]:
     started = time.monotonic()
     STAGES = [("start", time.perf_counter())] if "GPUHOOK_STAGES" in os.environ else None
     inv = parse_args(args)
-    from ..config import find_runtime, load
+    from ..config import config_path, find_runtime, is_front, load
 
     config, config_errors = load()
     stage("config")
     real = find_runtime(config.runtime)
-    if real is None or os.path.basename(real) == "gpuhook-runtime":
+    if real is None:
         _runtime_error(
             inv,
-            f"no real OCI runtime: {config.runtime or 'runc or crun'} not found (set `runtime` in the gpuhook config)",
+            f"no real OCI runtime: {config.runtime or 'runc or crun'} not found (set `runtime` in {config_path()})",
         )
+        sys.exit(127)
+    if is_front(real):
+        _runtime_error(inv, f"the real OCI runtime {real} is gpuhook-runtime itself (set `runtime` in {config_path()})")
         sys.exit(127)
     if inv.command in EDITING_COMMANDS:
         out = Outcome()
