@@ -32,7 +32,9 @@ from ..config import is_clean_abspath
 RECORD_DIR = "exec"
 MAX_PROCESS_BYTES = 4 << 20
 MAX_RECORD_BYTES = 64 << 10
-ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_+.-")  # runc's
+# runc's: its id pattern is ^[\w+-\.]+$, where "+-\." is the range + , - . (so a comma too),
+# and neither "." nor ".." (tests/unit/test_exec_env.py asks the real runc)
+ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_+,.-")
 
 
 def runtime_root(root: str | None, runtime: str) -> str:

@@ -72,8 +72,8 @@ static const char *const SIGNS[] = {"/dev/nvidiactl", "/dev/nvidia[0-9]*", "/pro
 #define MAX_REPLY (1 << 20)
 #define SERVER_TIMEOUT_S 3 /* then Python starts here, as with no server: a wedged server costs a create 3 s */
 /* runc's container id characters (execenv.ID_CHARS); the log line's safe characters */
-#define ID_CHARS "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_+.-"
-#define LOG_SAFE_CHARS ID_CHARS ":/@=,"
+#define ID_CHARS "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_+,.-"
+#define LOG_SAFE_CHARS ID_CHARS ":/@="
 
 /* the node config, as Python decided it (the front file), or the defaults where there is none */
 struct config {

@@ -16,6 +16,7 @@ import pytest
 
 from conftest import needs_runc, wrapper_path
 from gpuhook.runtime import execenv
+from gpuhook.testing.front import prime
 from gpuhook.runtime import EXEC_VALUE_FLAGS, parse_args
 
 FRONT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "gpuhook", "runtime", "gpuhook-runtime")
@@ -70,6 +71,21 @@ def test_record_keys_by_runtime_root():
         assert execenv.record_path("/c", "/r", cid, "runc") is None, cid
 
 
+@needs_runc
+def test_the_record_key_takes_the_ids_runc_takes(tmp_path):
+    """Every printable ASCII character in an id, and ".", "..", "-": an exec record is keyed by
+    exactly the ids the real runc accepts (`runc state` of a missing container says "does not
+    exist" for an id it accepts, "invalid container ID format" for one it refuses)."""
+    ids = [f"a{chr(c)}b" for c in range(0x20, 0x7F)] + [".", "..", "-", "a", "a\u00e9b"]
+    for cid in ids:
+        r = subprocess.run(["runc", "--root", str(tmp_path / "state"), "state", cid], capture_output=True, text=True,
+                           timeout=30)
+        assert r.returncode != 0 and ("does not exist" in r.stderr or "invalid container ID" in r.stderr), r.stderr
+        runc_takes = "does not exist" in r.stderr
+        keyed = execenv.record_path(str(tmp_path / "cache"), "/run/r", cid, "runc") is not None
+        assert keyed == runc_takes, (cid, r.stderr)
+
+
 def test_set_env_replaces_and_appends():
     env = ["PATH=/bin", "GPUHOOK_ACCELERATOR=cpu"]
     assert execenv.set_env(env, ENV)
@@ -82,7 +98,7 @@ def test_set_env_replaces_and_appends():
 class Front:
     """gpuhook-runtime's front (this checkout's), a fake runtime, a cache dir, a log."""
 
-    def __init__(self, tmp_path, config_extra: str = ""):
+    def __init__(self, tmp_path, config_extra: str = "", primed: bool = True):
         self.tmp = tmp_path
         self.out = tmp_path / "out"
         self.out.mkdir()
@@ -99,6 +115,8 @@ class Front:
         host.mkdir()
         self.config.write_text(config_extra + f'runtime = "{self.runtime}"\nhost_root = "{host}"\n'
                                f'log_file = "{self.log}"\n')
+        if primed:  # as an earlier Python run leaves it: the front decides alone
+            prime(str(self.config), self.cache)
         # the Python the front starts leaves a mark: a container gpuhook did not inject never starts it
         self.python = str(bindir / "python-marked")
         with open(self.python, "w") as f:
@@ -186,7 +204,7 @@ def test_sh_front_and_python_agree_on_the_container_id(front, flag):
 
 
 def test_exec_when_only_python_can_read_the_node_config(tmp_path):
-    front = Front(tmp_path, '"y" = 2\n')  # a quoted key: the front hands everything to Python
+    front = Front(tmp_path, primed=False)  # no front file yet: the front hands everything to Python
     front.record("/r", "c1")
     p = front.process_file()
     assert front.run("--root", "/r", "exec", "-p", p, "c1").returncode == 0
@@ -276,8 +294,8 @@ def test_a_record_not_written_by_gpuhook_is_not_trusted(front):
 
 @pytest.mark.parametrize("slow", [False, True], ids=["sh", "python"])
 def test_delete_removes_the_record_once_the_state_is_gone(tmp_path, slow):
-    # a quoted key: the front cannot read the config for sure and hands everything to Python
-    front = Front(tmp_path, 'x = 1\n"y" = 2\n' if slow else "")
+    # no front file yet: the front hands everything to Python
+    front = Front(tmp_path, primed=not slow)
     state = tmp_path / "state"
     (state / "c1").mkdir(parents=True)
     rec = front.record(str(state), "c1")

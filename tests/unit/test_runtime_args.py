@@ -140,8 +140,12 @@ def test_sh_front_and_tomllib_pick_the_same_runtime(text, tmp_path, fake_runtime
 def test_sh_front_missing_runtime_is_one_clear_line(tmp_path):
     path = tmp_path / "config.toml"
     path.write_text('runtime = "/nonexistent/runc"\n')
+    from gpuhook.testing.front import prime
+
+    prime(str(path), str(tmp_path / "cache"))
     r = subprocess.run([FRONT, "state", "x"], capture_output=True, text=True,
-                       env={"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(path)})
+                       env={"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(path),
+                            "GPUHOOK_CACHE_DIR": str(tmp_path / "cache")})
     assert r.returncode == 127
     assert r.stderr.count("\n") == 1 and "no real OCI runtime" in r.stderr
 
