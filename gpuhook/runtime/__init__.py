@@ -344,7 +344,7 @@ def delete_and_forget(inv: Invocation, args: list[str], real: str) -> None:
     from ..config import cache_dir
 
     path = execenv.record_path(cache_dir(), inv.root, inv.container_id, real)
-    if path is None or not os.path.exists(path):
+    if path is None or not execenv.record_exists(path):
         return
     try:
         pid = os.posix_spawn(real, [real] + args, os.environ)

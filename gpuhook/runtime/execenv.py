@@ -13,6 +13,11 @@ nodes but not GPUHOOK_ACCELERATOR / GPUHOOK_DEVICES. So:
   --env flags;
 - at `delete`, once the runtime has no state for the container any more, the record goes.
 
+Each level (the cache dir, exec/, the root's) is made 0700 whatever the umask and, before any
+use, opened without following a link and checked: a directory of gpuhook's user, not writable
+by group or others (_open_level; the C front's open_checked). A level that is not: no record
+is written, read or removed through it.
+
 The C front (runtime/gpuhook-runtime.c) computes the same path and starts Python for exec and delete
 only when the record exists: a container gpuhook did not inject pays one file check. The key
 holds the runtime's --root (a containerd namespace has its own), so the same id under another
@@ -73,30 +78,128 @@ def state_exists(root: str | None, container_id: str, runtime: str) -> bool:
     return os.path.lexists(os.path.join(runtime_root(root, runtime), container_id))
 
 
-def write_record(path: str, env: list[str], bundle: str | None) -> None:
-    from .. import fastjson
-    from ..spec import write_atomic
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    write_atomic(path, fastjson.dumps({"env": list(env), "bundle": bundle}).encode(), 0o600, sync_dir=False, sync=False)
+
+def _open_level(name: str, parent: int | None, create: bool) -> int:
+    """One level of the record's directories: made 0700 whatever the umask (create), opened
+    without following a link, and used only when it is gpuhook's own (a directory of this
+    user, not writable by group or others). The C front's open_checked."""
+    made = False
+    if create:
+        try:
+            os.mkdir(name, 0o700, dir_fd=parent)
+            made = True
+        except FileExistsError:
+            pass
+    fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+    try:
+        if made:
+            os.fchmod(fd, 0o700)
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise PermissionError(f"{name}: not gpuhook's own (uid {st.st_uid}, mode {st.st_mode & 0o7777:o})")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _record_dir(path: str, create: bool) -> int:
+    """The checked directory of the record at `path` (<cache>/exec/<root key>/<id>), walked
+    level by level from the cache dir (whose parents are the node's)."""
+    key_dir = os.path.dirname(path)
+    exec_dir = os.path.dirname(key_dir)
+    cache = os.path.dirname(exec_dir)
+    if create:
+        os.makedirs(os.path.dirname(cache), exist_ok=True)
+    fd = _open_level(cache, None, create)
+    try:
+        for name in (os.path.basename(exec_dir), os.path.basename(key_dir)):
+            parent, fd = fd, -1
+            try:
+                fd = _open_level(name, parent, create)
+            finally:
+                os.close(parent)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        raise
+    return fd
+
+
+def write_record(path: str, env: list[str], bundle: str | None) -> None:
+    """Atomically, through the checked directories (raises OSError where one is not gpuhook's)."""
+    from .. import fastjson
+
+    data = fastjson.dumps({"env": list(env), "bundle": bundle}).encode()
+    d = _record_dir(path, create=True)
+    name = os.path.basename(path)
+    tmp = f".{name}.gpuhook-{os.getpid()}-{os.urandom(6).hex()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=d)
+        try:
+            os.fchmod(fd, 0o600)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=d, dst_dir_fd=d)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=d)
+        except OSError:
+            pass
+        raise
+    finally:
+        os.close(d)
 
 
 def remove_record(path: str) -> None:
+    """Never through a link, nor in a directory that is not gpuhook's own."""
     try:
-        os.unlink(path)
+        d = _record_dir(path, create=False)
+    except OSError:
+        return
+    try:
+        os.unlink(os.path.basename(path), dir_fd=d)
     except FileNotFoundError:
         pass
+    finally:
+        os.close(d)
+
+
+def record_exists(path: str) -> bool:
+    try:
+        d = _record_dir(path, create=False)
+    except OSError:
+        return False
+    try:
+        os.stat(os.path.basename(path), dir_fd=d, follow_symlinks=False)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(d)
 
 
 def read_record(path: str) -> list[str] | None:
     """The recorded env; None when there is none, or when it is not gpuhook's own (another
-    owner, writable by others, a link: never trusted, as the caches)."""
+    owner, writable by others, a link, in a directory that is not gpuhook's: never trusted,
+    as the caches)."""
     from .. import fastjson
 
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        d = _record_dir(path, create=False)
     except OSError:
         return None
+    try:
+        fd = os.open(os.path.basename(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=d)
+    except OSError:
+        return None
+    finally:
+        os.close(d)
     try:
         st = os.fstat(fd)
         if st.st_mode & 0o170000 != 0o100000 or st.st_uid != os.geteuid() or st.st_mode & 0o022:

@@ -333,19 +333,21 @@ static void read_config(struct config *c) {
     *c = got;
 }
 
-/* record_path: the exec record of the container (execenv.record_path: the env gpuhook added
- * at create), <cache dir>/exec/<runtime root, "/" as "%2F">/<id>; NULL when the key is not
- * a clean one */
-static char *record_path(const char *rroot, const char *id) {
-    if (!is_clean_abspath(rroot) || strchr(rroot, '%')) return NULL;
-    if (!id || !*id || !strcmp(id, ".") || !strcmp(id, "..") || id[strspn(id, ID_CHARS)]) return NULL;
-    const char *dir = cache_dir();
-    char *key = malloc(strlen(rroot) * 3 + 1), *k = key;
-    if (!key) _exit(127);
-    for (const char *r = rroot; *r; r++) k = *r == '/' ? stpcpy(k, "%2F") : (*k++ = *r, k);
-    *k = 0;
-    size_t n = strlen(dir);
-    return join(dir, n && dir[n - 1] == '/' ? "" : "/", RECORD_DIR "/", key, "/", id, NULL);
+/* record_dir: the directory of the container's exec record (execenv.record_path: the env
+ * gpuhook added at create), <cache dir>/exec/<runtime root, "/" as "%2F">, each level opened
+ * without following a link and checked (open_checked, execenv._open_level); -1 when the key is
+ * not a clean one or a level is not gpuhook's own. The record itself is the id in it. */
+static int record_dir(const char *rroot, const char *id) {
+    if (!is_clean_abspath(rroot) || strchr(rroot, '%')) return -1;
+    if (!id || !*id || !strcmp(id, ".") || !strcmp(id, "..") || id[strspn(id, ID_CHARS)]) return -1;
+    char *key = escape(rroot);
+    int cache = open_checked(AT_FDCWD, cache_dir(), 1);
+    int exec_dir = cache < 0 ? -1 : open_checked(cache, RECORD_DIR, 1);
+    int dir = exec_dir < 0 ? -1 : open_checked(exec_dir, key, 1);
+    if (cache >= 0) close(cache);
+    if (exec_dir >= 0) close(exec_dir);
+    free(key);
+    return dir;
 }
 
 /* gpu_present: is there any sign of a GPU under the host root (gpuhook.probe.SIGNS)? */
@@ -643,9 +645,9 @@ static void exec_python(int argc, char **argv, const char *dir) {
 
 /* forget_if_gone: the exec record goes once the runtime has no state for the container
  * (runc and crun: <root>/<id>; execenv.state_exists) */
-static void forget_if_gone(const char *rroot, const char *id, const char *rec) {
+static void forget_if_gone(const char *rroot, const char *id, int dir) {
     char *state = join(rroot, "/", id, NULL);
-    if (!exists(state)) unlink(rec);
+    if (!exists(state)) unlinkat(dir, id, 0);
     free(state);
 }
 
@@ -704,17 +706,23 @@ int main(int argc, char **argv) {
             if (!c.errors && !gpu_present(c.host_root ? c.host_root : "/")) {
                 /* No GPU at all: config.json stays as it is. An exec record of an earlier
                  * container of this id (not of a running one) goes; one log line; the runtime. */
-                char *rroot = runtime_root(inv.root, rt), *rec = record_path(rroot, inv.container_id);
-                if (rec && exists(rec)) forget_if_gone(rroot, inv.container_id, rec);
+                char *rroot = runtime_root(inv.root, rt);
+                int dir = record_dir(rroot, inv.container_id);
+                struct stat st;
+                if (dir >= 0 && !fstatat(dir, inv.container_id, &st, AT_SYMLINK_NOFOLLOW))
+                    forget_if_gone(rroot, inv.container_id, dir);
                 log_no_gpu(&c, &inv);
                 exec_runtime(rt, argv);
             }
         } else if (!strcmp(cmd, "exec") || !strcmp(cmd, "delete")) {
             /* exec: Python only when gpuhook injected this container (its record is there).
              * delete: the record goes once the runtime has no state for the container. */
-            char *rroot = runtime_root(inv.root, rt), *rec = record_path(rroot, inv.container_id);
+            char *rroot = runtime_root(inv.root, rt);
+            int dir = record_dir(rroot, inv.container_id);
             struct stat st;
-            if (!rec || stat(rec, &st) != 0 || (!strcmp(cmd, "exec") && !S_ISREG(st.st_mode))) exec_runtime(rt, argv);
+            if (dir < 0 || fstatat(dir, inv.container_id, &st, AT_SYMLINK_NOFOLLOW) ||
+                (!strcmp(cmd, "exec") && !S_ISREG(st.st_mode)))
+                exec_runtime(rt, argv);
             if (!strcmp(cmd, "delete")) {
                 /* SIGCHLD may come ignored (then waitpid has no status to give): default while
                  * the front waits, the caller's own again in the runtime */
@@ -730,7 +738,7 @@ int main(int argc, char **argv) {
                 while ((w = waitpid(pid, &status, 0)) < 0 && errno == EINTR) {
                 }
                 if (w < 0) return 127; /* no status: never a success */
-                forget_if_gone(rroot, inv.container_id, rec);
+                forget_if_gone(rroot, inv.container_id, dir);
                 return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
             }
         } else {

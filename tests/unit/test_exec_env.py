@@ -292,6 +292,60 @@ def test_a_record_not_written_by_gpuhook_is_not_trusted(front):
     assert front.seen_env() == PROCESS["env"]
 
 
+def test_every_record_level_is_made_0700_whatever_the_umask(tmp_path):
+    """A cache dir that was there already (0755) and a umask of 000: exec/ and the root's
+    directory are 0700 all the same, the record 0600."""
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o755)
+    rec = execenv.record_path(str(cache), "/r/ns", "c1", "runc")
+    old = os.umask(0)
+    try:
+        execenv.write_record(rec, ENV, "/bundle")
+    finally:
+        os.umask(old)
+    modes = {p: stat.S_IMODE(os.stat(p).st_mode) for p in (cache / "exec", os.path.dirname(rec), rec)}
+    assert list(modes.values()) == [0o700, 0o700, 0o600], modes
+    assert execenv.read_record(rec) == ENV
+
+
+@pytest.mark.parametrize("level", ["exec", "root"])
+@pytest.mark.parametrize("kind", ["link", "group-writable", "another-owner"])
+def test_a_record_level_that_is_not_gpuhooks_is_never_used(front, tmp_path, level, kind):
+    """A level of the record's directories planted as a link to another root's (a user who
+    could write the level above), writable by others, or another user's: nothing is read,
+    written or removed through it, by Python or by the front; the other root's record stays."""
+    victim = front.record("/r/victim", "c1")
+    rec = execenv.record_path(front.cache, "/r/ns", "c1", front.runtime)
+    planted = os.path.dirname(rec) if level == "root" else os.path.dirname(os.path.dirname(rec))
+    if level == "exec":  # the whole exec/ is another directory, holding a record for /r/ns
+        other = tmp_path / "elsewhere"
+        os.rename(os.path.dirname(os.path.dirname(victim)), other)
+        os.rename(other / os.path.basename(os.path.dirname(victim)), other / os.path.basename(os.path.dirname(rec)))
+        victim = str(other / os.path.basename(os.path.dirname(rec)) / "c1")
+        target = str(other)
+    else:
+        target = os.path.dirname(victim)
+    if kind == "link":
+        os.symlink(target, planted)
+    else:
+        os.rename(target, planted)
+        victim = rec
+        if kind == "group-writable":
+            os.chmod(planted, 0o770)
+        else:
+            os.chown(planted, 65534, 65534)
+    before = open(victim, "rb").read()
+    p = front.process_file()
+    assert front.run("--root", "/r/ns", "exec", "-p", p, "c1").returncode == 0
+    assert front.seen_env() == PROCESS["env"] and front.python_started() == 0
+    assert execenv.read_record(rec) is None and not execenv.record_exists(rec)
+    execenv.remove_record(rec)
+    assert front.run("--root", "/r/ns", "delete", "c1").returncode == 0
+    with pytest.raises(OSError):
+        execenv.write_record(rec, ["GPUHOOK_ACCELERATOR=other"], "/b")
+    assert open(victim, "rb").read() == before, "written or removed through a level that is not gpuhook's"
+
+
 @pytest.mark.parametrize("slow", [False, True], ids=["sh", "python"])
 def test_delete_removes_the_record_once_the_state_is_gone(tmp_path, slow):
     # no front file yet: the front hands everything to Python
