@@ -81,11 +81,14 @@ def stage(name: str) -> None:
 class Invocation:
     """command: the subcommand. bundle: create/run's. container_id: create/run/exec/delete's.
     root, log, log_format: the global flags (None when absent). process: exec's --process
-    file; exec_at: the index in argv of the exec subcommand itself."""
+    file; exec_at: the index in argv of the exec subcommand itself. detach: run's --detach/-d
+    (a Go bool flag: bare, or =true/=false and the other forms strconv.ParseBool takes)."""
 
-    __slots__ = ("command", "bundle", "container_id", "log", "log_format", "root", "process", "exec_at")
+    __slots__ = ("command", "bundle", "container_id", "log", "log_format", "root", "process", "exec_at", "detach")
 
-    def __init__(self, command, bundle, container_id, log, log_format, root=None, process=None, exec_at=None):
+    def __init__(
+        self, command, bundle, container_id, log, log_format, root=None, process=None, exec_at=None, detach=False
+    ):
         self.command = command
         self.bundle = bundle
         self.container_id = container_id
@@ -94,6 +97,7 @@ class Invocation:
         self.root = root
         self.process = process
         self.exec_at = exec_at
+        self.detach = detach
 
 
 def _flag(arg: str) -> tuple[str, str | None]:
@@ -136,6 +140,7 @@ def parse_args(argv: list[str]) -> Invocation:
         exec_at = i
         i += 1
     bundle = container_id = None
+    detach = False
     value_flags = VALUE_FLAGS.get(command) if command is not None else None
     if value_flags is not None:
         rest_positional = []
@@ -153,6 +158,8 @@ def parse_args(argv: list[str]) -> Invocation:
                     bundle = value
                 elif name in ("process", "p") and command == "exec":
                     process = value
+                elif name in ("detach", "d") and command == "run":
+                    detach = value is None or value in ("1", "t", "T", "TRUE", "true", "True")
             else:
                 rest_positional.append(arg)
                 if command == "exec":  # the process's own argv follows: never read as flags
@@ -165,7 +172,7 @@ def parse_args(argv: list[str]) -> Invocation:
         elif not bundle.startswith("/"):
             bundle = os.path.join(os.getcwd(), bundle)
     return Invocation(
-        command, bundle, container_id, log, log_format, root, process, exec_at if command == "exec" else None
+        command, bundle, container_id, log, log_format, root, process, exec_at if command == "exec" else None, detach
     )
 
 
@@ -302,8 +309,10 @@ def record_exec_env(inv: Invocation, out: Outcome, real: str) -> None:
             return
         if execenv.state_exists(inv.root, inv.container_id, real):
             return  # that id is taken: the runtime refuses this create, the record is the running container's
-        if out.decision == "injected" and out.env:
-            execenv.write_record(path, out.env, inv.bundle)
+        # `run` in the foreground: the runtime removes the container itself, no `delete` comes,
+        # so no record (it would outlive the container)
+        if out.decision == "injected" and out.env and (inv.command == "create" or inv.detach):
+            execenv.write_record(path, out.env, inv.bundle, execenv.config_identity(inv.bundle))
         else:
             execenv.remove_record(path)
     except (OSError, ValueError) as e:

@@ -128,11 +128,27 @@ def _record_dir(path: str, create: bool) -> int:
     return fd
 
 
-def write_record(path: str, env: list[str], bundle: str | None) -> None:
-    """Atomically, through the checked directories (raises OSError where one is not gpuhook's)."""
+def config_identity(bundle: str) -> str | None:
+    """<bundle>/config.json as gpuhook left it: device, inode, size, mtime, ctime (None: none)."""
+    try:
+        st = os.stat(os.path.join(bundle, "config.json"), follow_symlinks=False)
+    except (OSError, ValueError):
+        return None
+    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+
+def write_record(
+    path: str, env: list[str], bundle: str | None, config: str | None = None, created: str | None = None
+) -> None:
+    """Atomically, through the checked directories (raises OSError where one is not gpuhook's).
+    bundle and config (config_identity) name the container instance the record is for;
+    created, once known, the runtime's own creation time of it (instance_of)."""
     from .. import fastjson
 
-    data = fastjson.dumps({"env": list(env), "bundle": bundle}).encode()
+    record = {"env": list(env), "bundle": bundle, "config": config}
+    if created is not None:
+        record["created"] = created
+    data = fastjson.dumps(record).encode()
     d = _record_dir(path, create=True)
     name = os.path.basename(path)
     tmp = f".{name}.gpuhook-{os.getpid()}-{os.urandom(6).hex()}.tmp"
@@ -188,6 +204,12 @@ def read_record(path: str) -> list[str] | None:
     """The recorded env; None when there is none, or when it is not gpuhook's own (another
     owner, writable by others, a link, in a directory that is not gpuhook's: never trusted,
     as the caches)."""
+    record = read_record_data(path)
+    return record["env"] if record else None
+
+
+def read_record_data(path: str) -> dict | None:
+    """The whole record (env, bundle, config, created), on read_record's terms."""
     from .. import fastjson
 
     try:
@@ -208,7 +230,7 @@ def read_record(path: str) -> list[str] | None:
         env = data["env"]
         if not isinstance(env, list) or not all(isinstance(e, str) and "=" in e for e in env):
             return None
-        return env
+        return data
     except (OSError, ValueError, KeyError, TypeError):
         return None
     finally:
@@ -294,12 +316,79 @@ def env_flags(argv: list[str], exec_at: int, added: list[str]) -> list[str]:
     return argv[: exec_at + 1] + flags + argv[exec_at + 1 :]
 
 
+def instance_of(root: str | None, container_id: str, runtime: str) -> dict | None:
+    """What the runtime itself wrote of the container now under this id: its bundle and its
+    creation time (runc: <root>/<id>/state.json, the label bundle=..., created; crun:
+    <root>/<id>/status, bundle, created). None: no state at all (no such container). Raises
+    ValueError or OSError where the state is there but not to be read."""
+    from .. import fastjson
+
+    state = os.path.join(runtime_root(root, runtime), container_id)
+    if not os.path.lexists(state):
+        return None
+    for name in ("state.json", "status"):
+        try:
+            fd = os.open(os.path.join(state, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except FileNotFoundError:
+            continue
+        try:
+            data = fastjson.loads(os.read(fd, MAX_PROCESS_BYTES))
+        finally:
+            os.close(fd)
+        if not isinstance(data, dict):
+            raise ValueError(f"{name} is not a JSON object")
+        bundle = data.get("bundle")
+        labels = (data.get("config") or {}).get("labels") if isinstance(data.get("config"), dict) else None
+        for label in labels if isinstance(labels, list) else ():
+            if isinstance(label, str) and label.startswith("bundle="):
+                bundle = label[len("bundle=") :]
+        created = data.get("created")
+        if not isinstance(bundle, str) or not isinstance(created, str):
+            raise ValueError(f"{name} names no bundle or creation time")
+        return {"bundle": bundle, "created": created}
+    raise ValueError("no state.json or status")
+
+
+def _same_dir(a: str, b: object) -> bool:
+    """One directory (runc names the bundle with its links resolved)."""
+    try:
+        return isinstance(b, str) and os.path.samestat(os.stat(a), os.stat(b))
+    except (OSError, ValueError):
+        return False
+
+
+def _for_this_instance(path: str, record: dict, inv, runtime: str) -> str | None:
+    """None when the record was made for the container now under this id and root (its
+    bundle, the config.json gpuhook wrote there, and, once bound, the runtime's creation
+    time are the record's); else why not. An unbound record is bound at its first use."""
+    try:
+        now = instance_of(inv.root, inv.container_id, runtime)
+    except (OSError, ValueError) as e:
+        return f"the runtime's state of {inv.container_id} cannot be read ({e}): exec record not used"
+    if (
+        now is None
+        or not _same_dir(now["bundle"], record.get("bundle"))
+        or record.get("config") is None
+        or config_identity(record["bundle"]) != record["config"]
+        or record.get("created", now["created"]) != now["created"]
+    ):
+        remove_record(path)
+        return f"exec record of an earlier container {inv.container_id} removed, not used"
+    if "created" not in record:
+        write_record(path, record["env"], record["bundle"], record["config"], now["created"])
+    return None
+
+
 def on_exec(inv, argv: list[str], runtime: str, cache_dir: str) -> tuple[list[str], str | None]:
     """(the argv to exec the runtime with, why nothing was added or None)."""
     path = record_path(cache_dir, inv.root, inv.container_id, runtime)
-    added = read_record(path) if path else None
-    if not added:
+    record = read_record_data(path) if path else None
+    if path is None or not record or not record["env"]:
         return argv, None
+    why = _for_this_instance(path, record, inv, runtime)
+    if why:
+        return argv, why
+    added = record["env"]
     if inv.process is None:
         return env_flags(argv, inv.exec_at, added), None
     return argv, edit_process_file(inv.process, added)

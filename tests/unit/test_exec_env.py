@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -86,6 +87,57 @@ def test_the_record_key_takes_the_ids_runc_takes(tmp_path):
         assert keyed == runc_takes, (cid, r.stderr)
 
 
+@pytest.mark.parametrize("argv, detach", [
+    (["run", "--bundle", "/b", "c1"], False),
+    (["run", "-d", "--bundle", "/b", "c1"], True),
+    (["run", "--detach", "c1"], True),
+    (["run", "-detach=true", "c1"], True),
+    (["run", "--detach=false", "c1"], False),
+    (["run", "--detach=1", "c1"], True),
+    (["--root", "/r", "run", "c1", "-d"], True),
+    (["create", "-d", "c1"], False),  # only run's: create always detaches
+])
+def test_parse_run_detach(argv, detach):
+    assert parse_args(argv).detach is detach
+
+
+@pytest.mark.parametrize("change", ["no-state", "another-bundle", "config-rewritten", "recreated"])
+def test_a_record_is_used_only_for_the_instance_it_was_made_for(front, tmp_path, change):
+    """The same id and root, but not the container gpuhook injected: gone (no state), made
+    from another bundle, from a config.json rewritten since (another create, without gpuhook),
+    or created again after the record was first used (runc's `created`). The exec gets no
+    env, the record goes, one log line says why."""
+    root = front.root("r")
+    rec = front.record(root, "c1")
+    bundle = json.loads(open(os.path.join(root, "c1", "state.json")).read())["config"]["labels"][0][len("bundle="):]
+    p = front.process_file()
+    assert front.run("--root", root, "exec", "-p", p, "c1").returncode == 0
+    assert front.seen_env() == ["PATH=/bin", "GPUHOOK_ACCELERATOR=nvidia", ENV[1]]  # the instance it was made for
+    state = os.path.join(root, "c1", "state.json")
+    if change == "no-state":
+        shutil.rmtree(os.path.join(root, "c1"))
+    elif change == "another-bundle":
+        other = tmp_path / "other-bundle"
+        other.mkdir()
+        (other / "config.json").write_text("{}")
+        with open(state, "w") as f:
+            json.dump({"created": "2026-12-01T19:00:00Z", "config": {"labels": [f"bundle={other}"]}}, f)
+    elif change == "config-rewritten":
+        tmp = os.path.join(bundle, "config.json.new")
+        with open(tmp, "w") as f:
+            f.write("{}")
+        os.rename(tmp, os.path.join(bundle, "config.json"))
+    else:
+        with open(state, "w") as f:
+            json.dump({"created": "2026-12-01T19:00:00Z", "config": {"labels": [f"bundle={bundle}"]}}, f)
+    p = front.process_file()
+    assert front.run("--root", root, "exec", "-p", p, "c1").returncode == 0
+    assert front.seen_env() == PROCESS["env"]
+    assert not os.path.exists(rec)
+    (line,) = front.log_lines()
+    assert line["event"] == "exec" and "earlier container c1" in line["error"], line
+
+
 def test_set_env_replaces_and_appends():
     env = ["PATH=/bin", "GPUHOOK_ACCELERATOR=cpu"]
     assert execenv.set_env(env, ENV)
@@ -104,7 +156,8 @@ class Front:
         self.out.mkdir()
         bindir = tmp_path / "bin"
         bindir.mkdir()
-        self.runtime = str(bindir / "runc")
+        # its default root is /run/<its name>: a name of this run's own
+        self.runtime = str(bindir / f"runc-gpuhook-test-{os.getpid()}")
         with open(self.runtime, "w") as f:
             f.write(FAKE_RUNTIME.replace("@OUT@", str(self.out)))
         os.chmod(self.runtime, 0o755)
@@ -127,10 +180,28 @@ class Front:
         p = self.tmp / "python-started"
         return len(p.read_text().splitlines()) if p.exists() else 0
 
-    def record(self, root, cid, env=ENV) -> str:
+    def root(self, name: str) -> str:
+        """A runtime root of this test's own."""
+        return str(self.tmp / "roots" / name)
+
+    def record(self, root, cid, env=ENV, instance: bool = True) -> str:
+        """The record of a container gpuhook injected: its bundle, and (instance) the state the
+        runtime wrote of it, as runc does (state.json: the bundle label, its creation time)."""
         path = execenv.record_path(self.cache, root, cid, self.runtime)
-        execenv.write_record(path, env, "/bundle")
+        bundle = self.tmp / "bundles" / path.replace("/", "_")
+        bundle.mkdir(parents=True, exist_ok=True)
+        (bundle / "config.json").write_text("{}")
+        if instance:
+            state = os.path.join(execenv.runtime_root(root, self.runtime), cid)
+            os.makedirs(state, exist_ok=True)
+            with open(os.path.join(state, "state.json"), "w") as f:
+                json.dump({"id": cid, "created": "2026-12-01T18:28:07.710911314Z",
+                           "config": {"labels": [f"bundle={bundle}"]}}, f)
+        execenv.write_record(path, env, str(bundle), execenv.config_identity(str(bundle)))
         return path
+
+    def close(self) -> None:
+        shutil.rmtree(execenv.runtime_root(None, self.runtime), ignore_errors=True)  # /run/<its name>
 
     def process_file(self, name="runc-process1", process=PROCESS) -> str:
         p = self.tmp / name
@@ -158,7 +229,9 @@ class Front:
 
 @pytest.fixture
 def front(tmp_path):
-    return Front(tmp_path)
+    f = Front(tmp_path)
+    yield f
+    f.close()
 
 
 @pytest.mark.parametrize("form", ["shim", "equals", "relative-root", "no-root"])
@@ -166,19 +239,19 @@ def test_exec_of_an_injected_container_gets_the_recorded_env(front, form, tmp_pa
     p = front.process_file()
     cwd = None
     if form == "shim":
-        front.record("/run/containerd/runc/k8s.io", "c1")
-        argv = ["--root", "/run/containerd/runc/k8s.io", "--log", str(tmp_path / "l.json"), "--log-format", "json",
+        front.record(front.root("run/containerd/runc/k8s.io"), "c1")
+        argv = ["--root", front.root("run/containerd/runc/k8s.io"), "--log", str(tmp_path / "l.json"), "--log-format", "json",
                 "exec", "--process", p, "--detach", "--pid-file", str(tmp_path / "x.pid"), "c1"]
     elif form == "equals":
-        front.record("/r/ns", "c1")
-        argv = ["--systemd-cgroup", "--root=/r/ns", "exec", "--console-socket", "/s", f"--process={p}", "c1"]
+        front.record(front.root("r/ns"), "c1")
+        argv = ["--systemd-cgroup", f"--root={front.root('r/ns')}", "exec", "--console-socket", "/s", f"--process={p}", "c1"]
     elif form == "relative-root":
         (tmp_path / "state").mkdir()
         cwd = str(tmp_path)
         front.record(str(tmp_path / "state"), "c1")
         argv = ["--root", "state", "exec", "-p", p, "c1"]
     else:
-        front.record(None, "c1")  # the runtime's default root, /run/runc
+        front.record(None, "c1")  # the runtime's default root, /run/<its name>
         argv = ["exec", "-p", p, "-d", "c1"]
     r = front.run(*argv, cwd=cwd)
     assert r.returncode == 0, r.stderr
@@ -192,11 +265,12 @@ def test_exec_of_an_injected_container_gets_the_recorded_env(front, form, tmp_pa
 def test_sh_front_and_python_agree_on_the_container_id(front, flag):
     """Every exec flag that takes a value, with a value that looks like a container id: the
     front finds the record of the real id (it starts Python), as parse_args does."""
-    front.record("/r", "c1")
+    front.record(front.root("r"), "c1")
     dash = "-" if len(flag) == 1 else "--"
-    for argv in (["--root", "/r", "exec", f"{dash}{flag}", "decoy", "c1", "true"],
-                 ["--root", "/r", "exec", f"-{flag}", "decoy", "c1", "true"],
-                 ["--root", "/r", "exec", f"--{flag}=decoy", "c1", "true"]):
+    r = front.root("r")
+    for argv in (["--root", r, "exec", f"{dash}{flag}", "decoy", "c1", "true"],
+                 ["--root", r, "exec", f"-{flag}", "decoy", "c1", "true"],
+                 ["--root", r, "exec", f"--{flag}=decoy", "c1", "true"]):
         assert parse_args(argv).container_id == "c1"
         started = front.python_started()
         assert front.run(*argv).returncode == 0
@@ -205,29 +279,29 @@ def test_sh_front_and_python_agree_on_the_container_id(front, flag):
 
 def test_exec_when_only_python_can_read_the_node_config(tmp_path):
     front = Front(tmp_path, primed=False)  # no front file yet: the front hands everything to Python
-    front.record("/r", "c1")
+    front.record(front.root("r"), "c1")
     p = front.process_file()
-    assert front.run("--root", "/r", "exec", "-p", p, "c1").returncode == 0
+    assert front.run("--root", front.root("r"), "exec", "-p", p, "c1").returncode == 0
     assert front.seen_env() == ["PATH=/bin", "GPUHOOK_ACCELERATOR=nvidia", ENV[1]]
     p = front.process_file()
-    assert front.run("--root", "/r", "exec", "-p", p, "c2").returncode == 0
+    assert front.run("--root", front.root("r"), "exec", "-p", p, "c2").returncode == 0
     assert front.seen_env() == PROCESS["env"]
 
 
 def test_exec_without_process_file_gets_env_flags(front):
-    front.record("/r", "c1")
-    r = front.run("--root", "/r", "exec", "-t", "c1", "sh", "-c", "env")
+    front.record(front.root("r"), "c1")
+    r = front.run("--root", front.root("r"), "exec", "-t", "c1", "sh", "-c", "env")
     assert r.returncode == 0, r.stderr
-    assert front.seen_argv() == ["--root", "/r", "exec", "--env", ENV[0], "--env", ENV[1], "-t", "c1", "sh", "-c", "env"]
+    assert front.seen_argv() == ["--root", front.root("r"), "exec", "--env", ENV[0], "--env", ENV[1], "-t", "c1", "sh", "-c", "env"]
 
 
-@pytest.mark.parametrize("root, cid", [("/r/other-namespace", "c1"), ("/r/ns", "c2"), (None, "c1")])
+@pytest.mark.parametrize("root, cid", [("r/other-namespace", "c1"), ("r/ns", "c2"), (None, "c1")])
 def test_exec_of_a_container_gpuhook_did_not_inject_is_a_file_check(front, root, cid):
     """The same id under another runtime root (another containerd namespace) is another
     container: no env, and no Python started at all."""
-    front.record("/r/ns", "c1")
+    front.record(front.root("r/ns"), "c1")
     p = front.process_file()
-    argv = (["--root", root] if root else []) + ["exec", "--process", p, cid]
+    argv = (["--root", front.root(root)] if root else []) + ["exec", "--process", p, cid]
     r = front.run(*argv)
     assert r.returncode == 0, r.stderr
     assert front.seen_argv() == argv and front.seen_env() == PROCESS["env"]
@@ -269,9 +343,9 @@ def _bad(kind: str, tmp_path) -> tuple[str, bytes | None]:
 @pytest.mark.parametrize("kind", ["symlink", "hardlink", "fifo", "directory", "missing", "huge", "not-json",
                                   "not-an-object", "duplicate-keys", "env-not-a-list", "env-not-strings", "deep"])
 def test_an_odd_process_file_is_left_alone_and_the_exec_goes_on(front, kind, tmp_path):
-    front.record("/r", "c1")
+    front.record(front.root("r"), "c1")
     path, before = _bad(kind, tmp_path)
-    argv = ["--root", "/r", "exec", "--process", path, "-d", "c1"]
+    argv = ["--root", front.root("r"), "exec", "--process", path, "-d", "c1"]
     r = front.run(*argv)
     assert r.returncode == 0, r.stderr
     assert front.seen_argv() == argv and "Traceback" not in r.stderr
@@ -285,10 +359,10 @@ def test_an_odd_process_file_is_left_alone_and_the_exec_goes_on(front, kind, tmp
 
 
 def test_a_record_not_written_by_gpuhook_is_not_trusted(front):
-    path = front.record("/r", "c1")
+    path = front.record(front.root("r"), "c1")
     os.chmod(path, 0o666)
     p = front.process_file()
-    assert front.run("--root", "/r", "exec", "-p", p, "c1").returncode == 0
+    assert front.run("--root", front.root("r"), "exec", "-p", p, "c1").returncode == 0
     assert front.seen_env() == PROCESS["env"]
 
 
@@ -314,8 +388,8 @@ def test_a_record_level_that_is_not_gpuhooks_is_never_used(front, tmp_path, leve
     """A level of the record's directories planted as a link to another root's (a user who
     could write the level above), writable by others, or another user's: nothing is read,
     written or removed through it, by Python or by the front; the other root's record stays."""
-    victim = front.record("/r/victim", "c1")
-    rec = execenv.record_path(front.cache, "/r/ns", "c1", front.runtime)
+    victim = front.record(front.root("r/victim"), "c1")
+    rec = execenv.record_path(front.cache, front.root("r/ns"), "c1", front.runtime)
     planted = os.path.dirname(rec) if level == "root" else os.path.dirname(os.path.dirname(rec))
     if level == "exec":  # the whole exec/ is another directory, holding a record for /r/ns
         other = tmp_path / "elsewhere"
@@ -336,11 +410,11 @@ def test_a_record_level_that_is_not_gpuhooks_is_never_used(front, tmp_path, leve
             os.chown(planted, 65534, 65534)
     before = open(victim, "rb").read()
     p = front.process_file()
-    assert front.run("--root", "/r/ns", "exec", "-p", p, "c1").returncode == 0
+    assert front.run("--root", front.root("r/ns"), "exec", "-p", p, "c1").returncode == 0
     assert front.seen_env() == PROCESS["env"] and front.python_started() == 0
     assert execenv.read_record(rec) is None and not execenv.record_exists(rec)
     execenv.remove_record(rec)
-    assert front.run("--root", "/r/ns", "delete", "c1").returncode == 0
+    assert front.run("--root", front.root("r/ns"), "delete", "c1").returncode == 0
     with pytest.raises(OSError):
         execenv.write_record(rec, ["GPUHOOK_ACCELERATOR=other"], "/b")
     assert open(victim, "rb").read() == before, "written or removed through a level that is not gpuhook's"
@@ -352,7 +426,7 @@ def test_delete_removes_the_record_once_the_state_is_gone(tmp_path, slow):
     front = Front(tmp_path, primed=not slow)
     state = tmp_path / "state"
     (state / "c1").mkdir(parents=True)
-    rec = front.record(str(state), "c1")
+    rec = front.record(str(state), "c1", instance=False)
     (front.out / "fail").write_text("")
     r = front.run("--root", str(state), "delete", "c1")
     assert r.returncode == 3 and os.path.exists(rec)  # the runtime refused: the container and its record stay
@@ -366,7 +440,7 @@ def test_delete_removes_the_record_once_the_state_is_gone(tmp_path, slow):
 def test_create_without_injection_removes_a_stale_record_of_the_same_id(front, tmp_path):
     state = tmp_path / "state"
     state.mkdir()
-    rec = front.record(str(state), "c1")
+    rec = front.record(str(state), "c1", instance=False)
     bundle = tmp_path / "bundle"
     bundle.mkdir()
     (bundle / "config.json").write_text('{"ociVersion": "1.0.2"}')
@@ -402,6 +476,27 @@ def test_create_that_injects_writes_the_record(tmp_path, make_host):
     assert front.run("--root", str(state), "create", "--bundle", str(bundle), "c1").returncode == 0
     assert not os.path.exists(rec)
     assert [line["decision"] for line in front.log_lines()] == ["injected", "declined"]
+
+
+@pytest.mark.parametrize("argv, recorded", [(["run", "-d"], True), (["run"], False), (["create"], True)])
+def test_run_in_the_foreground_leaves_no_record(tmp_path, make_host, argv, recorded):
+    """`run` without --detach: the runtime removes the container itself and no `delete`
+    comes, so no record is written (it would outlive the container); an old one goes."""
+    host = make_host("nvidia", mknod=False, gpus=1, libs=False)
+    front = Front(tmp_path)
+    front.config.write_text(f'runtime = "{front.runtime}"\nhost_root = "{host}"\nlog_file = "{front.log}"\n')
+    state = tmp_path / "state"
+    old = front.record(str(state), "c1", instance=False)
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "config.json").write_text('{"ociVersion": "1.0.2", "root": {"path": "rootfs"}, '
+                                        '"process": {"env": ["PATH=/bin"]}}')
+    r = front.run("--root", str(state), *argv, "--bundle", str(bundle), "c1")
+    assert r.returncode == 0, r.stderr
+    assert [line["decision"] for line in front.log_lines()] == ["injected"]
+    assert os.path.exists(old) == recorded
+    if recorded:
+        assert execenv.read_record_data(old)["bundle"] == str(bundle)
 
 
 # -- real runc: exec as containerd's shim does it --------------------------------------------
@@ -455,6 +550,49 @@ def test_runc_exec_into_an_injected_container_sees_gpuhook_env(make_host, runtim
 
 
 @needs_runc
+def test_a_later_container_of_the_same_id_made_without_gpuhook_gets_no_env(make_host, runtime, tmp_path):
+    """`run` in the foreground through gpuhook (runc removes the container itself), then a
+    container of the same id and root made with plain runc from another bundle: an exec
+    through gpuhook adds nothing of the first one's env. And a record made for an instance
+    that plain runc then replaced (same id, same bundle, a config.json written anew) is not
+    used either."""
+    rt = runtime(make_host("nvidia", mknod=True))
+    wrapper = wrapper_path()
+    cache = rt.env["GPUHOOK_CACHE_DIR"]
+    b = rt.bundle("b", ["true"])
+    r = rt.run(b, "again")
+    assert r.returncode == 0, r.stderr
+    assert rt.log_records()[-1]["decision"] == "injected"
+    rec = execenv.record_path(cache, rt.state, "again", "/usr/sbin/runc")
+    assert not os.path.exists(rec), "a foreground run left its exec record"
+    plain = rt.bundle("plain", ["sleep", "600"])
+    for step in (["create", "--bundle", plain, "again"], ["start", "again"]):
+        subprocess.run(["runc", "--root", rt.state, *step], check=True, timeout=30, stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    r = _exec(wrapper, rt.state, rt.env, "again", tmp_path, "echo accel=${GPUHOOK_ACCELERATOR:-none}")
+    assert r.returncode == 0 and r.stdout.split() == ["accel=none"], (r.stdout, r.stderr)
+    subprocess.run(["runc", "--root", rt.state, "delete", "--force", "again"], check=True, timeout=30)
+    # injected by gpuhook, deleted by plain runc (no record removed), made again by plain runc
+    rt.ids.append("again")
+    b2 = rt.bundle("b2", ["sleep", "600"])
+    start(wrapper, rt, b2, "again", tmp_path)
+    assert os.path.exists(rec)
+    subprocess.run(["runc", "--root", rt.state, "delete", "--force", "again"], check=True, timeout=30)
+    with open(os.path.join(b2, "config.json")) as f:
+        spec = json.load(f)
+    spec["process"]["env"] = [e for e in spec["process"]["env"] if not e.startswith("GPUHOOK_")]
+    with open(os.path.join(b2, "config.json.new"), "w") as f:
+        json.dump(spec, f)
+    os.rename(os.path.join(b2, "config.json.new"), os.path.join(b2, "config.json"))
+    for step in (["create", "--bundle", b2, "again"], ["start", "again"]):
+        subprocess.run(["runc", "--root", rt.state, *step], check=True, timeout=30, stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    r = _exec(wrapper, rt.state, rt.env, "again", tmp_path, "echo accel=${GPUHOOK_ACCELERATOR:-none}")
+    assert r.returncode == 0 and r.stdout.split() == ["accel=none"], (r.stdout, r.stderr)
+    assert not os.path.exists(rec)
+
+
+@needs_runc
 def test_runc_exec_into_a_cpu_only_container_is_untouched(make_host, runtime, tmp_path):
     rt = runtime(make_host("cpu"))
     wrapper = wrapper_path()
@@ -474,7 +612,7 @@ def test_delete_says_the_runtimes_failure_even_with_sigchld_ignored(tmp_path):
     front = Front(tmp_path)
     state = tmp_path / "state"
     (state / "c1").mkdir(parents=True)
-    rec = front.record(str(state), "c1")
+    rec = front.record(str(state), "c1", instance=False)
     (front.out / "fail").write_text("")
     r = subprocess.run([FRONT, "--root", str(state), "delete", "c1"], capture_output=True, text=True, timeout=30,
                        env={"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(front.config),
