@@ -9,7 +9,6 @@ sure (a key twice) left to Python."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -318,7 +317,7 @@ def test_the_front_decides_of_the_node_config_what_python_decides(config_world, 
     no-GPU line goes, whether a create may skip Python, the fail mode, before and after
     Python has left its front file."""
     tmp, here = config_world, tmp_path_factory.mktemp("cfg")
-    cfg, cache, ran, log = here / "config.toml", here / "cache", here / "ran", tmp / "log-default"
+    cfg, cache, ran = here / "config.toml", here / "cache", here / "ran"
     text = _config_text(lines, tmp)
     cfg.write_text(text)
     judge, errors = config.parse(text)  # tomllib
