@@ -372,3 +372,68 @@ def test_the_front_decides_of_the_node_config_what_python_decides(config_world, 
             assert r.returncode == 1 and rts == [], (text, r)
         else:
             assert rts == [want_rt], (text, r)
+
+
+@pytest.mark.parametrize("kind", ["another-owner", "group-writable", "link", "dir-of-another-owner",
+                                  "dir-group-writable", "control"])
+def test_a_front_file_not_gpuhooks_own_is_never_used(tmp_path, kind):
+    """A front file naming another runtime, planted by a user who could write the cache dir:
+    another owner's, writable by others, a link to one of root's, or in a directory that is
+    not root's own: the front leaves the call to Python. Control: gpuhook's own is used."""
+    cfg, cache, mark = tmp_path / "config.toml", tmp_path / "cache", tmp_path / "python-ran"
+    evil, ran = tmp_path / "evil", tmp_path / "evil-ran"
+    evil.write_text(f"#!/bin/sh\necho ran > {ran}\n")
+    evil.chmod(0o755)
+    cfg.write_text('log_file = ""\n')
+    prime(str(cfg), str(cache))
+    front_file = tmp_path / "cache" / f"config-{str(cfg).replace('/', '%2F')}.front"
+    planted = front_file.read_bytes().replace(b"runtime=\0", f"runtime={evil}\0".encode())
+    assert planted != front_file.read_bytes()
+    target = front_file
+    if kind == "link":
+        target = tmp_path / "elsewhere.front"
+        front_file.unlink()
+        front_file.symlink_to(target)
+    target.write_bytes(planted)
+    target.chmod(0o600)
+    if kind == "another-owner":
+        os.chown(target, 65534, 65534)
+    elif kind == "group-writable":
+        target.chmod(0o620)
+    elif kind == "dir-of-another-owner":
+        os.chown(cache, 65534, 65534)
+    elif kind == "dir-group-writable":
+        cache.chmod(0o770)
+    env = {"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(cfg), "GPUHOOK_CACHE_DIR": str(cache),
+           "GPUHOOK_TEST_MARK": str(mark), "GPUHOOK_PYTHON": fake_python(tmp_path)}
+    subprocess.run([FRONT, "state", "x"], env=env, capture_output=True, timeout=20)
+    assert ran.exists() == (kind == "control") and mark.exists() == (kind != "control"), kind
+
+
+def test_a_changed_config_is_pythons_until_python_has_read_it(tmp_path):
+    """The front file names the config file as it was (dev, inode, size, mtime, ctime): an
+    edit in place, of the same size, or a new file renamed over it, and the front leaves
+    every call to Python until a Python run has decided again."""
+    cfg, cache, mark = tmp_path / "config.toml", tmp_path / "cache", tmp_path / "python-ran"
+    env = {"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(cfg), "GPUHOOK_CACHE_DIR": str(cache),
+           "GPUHOOK_TEST_MARK": str(mark), "GPUHOOK_PYTHON": fake_python(tmp_path)}
+    cfg.write_text('runtime = "/bin/true"\n')
+    prime(str(cfg), str(cache))
+    for change in ("in-place", "renamed"):
+        r = subprocess.run([FRONT, "state", "x"], env=env, capture_output=True, timeout=20)
+        assert r.returncode == 0 and not mark.exists(), r
+        if change == "in-place":
+            with open(cfg, "r+") as f:
+                f.write('runtime = "/bin/tru"#\n')  # the same size: "/bin/tru" is no runtime at all
+        else:
+            (tmp_path / "new.toml").write_text('runtime = "/bin/true"\n')
+            os.rename(tmp_path / "new.toml", cfg)
+        subprocess.run([FRONT, "state", "x"], env=env, capture_output=True, timeout=20)
+        assert mark.exists(), change
+        mark.unlink()
+        prime(str(cfg), str(cache))
+        if change == "in-place":
+            r = subprocess.run([FRONT, "state", "x"], env=env, capture_output=True, timeout=20)
+            assert r.returncode == 127 and b"no real OCI runtime" in r.stderr and not mark.exists(), r
+            cfg.write_text('runtime = "/bin/true"\n')
+            prime(str(cfg), str(cache))
