@@ -138,6 +138,27 @@ def test_a_record_is_used_only_for_the_instance_it_was_made_for(front, tmp_path,
     assert line["event"] == "exec" and "earlier container c1" in line["error"], line
 
 
+def test_the_instance_is_what_runc_or_crun_wrote(tmp_path):
+    """runc's state.json (its bundle label, created) and crun's status (bundle, created, as
+    crun 1.x writes it); none at all: no such container; a state gpuhook cannot read: an error."""
+    root = tmp_path / "root"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "state.json").write_text(json.dumps({"id": "a", "created": "2026-12-01T18:28:07.710911314Z",
+                                                       "config": {"labels": ["x=y", "bundle=/b/a"]}}))
+    (root / "b").mkdir()
+    (root / "b" / "status").write_text(json.dumps({"pid": 7, "process-start-time": 263473330, "bundle": "/b/b",
+                                                   "created": "2021-08-29T14:34:52.000293421Z", "owner": "root"}))
+    (root / "c").mkdir()
+    (root / "c" / "state.json").write_text("{not json")
+    (root / "d").mkdir()
+    assert execenv.instance_of(str(root), "a", "runc") == {"bundle": "/b/a", "created": "2026-12-01T18:28:07.710911314Z"}
+    assert execenv.instance_of(str(root), "b", "crun") == {"bundle": "/b/b", "created": "2021-08-29T14:34:52.000293421Z"}
+    assert execenv.instance_of(str(root), "none", "runc") is None
+    for cid in ("c", "d"):
+        with pytest.raises(ValueError):
+            execenv.instance_of(str(root), cid, "runc")
+
+
 def test_set_env_replaces_and_appends():
     env = ["PATH=/bin", "GPUHOOK_ACCELERATOR=cpu"]
     assert execenv.set_env(env, ENV)
