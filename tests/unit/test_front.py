@@ -4,8 +4,9 @@ Its lists are compared with Python's (the global flags with runtime.GLOBAL_VALUE
 create/exec value flags, where a GPU can show up with probe.SIGNS, the exec record's key with
 execenv, the bundle's loader with install.build), its command-line parse with
 runtime.parse_args on generated argvs, and its GPU-present check with the probe on every fake
-host kind. Also: the no-GPU log line, never through a link, and a config it cannot read for
-sure (a key twice) left to Python."""
+host kind. Also: the no-GPU log line, never through a link, and the node config: the front
+parses no TOML; what it decides of it (through Python's front file) is what Python decides, on
+generated files with tomllib as the judge."""
 
 from __future__ import annotations
 

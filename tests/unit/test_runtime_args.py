@@ -1,5 +1,6 @@
 """gpuhook-runtime's command line, against every form containerd's shim and CRI-O use,
-and the front's reading of the node config against tomllib's."""
+the runtime the front and Python pick from the node config (tomllib's reading), and a
+runtime that is the wrapper itself."""
 
 from __future__ import annotations
 
