@@ -182,7 +182,9 @@ def load(path: "str | None" = None) -> "tuple[Config, list[str]]":
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        return Config(), [f"{path} is not UTF-8; defaults used"]
+        errors = [f"{path} is not UTF-8; defaults used"]
+        _front_put(key, st, Config(), errors)
+        return Config(), errors
     config, errors = parse(text)
     errors = [f"{path}: {e}" for e in errors]
     _cache_put(key, config, errors)
