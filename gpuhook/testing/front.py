@@ -20,3 +20,18 @@ def prime(config_file: str, cache_dir: str) -> None:
             del os.environ["GPUHOOK_CACHE_DIR"]
         else:
             os.environ["GPUHOOK_CACHE_DIR"] = old
+
+
+def parse_cache_file(name: str, data: bytes) -> object:
+    """A file of the cache dir, whole: JSON, or a front file (config.front_text: the magic
+    and NUL-ended NAME=VALUE fields). Raises ValueError when it is not."""
+    import json
+
+    from gpuhook.config import FRONT_MAGIC
+
+    if not name.endswith(".front"):
+        return json.loads(data)
+    fields = data.split(b"\0")
+    if fields[0] != FRONT_MAGIC.encode() or fields[-1] != b"" or not all(b"=" in f for f in fields[1:-1]):
+        raise ValueError(f"not a whole front file: {data[:120]!r}")
+    return dict(f.decode().split("=", 1) for f in fields[1:-1])
