@@ -16,7 +16,7 @@ import shutil
 import subprocess
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from conftest import FRONT, REPO, is_root, log_records
@@ -271,17 +271,38 @@ def test_the_installed_node_config_is_read_by_the_front_alone(tmp_path):
 
 # -- the node config: whatever the front decides of it, Python decides the same -------------
 
-# lines of a node config, valid and not: tomllib (config.parse) judges each file
-CONFIG_LINES = [
-    'runtime = "@RT_A@"', "runtime = '@RT_B@'", 'runtime = "@DIR@/missing"', 'runtime = ""', "runtime = 5",
-    'runtime = "rt-b"', '"runtime" = "@RT_B@"', 'runtime.x = "@RT_B@"', 'runtime = """@RT_B@"""',
-    'runtime = "@RT_\\u0041@"', 'log_file = "@LOG_A@"', "log_file = '@LOG_B@'", 'log_file = ""',
-    'host_root = "@CPU@"', 'host_root = "@GPU@"', 'host_root = "relative"', "host_root = 1",
-    'fail_mode = "closed"', 'fail_mode = "open"', 'fail_mode = "maybe"', "[table]", "[nvidia]", "[[x]]",
-    "x = 1", "x = 1979-05-27", "x = 07:32:00", "x = 0x_1", "x = 1__0", "x = +inf", "x = nan", "y = [1,",
-    'y = """', "bad key = 1", "x.y = 1", "zz = true", "zz = True", "share = \"all\"", "probe_cache_ttl = -1",
-    "probe_cache_ttl = 2.5", "# runtime = \"@RT_B@\"", "", "   ", "\t", "=", "x = 'a' 'b'", "x = 1 # c",
+# lines of a node config: tomllib (config.parse) judges each file. Plain settings (each key
+# at most once: a valid file), and lines that may make it invalid, or a key count twice, or not
+# at the top level
+SETTINGS = {
+    "runtime": ['runtime = "@RT_A@"', "runtime = '@RT_B@'", 'runtime = "@DIR@/missing"', 'runtime = ""',
+                'runtime = "rt-b"', 'runtime = "@RT_\\u0041@"'],
+    "log_file": ['log_file = "@LOG_A@"', 'log_file = "@LOG_B@"'],
+    "host_root": ['host_root = "@CPU@"', 'host_root = "@GPU@"'],
+    "fail_mode": ['fail_mode = "closed"', 'fail_mode = "open"'],
+    "others": ["x = 1", "zz = true", 'share = "all"', "probe_cache_ttl = 2.5", "x = 1 # c"],
+    "comments": ['# runtime = "@RT_B@"', ""],
+}
+ODD_LINES = [
+    "runtime = 5", '"runtime" = "@RT_B@"', 'runtime.x = "@RT_B@"', 'runtime = """@RT_B@"""', 'log_file = ""',
+    'host_root = "relative"', "host_root = 1", 'fail_mode = "maybe"', "[table]", "[nvidia]", "[[x]]",
+    "x = 1979-05-27", "x = 07:32:00", "x = 0x_1", "x = 1__0", "x = +inf", "x = nan", "y = [1,", 'y = """',
+    "bad key = 1", "x.y = 1", "zz = True", "probe_cache_ttl = -1", "   ", "\t", "=", "x = 'a' 'b'",
 ]
+
+
+@st.composite
+def node_configs(draw) -> list[str]:
+    """Plain settings in any order (a log_file one always: a valid file never logs in the
+    node's own log), and now and then odd lines among them."""
+    lines = [draw(st.sampled_from(SETTINGS["log_file"]))]
+    for key, choices in SETTINGS.items():
+        if key != "log_file" and draw(st.booleans()):
+            lines.append(draw(st.sampled_from(choices)))
+    lines = list(draw(st.permutations(lines)))
+    for odd in draw(st.lists(st.sampled_from(ODD_LINES + SETTINGS["log_file"] + SETTINGS["runtime"]), max_size=2)):
+        lines.insert(draw(st.integers(0, len(lines))), odd)
+    return lines
 
 
 def _config_text(lines: list[str], tmp) -> str:
@@ -310,8 +331,8 @@ def config_world(tmp_path_factory):
     return tmp
 
 
-@settings(max_examples=120, deadline=None)
-@given(st.lists(st.sampled_from(CONFIG_LINES), max_size=7))
+@settings(max_examples=200, deadline=None)
+@given(node_configs())
 def test_the_front_decides_of_the_node_config_what_python_decides(config_world, tmp_path_factory, lines):
     """On generated node configs (valid or not), with tomllib as the judge: the front either
     leaves the call to Python or does what Python would, the runtime it runs, where the
@@ -352,17 +373,19 @@ def test_the_front_decides_of_the_node_config_what_python_decides(config_world, 
     check_pass_through(must_decide=False)  # no front file yet: Python's, or the defaults with no file
     prime(str(cfg), str(cache))
     check_pass_through(must_decide=True)
-    if judge.log_file == defaults.LOG_FILE:
-        return  # a create would log in the node's own log
+    gpu = judge.host_root == f"{tmp}/gpu"
+    if judge.log_file == defaults.LOG_FILE and not errors and not gpu:
+        return  # the front's no-GPU line would go to the node's own log (a valid file names one)
     for log_file in (tmp / "log-a", tmp / "log-b"):
         log_file.unlink(missing_ok=True)
     r, rts, to_python = run("create", "--bundle", str(tmp / "bundle"), "c1")
-    gpu = judge.host_root == f"{tmp}/gpu"
     if want_rt is None:
         assert r.returncode == 127 and not to_python, (text, r)
         return
     # a create may skip Python only where Python would find no GPU and has no error to log
     assert to_python == (gpu or bool(errors)), (text, to_python, errors)
+    event(f"create: {'Python' if to_python else 'the front'}; config {'with' if errors else 'without'} errors; "
+          f"fail_mode {judge.fail_mode}; runtime {os.path.basename(want_rt)}")
     if not to_python:
         assert rts == [want_rt]
         for log_file in (tmp / "log-a", tmp / "log-b"):
