@@ -9,6 +9,11 @@ start. So the parsed result is cached as JSON in /run/gpuhook (GPUHOOK_CACHE_DIR
 the file's path, inode, size, mtime and ctime: the file is parsed again as soon as it
 changes, and a cache that cannot be written or read only costs the parse. `gpuhook config check` validates
 the same keys with a pydantic model (config_model.py) for humans.
+
+The C front (runtime/gpuhook-runtime.c) parses no TOML: beside the cache, each load leaves it
+the front file (front_text), what Python decided of the keys the front acts on, and the
+config file's identity (dev, inode, size, mtime, ctime) it was decided from. The front uses it
+only when it is current and gpuhook's own; otherwise it leaves every decision to Python.
 """
 
 import os
@@ -18,6 +23,11 @@ from .record import Record
 
 DEFAULT_PATH = defaults.CONFIG_FILE
 FAIL_MODES = ("open", "closed")
+# the front file: its first field, then NAME=VALUE fields, each ended by a NUL (no value holds
+# one: from_dict refuses them); FRONT_KEYS are the config's keys the front acts on
+FRONT_MAGIC = "gpuhook-front 1"
+FRONT_KEYS = ("runtime", "host_root", "log_file", "fail_mode")
+MAX_FRONT_BYTES = 16 << 10
 
 
 SHARE_MODES = ("all", "unallocated")
@@ -208,6 +218,7 @@ def load(path: "str | None" = None) -> "tuple[Config, list[str]]":
         key = [os.path.abspath(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
         cached = _cache_get(key)
         if cached is not None:
+            _front_put(key, st, *cached)
             return cached
         raw = os.read(fd, 1 << 20)
     except OSError as e:
@@ -217,10 +228,13 @@ def load(path: "str | None" = None) -> "tuple[Config, list[str]]":
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        return Config(), [f"{path} is not UTF-8; defaults used"]
+        errors = [f"{path} is not UTF-8; defaults used"]
+        _front_put(key, st, Config(), errors)
+        return Config(), errors
     config, errors = parse(text)
     errors = [f"{path}: {e}" for e in errors]
     _cache_put(key, config, errors)
+    _front_put(key, st, config, errors)
     return config, errors
 
 
@@ -258,6 +272,50 @@ def _cache_put(key: list, config: "Config", errors: "list[str]") -> None:
         pass
 
 
+def front_file(config_file: str) -> str:
+    """The front file of the config at this absolute path (the C front names it the same way)."""
+    name = config_file.replace("%", "%25").replace("/", "%2F")
+    return os.path.join(cache_dir(), f"config-{name}.front")
+
+
+def front_text(st: os.stat_result, config: "Config", errors: "list[str]") -> bytes:
+    """What the front may act on: the config file's identity as the front stats it, Python's
+    value of each FRONT_KEYS key ("" for none), and whether the file had errors (then the
+    front sends creates to Python, whose log line says why)."""
+    fields = {"config": f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"}
+    for k in FRONT_KEYS:
+        fields[k] = getattr(config, k) or ""
+    fields["errors"] = "1" if errors else "0"
+    return (FRONT_MAGIC + "\0" + "".join(f"{k}={v}\0" for k, v in fields.items())).encode()
+
+
+def _front_put(key: list, st: os.stat_result, config: "Config", errors: "list[str]") -> None:
+    """Leave the front file, unless it already says exactly this (one small read per load)."""
+    from .spec import write_atomic
+
+    path = front_file(key[0])
+    try:
+        data = front_text(st, config, errors)
+        if len(data) > MAX_FRONT_BYTES:
+            return  # the front finds none: Python decides
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            pass
+        else:
+            try:
+                st_front = os.fstat(fd)
+                ours = st_front.st_uid == os.geteuid() and not st_front.st_mode & 0o022
+                if ours and os.read(fd, MAX_FRONT_BYTES + 1) == data:
+                    return
+            finally:
+                os.close(fd)
+        os.makedirs(cache_dir(), mode=0o700, exist_ok=True)
+        write_atomic(path, data, 0o600, sync_dir=False)
+    except (OSError, ValueError, UnicodeError):
+        pass
+
+
 def find_runtime(name: "str | None") -> "str | None":
     """The real runtime's path: `name` (a path, or a name on PATH), else runc, else crun."""
     candidates = [name] if name else ["runc", "crun"]
@@ -271,3 +329,29 @@ def find_runtime(name: "str | None") -> "str | None":
             if os.access(p, os.X_OK) and not os.path.isdir(p):
                 return p
     return None
+
+
+# the C front as this package ships it (setup.py builds it here; the host bundle's bin/ holds a copy)
+FRONT_BINARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runtime", "gpuhook-runtime")
+
+
+def is_front(path: str) -> bool:
+    """The runtime is gpuhook-runtime itself (its name, the front's file, or a copy of it):
+    run as the real runtime, it would run itself for ever. The C front's is_front too."""
+    if os.path.basename(path) == "gpuhook-runtime":
+        return True
+    try:
+        with open(path, "rb") as a, open(FRONT_BINARY, "rb") as b:
+            sa, sb = os.fstat(a.fileno()), os.fstat(b.fileno())
+            if os.path.samestat(sa, sb):
+                return True
+            if sa.st_size != sb.st_size or sa.st_mode & 0o170000 != 0o100000:
+                return False
+            while True:
+                x, y = a.read(1 << 16), b.read(1 << 16)
+                if x != y:
+                    return False
+                if not x:
+                    return True
+    except OSError:
+        return False

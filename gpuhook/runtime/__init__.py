@@ -85,11 +85,14 @@ def stage(name: str) -> None:
 class Invocation:
     """command: the subcommand. bundle: create/run's. container_id: create/run/exec/delete's.
     root, log, log_format: the global flags (None when absent). process: exec's --process
-    file; exec_at: the index in argv of the exec subcommand itself."""
+    file; exec_at: the index in argv of the exec subcommand itself. detach: run's --detach/-d
+    (a Go bool flag: bare, or =true/=false and the other forms strconv.ParseBool takes)."""
 
-    __slots__ = ("command", "bundle", "container_id", "log", "log_format", "root", "process", "exec_at")
+    __slots__ = ("command", "bundle", "container_id", "log", "log_format", "root", "process", "exec_at", "detach")
 
-    def __init__(self, command, bundle, container_id, log, log_format, root=None, process=None, exec_at=None):
+    def __init__(
+        self, command, bundle, container_id, log, log_format, root=None, process=None, exec_at=None, detach=False
+    ):
         self.command = command
         self.bundle = bundle
         self.container_id = container_id
@@ -98,6 +101,7 @@ class Invocation:
         self.root = root
         self.process = process
         self.exec_at = exec_at
+        self.detach = detach
 
 
 def _flag(arg: str) -> tuple[str, str | None]:
@@ -140,6 +144,7 @@ def parse_args(argv: list[str]) -> Invocation:
         exec_at = i
         i += 1
     bundle = container_id = None
+    detach = False
     value_flags = VALUE_FLAGS.get(command) if command is not None else None
     if value_flags is not None:
         rest_positional = []
@@ -157,6 +162,8 @@ def parse_args(argv: list[str]) -> Invocation:
                     bundle = value
                 elif name in ("process", "p") and command == "exec":
                     process = value
+                elif name in ("detach", "d") and command == "run":
+                    detach = value is None or value in ("1", "t", "T", "TRUE", "true", "True")
             else:
                 rest_positional.append(arg)
                 if command == "exec":  # the process's own argv follows: never read as flags
@@ -169,7 +176,7 @@ def parse_args(argv: list[str]) -> Invocation:
         elif not bundle.startswith("/"):
             bundle = os.path.join(os.getcwd(), bundle)
     return Invocation(
-        command, bundle, container_id, log, log_format, root, process, exec_at if command == "exec" else None
+        command, bundle, container_id, log, log_format, root, process, exec_at if command == "exec" else None, detach
     )
 
 
@@ -309,8 +316,10 @@ def record_exec_env(inv: Invocation, out: Outcome, real: str) -> None:
             return
         if execenv.state_exists(inv.root, inv.container_id, real):
             return  # that id is taken: the runtime refuses this create, the record is the running container's
-        if out.decision == "injected" and out.env:
-            execenv.write_record(path, out.env, inv.bundle)
+        # `run` in the foreground: the runtime removes the container itself, no `delete` comes,
+        # so no record (it would outlive the container)
+        if out.decision == "injected" and out.env and (inv.command == "create" or inv.detach):
+            execenv.write_record(path, out.env, inv.bundle, execenv.config_identity(inv.bundle))
         else:
             execenv.remove_record(path)
     except (OSError, ValueError) as e:
@@ -351,7 +360,7 @@ def delete_and_forget(inv: Invocation, args: list[str], real: str) -> None:
     from ..config import cache_dir
 
     path = execenv.record_path(cache_dir(), inv.root, inv.container_id, real)
-    if path is None or not os.path.exists(path):
+    if path is None or not execenv.record_exists(path):
         return
     try:
         pid = os.posix_spawn(real, [real] + args, os.environ)
@@ -413,16 +422,19 @@ def prepare(args: list[str]) -> list[str]:
     started = time.monotonic()
     STAGES = [("start", time.perf_counter())] if "GPUHOOK_STAGES" in os.environ else None
     inv = parse_args(args)
-    from ..config import find_runtime, load
+    from ..config import config_path, find_runtime, is_front, load
 
     config, config_errors = load()
     stage("config")
     real = find_runtime(config.runtime)
-    if real is None or os.path.basename(real) == "gpuhook-runtime":
+    if real is None:
         _runtime_error(
             inv,
-            f"no real OCI runtime: {config.runtime or 'runc or crun'} not found (set `runtime` in the gpuhook config)",
+            f"no real OCI runtime: {config.runtime or 'runc or crun'} not found (set `runtime` in {config_path()})",
         )
+        sys.exit(127)
+    if is_front(real):
+        _runtime_error(inv, f"the real OCI runtime {real} is gpuhook-runtime itself (set `runtime` in {config_path()})")
         sys.exit(127)
     if inv.command in EDITING_COMMANDS:
         out = Outcome()

@@ -13,6 +13,11 @@ nodes but not GPUHOOK_ACCELERATOR / GPUHOOK_DEVICES. So:
   --env flags;
 - at `delete`, once the runtime has no state for the container any more, the record goes.
 
+Each level (the cache dir, exec/, the root's) is made 0700 whatever the umask and, before any
+use, opened without following a link and checked: a directory of gpuhook's user, not writable
+by group or others (_open_level; the C front's open_checked). A level that is not: no record
+is written, read or removed through it.
+
 The C front (runtime/gpuhook-runtime.c) computes the same path and starts Python for exec and delete
 only when the record exists: a container gpuhook did not inject pays one file check. The key
 holds the runtime's --root (a containerd namespace has its own), so the same id under another
@@ -32,7 +37,9 @@ from ..config import is_clean_abspath
 RECORD_DIR = "exec"
 MAX_PROCESS_BYTES = 4 << 20
 MAX_RECORD_BYTES = 64 << 10
-ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_+.-")  # runc's
+# runc's: its id pattern is ^[\w+-\.]+$, where "+-\." is the range + , - . (so a comma too),
+# and neither "." nor ".." (tests/unit/test_exec_env.py asks the real runc)
+ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_+,.-")
 
 
 def runtime_root(root: str | None, runtime: str) -> str:
@@ -71,30 +78,150 @@ def state_exists(root: str | None, container_id: str, runtime: str) -> bool:
     return os.path.lexists(os.path.join(runtime_root(root, runtime), container_id))
 
 
-def write_record(path: str, env: list[str], bundle: str | None) -> None:
-    from .. import fastjson
-    from ..spec import write_atomic
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    write_atomic(path, fastjson.dumps({"env": list(env), "bundle": bundle}).encode(), 0o600, sync_dir=False, sync=False)
+
+def _open_level(name: str, parent: int | None, create: bool) -> int:
+    """One level of the record's directories: made 0700 whatever the umask (create), opened
+    without following a link, and used only when it is gpuhook's own (a directory of this
+    user, not writable by group or others). The C front's open_checked."""
+    made = False
+    if create:
+        try:
+            os.mkdir(name, 0o700, dir_fd=parent)
+            made = True
+        except FileExistsError:
+            pass
+    fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+    try:
+        if made:
+            os.fchmod(fd, 0o700)
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise PermissionError(f"{name}: not gpuhook's own (uid {st.st_uid}, mode {st.st_mode & 0o7777:o})")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _record_dir(path: str, create: bool) -> int:
+    """The checked directory of the record at `path` (<cache>/exec/<root key>/<id>), walked
+    level by level from the cache dir (whose parents are the node's)."""
+    key_dir = os.path.dirname(path)
+    exec_dir = os.path.dirname(key_dir)
+    cache = os.path.dirname(exec_dir)
+    if create:
+        os.makedirs(os.path.dirname(cache), exist_ok=True)
+    fd = _open_level(cache, None, create)
+    try:
+        for name in (os.path.basename(exec_dir), os.path.basename(key_dir)):
+            parent, fd = fd, -1
+            try:
+                fd = _open_level(name, parent, create)
+            finally:
+                os.close(parent)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        raise
+    return fd
+
+
+def config_identity(bundle: str) -> str | None:
+    """<bundle>/config.json as gpuhook left it: device, inode, size, mtime, ctime (None: none)."""
+    try:
+        st = os.stat(os.path.join(bundle, "config.json"), follow_symlinks=False)
+    except (OSError, ValueError):
+        return None
+    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+
+def write_record(
+    path: str, env: list[str], bundle: str | None, config: str | None = None, created: str | None = None
+) -> None:
+    """Atomically, through the checked directories (raises OSError where one is not gpuhook's).
+    bundle and config (config_identity) name the container instance the record is for;
+    created, once known, the runtime's own creation time of it (instance_of)."""
+    from .. import fastjson
+
+    record = {"env": list(env), "bundle": bundle, "config": config}
+    if created is not None:
+        record["created"] = created
+    data = fastjson.dumps(record).encode()
+    d = _record_dir(path, create=True)
+    name = os.path.basename(path)
+    tmp = f".{name}.gpuhook-{os.getpid()}-{os.urandom(6).hex()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=d)
+        try:
+            os.fchmod(fd, 0o600)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=d, dst_dir_fd=d)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=d)
+        except OSError:
+            pass
+        raise
+    finally:
+        os.close(d)
 
 
 def remove_record(path: str) -> None:
+    """Never through a link, nor in a directory that is not gpuhook's own."""
     try:
-        os.unlink(path)
+        d = _record_dir(path, create=False)
+    except OSError:
+        return
+    try:
+        os.unlink(os.path.basename(path), dir_fd=d)
     except FileNotFoundError:
         pass
+    finally:
+        os.close(d)
+
+
+def record_exists(path: str) -> bool:
+    try:
+        d = _record_dir(path, create=False)
+    except OSError:
+        return False
+    try:
+        os.stat(os.path.basename(path), dir_fd=d, follow_symlinks=False)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(d)
 
 
 def read_record(path: str) -> list[str] | None:
     """The recorded env; None when there is none, or when it is not gpuhook's own (another
-    owner, writable by others, a link: never trusted, as the caches)."""
+    owner, writable by others, a link, in a directory that is not gpuhook's: never trusted,
+    as the caches)."""
+    record = read_record_data(path)
+    return record["env"] if record else None
+
+
+def read_record_data(path: str) -> dict | None:
+    """The whole record (env, bundle, config, created), on read_record's terms."""
     from .. import fastjson
 
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        d = _record_dir(path, create=False)
     except OSError:
         return None
+    try:
+        fd = os.open(os.path.basename(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=d)
+    except OSError:
+        return None
+    finally:
+        os.close(d)
     try:
         st = os.fstat(fd)
         if st.st_mode & 0o170000 != 0o100000 or st.st_uid != os.geteuid() or st.st_mode & 0o022:
@@ -103,7 +230,7 @@ def read_record(path: str) -> list[str] | None:
         env = data["env"]
         if not isinstance(env, list) or not all(isinstance(e, str) and "=" in e for e in env):
             return None
-        return env
+        return data
     except (OSError, ValueError, KeyError, TypeError):
         return None
     finally:
@@ -189,12 +316,79 @@ def env_flags(argv: list[str], exec_at: int, added: list[str]) -> list[str]:
     return argv[: exec_at + 1] + flags + argv[exec_at + 1 :]
 
 
+def instance_of(root: str | None, container_id: str, runtime: str) -> dict | None:
+    """What the runtime itself wrote of the container now under this id: its bundle and its
+    creation time (runc: <root>/<id>/state.json, the label bundle=..., created; crun:
+    <root>/<id>/status, bundle, created). None: no state at all (no such container). Raises
+    ValueError or OSError where the state is there but not to be read."""
+    from .. import fastjson
+
+    state = os.path.join(runtime_root(root, runtime), container_id)
+    if not os.path.lexists(state):
+        return None
+    for name in ("state.json", "status"):
+        try:
+            fd = os.open(os.path.join(state, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except FileNotFoundError:
+            continue
+        try:
+            data = fastjson.loads(os.read(fd, MAX_PROCESS_BYTES))
+        finally:
+            os.close(fd)
+        if not isinstance(data, dict):
+            raise ValueError(f"{name} is not a JSON object")
+        bundle = data.get("bundle")
+        labels = (data.get("config") or {}).get("labels") if isinstance(data.get("config"), dict) else None
+        for label in labels if isinstance(labels, list) else ():
+            if isinstance(label, str) and label.startswith("bundle="):
+                bundle = label[len("bundle=") :]
+        created = data.get("created")
+        if not isinstance(bundle, str) or not isinstance(created, str):
+            raise ValueError(f"{name} names no bundle or creation time")
+        return {"bundle": bundle, "created": created}
+    raise ValueError("no state.json or status")
+
+
+def _same_dir(a: str, b: object) -> bool:
+    """One directory (runc names the bundle with its links resolved)."""
+    try:
+        return isinstance(b, str) and os.path.samestat(os.stat(a), os.stat(b))
+    except (OSError, ValueError):
+        return False
+
+
+def _for_this_instance(path: str, record: dict, inv, runtime: str) -> str | None:
+    """None when the record was made for the container now under this id and root (its
+    bundle, the config.json gpuhook wrote there, and, once bound, the runtime's creation
+    time are the record's); else why not. An unbound record is bound at its first use."""
+    try:
+        now = instance_of(inv.root, inv.container_id, runtime)
+    except (OSError, ValueError) as e:
+        return f"the runtime's state of {inv.container_id} cannot be read ({e}): exec record not used"
+    if (
+        now is None
+        or not _same_dir(now["bundle"], record.get("bundle"))
+        or record.get("config") is None
+        or config_identity(record["bundle"]) != record["config"]
+        or record.get("created", now["created"]) != now["created"]
+    ):
+        remove_record(path)
+        return f"exec record of an earlier container {inv.container_id} removed, not used"
+    if "created" not in record:
+        write_record(path, record["env"], record["bundle"], record["config"], now["created"])
+    return None
+
+
 def on_exec(inv, argv: list[str], runtime: str, cache_dir: str) -> tuple[list[str], str | None]:
     """(the argv to exec the runtime with, why nothing was added or None)."""
     path = record_path(cache_dir, inv.root, inv.container_id, runtime)
-    added = read_record(path) if path else None
-    if not added:
+    record = read_record_data(path) if path else None
+    if path is None or not record or not record["env"]:
         return argv, None
+    why = _for_this_instance(path, record, inv, runtime)
+    if why:
+        return argv, why
+    added = record["env"]
     if inv.process is None:
         return env_flags(argv, inv.exec_at, added), None
     return argv, edit_process_file(inv.process, added)

@@ -6,8 +6,9 @@
  * runtime at once, and so does create/run on a node with no sign of a GPU at all (after one
  * log line). Python (gpuhook/runtime/__init__.py) starts only when there may be something to
  * inject, for an exec into a container gpuhook injected (its exec record is there: one file
- * check for the others), or when the node config has a line this front cannot read for sure
- * (Python, with tomllib, decides everything then). A delete of an injected container runs the
+ * check for the others), or when there is no current front file of the node config (this
+ * front parses no TOML: each Python run leaves what it decided for it, config.front_text;
+ * Python, with tomllib, decides everything until then). A delete of an injected container runs the
  * runtime, then removes the record.
  *
  * It replaced a POSIX sh front that did the same in ~1.5 ms more per call (dash's start, the
@@ -52,8 +53,6 @@ static const char *const NO_FLAGS[] = {NULL};
 static const char *const SIGNS[] = {"/dev/nvidiactl", "/dev/nvidia[0-9]*", "/proc/driver/nvidia/gpus/*", "/dev/kfd",
                                     "/sys/class/kfd/kfd/topology/nodes", "/dev/dri/renderD*", "/sys/class/drm/renderD*",
                                     "/dev/accel/accel*", "/sys/class/accel/accel*", "/dev/dxg", NULL};
-/* the node config keys this front reads */
-static const char *const KEYS[] = {"runtime", "host_root", "log_file", "fail_mode", NULL};
 
 #define CONFIG_FILE "/etc/gpuhook/config.toml"
 #define LOG_FILE "/var/log/gpuhook.log"
@@ -64,7 +63,9 @@ static const char *const KEYS[] = {"runtime", "host_root", "log_file", "fail_mod
 #define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 /* the interpreter's start: the site-packages dir is argv[1], the runtime's argv follows */
 #define STARTUP "import sys; sys.path.insert(0, sys.argv.pop(1)); import gpuhook.startup" /* defaults.RUNTIME_MAIN */
-#define MAX_CONFIG (1 << 20) /* what Python reads of it */
+/* the front file Python leaves beside its config cache (config.front_text) */
+#define FRONT_MAGIC "gpuhook-front 1"
+#define MAX_FRONT (16 << 10) /* config.MAX_FRONT_BYTES */
 /* the resident server (gpuhook/runtime/server.py): its socket in the cache dir, its wire */
 #define SOCKET_NAME "runtime.sock"
 #define SERVER_MAGIC "gpuhook-runtime 3"
@@ -74,14 +75,15 @@ static const char *const KEYS[] = {"runtime", "host_root", "log_file", "fail_mod
 #define MAX_REPLY_LOG_LINE (256 << 10) /* its log line (Python bounds what a pod can put there) */
 #define SERVER_TIMEOUT_S 3 /* then Python starts here, as with no server: a wedged server costs a create 3 s */
 /* runc's container id characters (execenv.ID_CHARS); the log line's safe characters */
-#define ID_CHARS "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_+.-"
-#define LOG_SAFE_CHARS ID_CHARS ":/@=,"
+#define ID_CHARS "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_+,.-"
+#define LOG_SAFE_CHARS ID_CHARS ":/@="
 
-/* the node config: what the front read, and whether it read all of it for sure */
+/* the node config, as Python decided it (the front file), or the defaults where there is none */
 struct config {
     const char *path;
     char *runtime, *host_root, *log_file, *fail_mode;
-    int slow; /* a line it cannot read for sure: Python decides */
+    int errors; /* the file has errors: creates go to Python, whose log line says why */
+    int slow;   /* no current front file of gpuhook's own: Python decides everything */
 };
 
 /* what the command line says (gpuhook.runtime.parse_args, the same rules) */
@@ -133,111 +135,6 @@ static int is_executable(const char *path) { return access(path, X_OK) == 0 && !
 static char *cwd(void) {
     char *p = getcwd(NULL, 0);
     return p ? p : xstrdup("/");
-}
-
-/* plain_value: a one-line value TOML reads as one scalar with nothing after it but a comment:
- * a basic string with no escape, a literal string, or a number, boolean or date */
-static int plain_value(const char *v) {
-    const char *end;
-    if (*v == '"' || *v == '\'') {
-        end = strchr(v + 1, *v);
-        if (!end || (*v == '"' && memchr(v + 1, '\\', (size_t)(end - v - 1)))) return 0;
-        end++;
-    } else if (!strncmp(v, "true", 4) || !strncmp(v, "false", 5)) {
-        end = v + (v[0] == 't' ? 4 : 5);
-    } else if ((*v >= '0' && *v <= '9') || *v == '+' || *v == '-') {
-        end = v + strspn(v, "0123456789abcdefABCDEFoxTZ_.:+-");
-    } else {
-        return 0;
-    }
-    end += strspn(end, " \t");
-    return !*end || *end == '#';
-}
-
-/* read_config: the top-level `key = "value"` lines of the node config. Anything it cannot
- * read for sure (a multi-line value, an escape, a quoted or dotted key, a key twice, a
- * value Python would refuse, a file that is not a readable regular file) sets slow. */
-static void read_config(struct config *c) {
-    const char *env = getenv("GPUHOOK_CONFIG");
-    c->path = env && *env ? env : CONFIG_FILE;
-    int fd = open(c->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) {
-        if (errno != ENOENT) c->slow = 1; /* there but not readable: Python says why */
-        return;
-    }
-    struct stat st;
-    char *text = NULL;
-    size_t len = 0;
-    ssize_t r = 0;
-    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size <= MAX_CONFIG &&
-        (text = malloc((size_t)st.st_size + 1))) {
-        while (len <= (size_t)st.st_size && (r = read(fd, text + len, (size_t)st.st_size + 1 - len)) != 0) {
-            if (r < 0 && errno == EINTR) continue;
-            if (r < 0) break;
-            len += (size_t)r;
-        }
-    }
-    close(fd);
-    /* read whole, as it was stat'ed, and nothing but printable ASCII, tabs and newlines (a
-     * control character, CR, or any non-ASCII byte, valid UTF-8 or not: Python decides) */
-    if (!text || r < 0 || len != (size_t)st.st_size) {
-        c->slow = 1;
-        free(text);
-        return;
-    }
-    for (size_t i = 0; i < len; i++)
-        if ((text[i] < ' ' && text[i] != '\t' && text[i] != '\n') || text[i] > '~') {
-            c->slow = 1;
-            free(text);
-            return;
-        }
-    text[len] = 0;
-    for (char *line = text, *next; line && !c->slow; line = next) {
-        next = strchr(line, '\n');
-        if (next) *next++ = 0;
-        line += strspn(line, " \t");
-        if (!*line || *line == '#') continue;
-        if (*line == '[') break; /* a table: its keys are not top-level ones */
-        char *eq = strchr(line, '=');
-        if (!eq) { /* not `key = value`: invalid, or inside a multi-line value */
-            c->slow = 1;
-            break;
-        }
-        char *key_end = eq;
-        while (key_end > line && (key_end[-1] == ' ' || key_end[-1] == '\t')) key_end--;
-        *key_end = 0;
-        char *val = eq + 1 + strspn(eq + 1, " \t");
-        if (!strncmp(val, "\"\"\"", 3) || !strncmp(val, "'''", 3)) { /* a multi-line string */
-            c->slow = 1;
-            break;
-        }
-        char **slot = NULL;
-        if (!strcmp(line, "runtime")) slot = &c->runtime;
-        else if (!strcmp(line, "host_root")) slot = &c->host_root;
-        else if (!strcmp(line, "log_file")) slot = &c->log_file;
-        else if (!strcmp(line, "fail_mode")) slot = &c->fail_mode;
-        else {
-            for (const char *const *k = KEYS; *k; k++)
-                if (strstr(line, *k)) c->slow = 1; /* "runtime", a.runtime: Python reads it */
-            if (!plain_value(val)) c->slow = 1; /* an array, a table, a bare word...: Python reads it */
-            continue;
-        }
-        char quote = *val;
-        char *end = quote == '"' || quote == '\'' ? strchr(val + 1, quote) : NULL;
-        if (!end || *slot) { /* not a plain string, or a key twice (TOML refuses it) */
-            c->slow = 1;
-            break;
-        }
-        *end = 0;
-        char *rest = end + 1 + strspn(end + 1, " \t");
-        if (*rest && *rest != '#') c->slow = 1;
-        for (const char *p = val + 1; *p; p++)
-            if (*p < ' ' || *p > '~' || (quote == '"' && *p == '\\')) c->slow = 1; /* Python decides */
-        *slot = val + 1;
-    }
-    if (c->host_root && c->host_root[0] != '/') c->slow = 1;
-    if (c->fail_mode && strcmp(c->fail_mode, "open") && strcmp(c->fail_mode, "closed")) c->slow = 1;
-    /* the values point into text, which lives as long as the process */
 }
 
 /* flag_name: a flag's name without its dashes, and its "=value" when it has one */
@@ -356,19 +253,104 @@ static const char *cache_dir(void) {
     return env && *env ? env : CACHE_DIR;
 }
 
-/* record_path: the exec record of the container (execenv.record_path: the env gpuhook added
- * at create), <cache dir>/exec/<runtime root, "/" as "%2F">/<id>; NULL when the key is not
- * a clean one */
-static char *record_path(const char *rroot, const char *id) {
-    if (!is_clean_abspath(rroot) || strchr(rroot, '%')) return NULL;
-    if (!id || !*id || !strcmp(id, ".") || !strcmp(id, "..") || id[strspn(id, ID_CHARS)]) return NULL;
-    const char *dir = cache_dir();
-    char *key = malloc(strlen(rroot) * 3 + 1), *k = key;
-    if (!key) _exit(127);
-    for (const char *r = rroot; *r; r++) k = *r == '/' ? stpcpy(k, "%2F") : (*k++ = *r, k);
-    *k = 0;
-    size_t n = strlen(dir);
-    return join(dir, n && dir[n - 1] == '/' ? "" : "/", RECORD_DIR "/", key, "/", id, NULL);
+/* open_checked: `name` under the directory `dir` (AT_FDCWD: a path), never through a link at
+ * it, and only when it is plainly gpuhook's own: a directory (want_dir) or a regular file, of
+ * this user, not writable by group or others. -1 otherwise. */
+static int open_checked(int dir, const char *name, int want_dir) {
+    int fd = openat(dir, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | (want_dir ? O_DIRECTORY : 0));
+    struct stat st;
+    if (fd < 0) return -1;
+    if (fstat(fd, &st) || st.st_uid != geteuid() || (st.st_mode & 022) ||
+        (want_dir ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode))) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* escape: "%" as "%25" and "/" as "%2F", one file name for a path */
+static char *escape(const char *path) {
+    char *out = malloc(strlen(path) * 3 + 1), *o = out;
+    if (!out) _exit(127);
+    for (const char *p = path; *p; p++) o = *p == '/' ? stpcpy(o, "%2F") : *p == '%' ? stpcpy(o, "%25") : (*o++ = *p, o);
+    *o = 0;
+    return out;
+}
+
+/* read_config: no config file means the defaults (Python's too). Otherwise the front file
+ * (<cache dir>/config-<path escaped>.front, config.front_file) says what Python decided; it is
+ * used only when it names this file's identity as it is now (dev, inode, size, mtime, ctime:
+ * one stat) and is gpuhook's own. Anything else: slow, Python decides. */
+static void read_config(struct config *c) {
+    static char text[MAX_FRONT + 1]; /* the values point into it: they live as long as the process */
+    const char *env = getenv("GPUHOOK_CONFIG");
+    c->path = env && *env ? env : CONFIG_FILE;
+    struct stat st;
+    if (stat(c->path, &st)) {
+        if (errno != ENOENT) c->slow = 1; /* there but not to be read: Python says why */
+        return;
+    }
+    c->slow = 1;
+    if (!S_ISREG(st.st_mode) || !is_clean_abspath(c->path)) return;
+    char *name = escape(c->path), *file = join("config-", name, ".front", NULL);
+    int dir = open_checked(AT_FDCWD, cache_dir(), 1), fd = dir < 0 ? -1 : open_checked(dir, file, 0);
+    free(name);
+    free(file);
+    if (dir >= 0) close(dir);
+    if (fd < 0) return;
+    size_t len = 0;
+    for (ssize_t r; len <= MAX_FRONT && (r = read(fd, text + len, MAX_FRONT + 1 - len)) != 0;) {
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) len = MAX_FRONT + 1;
+        else len += (size_t)r;
+    }
+    close(fd);
+    if (!len || len > MAX_FRONT || text[len - 1] || strcmp(text, FRONT_MAGIC)) return;
+    char want[128];
+    snprintf(want, sizeof want, "%llu:%llu:%lld:%lld:%lld", (unsigned long long)st.st_dev,
+             (unsigned long long)st.st_ino, (long long)st.st_size,
+             (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec,
+             (long long)st.st_ctim.tv_sec * 1000000000LL + st.st_ctim.tv_nsec);
+    struct config got = {.path = c->path};
+    char *identity = NULL, *errors = NULL;
+    for (char *f = text + strlen(text) + 1, *next; f < text + len; f = next) {
+        next = f + strlen(f) + 1;
+        char *v = strchr(f, '=');
+        if (!v) return;
+        *v++ = 0;
+        char **slot = !strcmp(f, "config")      ? &identity
+                      : !strcmp(f, "errors")    ? &errors
+                      /* config.FRONT_KEYS: */
+                      : !strcmp(f, "runtime")   ? &got.runtime
+                      : !strcmp(f, "host_root") ? &got.host_root
+                      : !strcmp(f, "log_file")  ? &got.log_file
+                      : !strcmp(f, "fail_mode") ? &got.fail_mode
+                                                : NULL;
+        if (slot && *slot) return; /* twice: not Python's */
+        if (slot) *slot = v;
+    }
+    if (!identity || strcmp(identity, want) || !errors || !got.runtime || !got.host_root || !got.log_file ||
+        !got.fail_mode)
+        return; /* another file's (changed since), or not whole */
+    got.errors = strcmp(errors, "0") != 0;
+    *c = got;
+}
+
+/* record_dir: the directory of the container's exec record (execenv.record_path: the env
+ * gpuhook added at create), <cache dir>/exec/<runtime root, "/" as "%2F">, each level opened
+ * without following a link and checked (open_checked, execenv._open_level); -1 when the key is
+ * not a clean one or a level is not gpuhook's own. The record itself is the id in it. */
+static int record_dir(const char *rroot, const char *id) {
+    if (!is_clean_abspath(rroot) || strchr(rroot, '%')) return -1;
+    if (!id || !*id || !strcmp(id, ".") || !strcmp(id, "..") || id[strspn(id, ID_CHARS)]) return -1;
+    char *key = escape(rroot);
+    int cache = open_checked(AT_FDCWD, cache_dir(), 1);
+    int exec_dir = cache < 0 ? -1 : open_checked(cache, RECORD_DIR, 1);
+    int dir = exec_dir < 0 ? -1 : open_checked(exec_dir, key, 1);
+    if (cache >= 0) close(cache);
+    if (exec_dir >= 0) close(exec_dir);
+    free(key);
+    return dir;
 }
 
 /* gpu_present: is there any sign of a GPU under the host root (gpuhook.probe.SIGNS)? */
@@ -694,9 +676,9 @@ static void exec_python(int argc, char **argv, const char *dir) {
 
 /* forget_if_gone: the exec record goes once the runtime has no state for the container
  * (runc and crun: <root>/<id>; execenv.state_exists) */
-static void forget_if_gone(const char *rroot, const char *id, const char *rec) {
+static void forget_if_gone(const char *rroot, const char *id, int dir) {
     char *state = join(rroot, "/", id, NULL);
-    if (!exists(state)) unlink(rec);
+    if (!exists(state)) unlinkat(dir, id, 0);
     free(state);
 }
 
@@ -707,6 +689,31 @@ static char *real_runtime(const char *configured) {
     return rt;
 }
 
+/* same_content: two open files of one size hold the same bytes */
+static int same_content(int a, int b) {
+    char x[65536], y[sizeof x];
+    for (;;) {
+        ssize_t n = read(a, x, sizeof x), m = n > 0 ? read(b, y, (size_t)n) : 0;
+        if (n < 0 || m != n || memcmp(x, y, (size_t)n)) return 0;
+        if (n == 0) return 1;
+    }
+}
+
+/* is_front: the runtime is gpuhook-runtime itself (config.is_front: its name, this very file,
+ * or a copy of it): exec'ing it would exec itself for ever */
+static int is_front(const char *rt) {
+    const char *base = strrchr(rt, '/');
+    if (!strcmp(base ? base + 1 : rt, "gpuhook-runtime")) return 1;
+    struct stat a, b;
+    int fa = open(rt, O_RDONLY | O_CLOEXEC | O_NONBLOCK), fb = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+    int same = fa >= 0 && fb >= 0 && !fstat(fa, &a) && !fstat(fb, &b) &&
+               ((a.st_dev == b.st_dev && a.st_ino == b.st_ino) ||
+                (S_ISREG(a.st_mode) && a.st_size == b.st_size && same_content(fa, fb)));
+    if (fa >= 0) close(fa);
+    if (fb >= 0) close(fb);
+    return same;
+}
+
 int main(int argc, char **argv) {
     struct config c = {0};
     struct invocation inv = {0};
@@ -715,28 +722,38 @@ int main(int argc, char **argv) {
     parse_args(argc, argv, &inv);
     if (!c.slow) {
         char *rt = real_runtime(c.runtime);
-        const char *base = rt ? strrchr(rt, '/') : NULL;
-        if (!rt || !strcmp(base ? base + 1 : rt, "gpuhook-runtime")) {
+        if (!rt) {
             fprintf(stderr, "gpuhook-runtime: no real OCI runtime: %s not found (set `runtime` in %s)\n",
                     c.runtime ? c.runtime : "runc or crun", c.path);
             return 127;
         }
+        if (is_front(rt)) {
+            fprintf(stderr, "gpuhook-runtime: the real OCI runtime %s is gpuhook-runtime itself (set `runtime` in %s)\n",
+                    rt, c.path);
+            return 127;
+        }
         const char *cmd = inv.command ? inv.command : "";
         if (!strcmp(cmd, "create") || !strcmp(cmd, "run")) {
-            if (!gpu_present(c.host_root ? c.host_root : "/")) {
+            if (!c.errors && !gpu_present(c.host_root ? c.host_root : "/")) {
                 /* No GPU at all: config.json stays as it is. An exec record of an earlier
                  * container of this id (not of a running one) goes; one log line; the runtime. */
-                char *rroot = runtime_root(inv.root, rt), *rec = record_path(rroot, inv.container_id);
-                if (rec && exists(rec)) forget_if_gone(rroot, inv.container_id, rec);
+                char *rroot = runtime_root(inv.root, rt);
+                int dir = record_dir(rroot, inv.container_id);
+                struct stat st;
+                if (dir >= 0 && !fstatat(dir, inv.container_id, &st, AT_SYMLINK_NOFOLLOW))
+                    forget_if_gone(rroot, inv.container_id, dir);
                 log_no_gpu(&c, &inv);
                 exec_runtime(rt, argv);
             }
         } else if (!strcmp(cmd, "exec") || !strcmp(cmd, "delete")) {
             /* exec: Python only when gpuhook injected this container (its record is there).
              * delete: the record goes once the runtime has no state for the container. */
-            char *rroot = runtime_root(inv.root, rt), *rec = record_path(rroot, inv.container_id);
+            char *rroot = runtime_root(inv.root, rt);
+            int dir = record_dir(rroot, inv.container_id);
             struct stat st;
-            if (!rec || stat(rec, &st) != 0 || (!strcmp(cmd, "exec") && !S_ISREG(st.st_mode))) exec_runtime(rt, argv);
+            if (dir < 0 || fstatat(dir, inv.container_id, &st, AT_SYMLINK_NOFOLLOW) ||
+                (!strcmp(cmd, "exec") && !S_ISREG(st.st_mode)))
+                exec_runtime(rt, argv);
             if (!strcmp(cmd, "delete")) {
                 /* SIGCHLD may come ignored (then waitpid has no status to give): default while
                  * the front waits, the caller's own again in the runtime */
@@ -752,15 +769,15 @@ int main(int argc, char **argv) {
                 while ((w = waitpid(pid, &status, 0)) < 0 && errno == EINTR) {
                 }
                 if (w < 0) return 127; /* no status: never a success */
-                forget_if_gone(rroot, inv.container_id, rec);
+                forget_if_gone(rroot, inv.container_id, dir);
                 return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
             }
         } else {
             exec_runtime(rt, argv);
         }
     }
-    /* There may be GPUs, an exec into a container gpuhook injected, or a config line this
-     * front could not read for sure: Python decides everything, the node's resident one when
+    /* There may be GPUs, an exec into a container gpuhook injected, a create under a config
+     * with errors, or no current front file: Python decides everything, the node's resident one when
      * it runs (server.py), else a fresh one. */
     const char *cmd = inv.command ? inv.command : "";
     char *dir = here(argv[0]); /* resolved once: Python's paths name one version */
@@ -768,7 +785,7 @@ int main(int argc, char **argv) {
     exec_python(argc, argv, dir);
     if (c.fail_mode && !strcmp(c.fail_mode, "closed")) return 1;
     char *rt = real_runtime(c.runtime);
-    if (!rt) {
+    if (!rt || is_front(rt)) {
         fprintf(stderr, "gpuhook-runtime: no real OCI runtime: %s not found\n", c.runtime ? c.runtime : "runc or crun");
         return 127;
     }

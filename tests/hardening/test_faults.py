@@ -15,6 +15,7 @@ import time
 import pytest
 
 from conftest import is_root, needs_runc, nodes_of, requires, wrapper_path
+from gpuhook.testing.front import parse_cache_file, prime
 from gpuhook.testing import bundle
 from gpuhook.spec import write_atomic
 
@@ -45,7 +46,7 @@ def cache_files_parse(cache_dir: str) -> list[str]:
     for d, _, files in sorted(os.walk(cache_dir)):
         for name in sorted(files):
             if not name.startswith("."):
-                json.loads(read(os.path.join(d, name)))
+                parse_cache_file(name, read(os.path.join(d, name)))
                 names.append(os.path.relpath(os.path.join(d, name), cache_dir))
     return names
 
@@ -330,11 +331,13 @@ def test_real_runtime_missing_or_not_runnable(make_host, runtime, tmp_path, kind
     root = make_host("cpu" if front.startswith("sh") else "nvidia", mknod=True, **({} if front.startswith("sh") else {"gpus": 1, "libs": False}))
     value = _runtime_value(kind, tmp_path)
     rt = runtime(root, runtime=value)
-    if front == "python-slow-config":  # a quoted key: the front hands everything to Python
+    if front == "python-slow-config":  # a quoted key, and no front file yet: Python decides everything
         with open(rt.config) as f:
             text = f.read()
         with open(rt.config, "w") as f:
             f.write(text.replace("runtime =", '"runtime" ='))
+    else:  # as an earlier Python run leaves it: the front decides what it can alone
+        prime(rt.config, rt.env["GPUHOOK_CACHE_DIR"])
     b = rt.bundle("b", ["true"])
     if front == "sh-pass-through":
         argv = [wrapper_path(), "--root", rt.state, "state", "nothing"]

@@ -4,23 +4,24 @@ Its lists are compared with Python's (the global flags with runtime.GLOBAL_VALUE
 create/exec value flags, where a GPU can show up with probe.SIGNS, the exec record's key with
 execenv, the bundle's loader with install.build), its command-line parse with
 runtime.parse_args on generated argvs, and its GPU-present check with the probe on every fake
-host kind. Also: the no-GPU log line, never through a link, and a config it cannot read for
-sure (a key twice) left to Python."""
+host kind. Also: the no-GPU log line, never through a link, and the node config: the front
+parses no TOML; what it decides of it (through Python's front file) is what Python decides, on
+generated files with tomllib as the judge."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 import subprocess
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from conftest import FRONT, REPO, is_root, log_records
 from gpuhook.testing import fakehost
+from gpuhook.testing.front import prime
 from gpuhook import config, defaults, probe, runtime
 from gpuhook.install import build
 from gpuhook.probe import cache
@@ -76,10 +77,6 @@ def test_the_exec_record_key_is_execenvs():
     assert define("RECORD_DIR") == execenv.RECORD_DIR
 
 
-def test_the_keys_it_reads_are_configs():
-    assert set(strings("KEYS")) <= set(config.Config._fields)
-
-
 def test_the_front_runs_the_entry_of_defaults():
     """Every Python the front starts on a site-packages dir runs defaults.RUNTIME_MAIN (the
     module store's entry, gpuhook/startup.py)."""
@@ -104,6 +101,7 @@ def front(tmp_path, host_root: str, *args: str, python: str | None = None,
     cfg = tmp_path / "config.toml"
     log = log_file if log_file is not None else str(tmp_path / "gpuhook.log")
     cfg.write_text(f'runtime = "/bin/true"\nhost_root = "{host_root}"\nlog_file = "{log}"\n')
+    prime(str(cfg), str(tmp_path / "cache"))
     mark = str(tmp_path / "python-ran")
     if os.path.exists(mark):
         os.unlink(mark)
@@ -146,18 +144,27 @@ def test_the_no_gpu_line(tmp_path):
 
 
 def test_a_key_twice_is_left_to_python(tmp_path):
-    """TOML refuses a key twice: the front cannot say which one counts, so Python decides
-    (and logs why), even on a CPU-only node."""
+    """TOML refuses a key twice: Python takes the defaults (the front file says so), and a
+    create goes to Python, whose log line says why, even on a CPU-only node."""
     root = str(tmp_path / "cpu")
     fakehost.build(root, "cpu", mknod=False)
     r, mark = front(tmp_path, root, "create", "--bundle", str(tmp_path), "c5")
     assert not os.path.exists(mark)
     cfg = tmp_path / "config.toml"
     cfg.write_text(cfg.read_text() + 'runtime = "/bin/false"\n')
+    cache = str(tmp_path / "cache")
     env = {"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(cfg), "GPUHOOK_TEST_MARK": mark,
-           "GPUHOOK_PYTHON": fake_python(tmp_path)}
+           "GPUHOOK_PYTHON": fake_python(tmp_path), "GPUHOOK_CACHE_DIR": cache}
     subprocess.run([FRONT, "create", "--bundle", str(tmp_path), "c5"], env=env, capture_output=True, timeout=20)
-    assert os.path.exists(mark)
+    assert os.path.exists(mark)  # no front file for this file yet: Python decides
+    os.unlink(mark)
+    prime(str(cfg), cache)
+    subprocess.run([FRONT, "create", "--bundle", str(tmp_path), "c5"], env=env, capture_output=True, timeout=20)
+    assert os.path.exists(mark)  # a config with errors: creates go to Python
+    os.unlink(mark)
+    r = subprocess.run([FRONT, "--root", str(tmp_path / "st"), "state", "c5"], env=env, capture_output=True,
+                       timeout=20)
+    assert not os.path.exists(mark) and b"does not exist" in r.stderr, r  # runc, the default: neither line's
 
 
 # argvs from the words a runtime's caller uses: global and subcommand flags, values, ids
@@ -178,6 +185,7 @@ def test_the_front_parses_as_python_does(tmp_path_factory, argv):
     log = tmp / "gpuhook.log"
     cfg = tmp / "config.toml"
     cfg.write_text(f'runtime = "/bin/true"\nhost_root = "{root}"\nlog_file = "{log}"\n')
+    prime(str(cfg), str(tmp / "cache"))
     r = subprocess.run([FRONT, *argv], env={"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(cfg),
                                              "GPUHOOK_CACHE_DIR": str(tmp / "cache")},
                        cwd=tmp, capture_output=True, timeout=20)
@@ -244,7 +252,8 @@ def test_the_bundle_front_runs_its_loader_directly(tmp_path):
 
 def test_the_installed_node_config_is_read_by_the_front_alone(tmp_path):
     """The config `gpuhook install` writes (all defaults, commented) and one with every key
-    set plainly: the front reads them for sure (no Python for a pass-through)."""
+    set plainly: once Python has loaded it, the front acts on it alone (no Python for a
+    pass-through)."""
     from gpuhook.install.core import NODE_CONFIG_TEXT
 
     cfg = tmp_path / "config.toml"
@@ -252,8 +261,203 @@ def test_the_installed_node_config_is_read_by_the_front_alone(tmp_path):
     for text in (NODE_CONFIG_TEXT, 'runtime = "/bin/true"\nhost_root = "/"\nlog_file = ""\nfail_mode = "open"\n'
                  'probe_cache_ttl = 10\nshare = "all"\nnvidia_driver_root = "auto"\nldconfig = "/sbin/ldconfig"\n'):
         cfg.write_text(text)
+        prime(str(cfg), str(tmp_path / "cache"))
         env = {"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(cfg), "GPUHOOK_TEST_MARK": str(mark),
-               "GPUHOOK_PYTHON": fake_python(tmp_path)}
+               "GPUHOOK_PYTHON": fake_python(tmp_path), "GPUHOOK_CACHE_DIR": str(tmp_path / "cache")}
         r = subprocess.run([FRONT, "--root", str(tmp_path / "st"), "state", "x"], env=env, capture_output=True,
                            timeout=20)
         assert not mark.exists(), (text, r.stderr)
+
+
+# -- the node config: whatever the front decides of it, Python decides the same -------------
+
+# lines of a node config: tomllib (config.parse) judges each file. Plain settings (each key
+# at most once: a valid file), and lines that may make it invalid, or a key count twice, or not
+# at the top level
+SETTINGS = {
+    "runtime": ['runtime = "@RT_A@"', "runtime = '@RT_B@'", 'runtime = "@DIR@/missing"', 'runtime = ""',
+                'runtime = "rt-b"', 'runtime = "@RT_\\u0041@"'],
+    "log_file": ['log_file = "@LOG_A@"', 'log_file = "@LOG_B@"'],
+    "host_root": ['host_root = "@CPU@"', 'host_root = "@GPU@"'],
+    "fail_mode": ['fail_mode = "closed"', 'fail_mode = "open"'],
+    "others": ["x = 1", "zz = true", 'share = "all"', "probe_cache_ttl = 2.5", "x = 1 # c"],
+    "comments": ['# runtime = "@RT_B@"', ""],
+}
+ODD_LINES = [
+    "runtime = 5", '"runtime" = "@RT_B@"', 'runtime.x = "@RT_B@"', 'runtime = """@RT_B@"""', 'log_file = ""',
+    'host_root = "relative"', "host_root = 1", 'fail_mode = "maybe"', "[table]", "[nvidia]", "[[x]]",
+    "x = 1979-05-27", "x = 07:32:00", "x = 0x_1", "x = 1__0", "x = +inf", "x = nan", "y = [1,", 'y = """',
+    "bad key = 1", "x.y = 1", "zz = True", "probe_cache_ttl = -1", "   ", "\t", "=", "x = 'a' 'b'",
+]
+
+
+@st.composite
+def node_configs(draw) -> list[str]:
+    """Plain settings in any order (a log_file one always: a valid file never logs in the
+    node's own log), and now and then odd lines among them."""
+    lines = [draw(st.sampled_from(SETTINGS["log_file"]))]
+    for key, choices in SETTINGS.items():
+        if key != "log_file" and draw(st.booleans()):
+            lines.append(draw(st.sampled_from(choices)))
+    lines = list(draw(st.permutations(lines)))
+    for odd in draw(st.lists(st.sampled_from(ODD_LINES + SETTINGS["log_file"] + SETTINGS["runtime"]), max_size=2)):
+        lines.insert(draw(st.integers(0, len(lines))), odd)
+    return lines
+
+
+def _config_text(lines: list[str], tmp) -> str:
+    subst = {"@RT_A@": f"{tmp}/rt-a", "@RT_B@": f"{tmp}/bin/rt-b", "@RT_\\u0041@": f"{tmp}/rt-\\u0041",
+             "@DIR@": str(tmp), "@LOG_A@": f"{tmp}/log-a", "@LOG_B@": f"{tmp}/log-b", "@CPU@": f"{tmp}/cpu",
+             "@GPU@": f"{tmp}/gpu"}
+    text = "\n".join(lines) + "\n"
+    for k, v in subst.items():
+        text = text.replace(k, v)
+    return text
+
+
+@pytest.fixture(scope="module")
+def config_world(tmp_path_factory):
+    """Runtimes that say which one ran, a CPU-only and a GPU host, a bundle."""
+    tmp = tmp_path_factory.mktemp("world")
+    (tmp / "bin").mkdir()
+    for rt in ("rt-a", "rt-A", "bin/rt-b", "bin/runc"):
+        p = tmp / rt
+        p.write_text('#!/bin/sh\necho "$0" >> "$GPUHOOK_TEST_RAN"\n')
+        p.chmod(0o755)
+    fakehost.build(str(tmp / "cpu"), "cpu", mknod=False)
+    fakehost.build(str(tmp / "gpu"), "nvidia", mknod=False)
+    (tmp / "bundle").mkdir()
+    (tmp / "bundle" / "config.json").write_text("{}")
+    return tmp
+
+
+@settings(max_examples=200, deadline=None)
+@given(node_configs())
+def test_the_front_decides_of_the_node_config_what_python_decides(config_world, tmp_path_factory, lines):
+    """On generated node configs (valid or not), with tomllib as the judge: the front either
+    leaves the call to Python or does what Python would, the runtime it runs, where the
+    no-GPU line goes, whether a create may skip Python, the fail mode, before and after
+    Python has left its front file."""
+    tmp, here = config_world, tmp_path_factory.mktemp("cfg")
+    cfg, cache, ran = here / "config.toml", here / "cache", here / "ran"
+    text = _config_text(lines, tmp)
+    cfg.write_text(text)
+    judge, errors = config.parse(text)  # tomllib
+    path = f"{tmp}/bin:/usr/bin:/bin"
+    old_path = os.environ["PATH"]
+    os.environ["PATH"] = path
+    try:
+        want_rt = config.find_runtime(judge.runtime)
+    finally:
+        os.environ["PATH"] = old_path
+
+    def run(*args: str, python: str | None = None) -> tuple[subprocess.CompletedProcess, list[str], bool]:
+        for f in (ran, here / "python-ran"):
+            if f.exists():
+                f.unlink()
+        env = {"PATH": path, "GPUHOOK_CONFIG": str(cfg), "GPUHOOK_CACHE_DIR": str(cache), "GPUHOOK_TEST_RAN": str(ran),
+               "GPUHOOK_TEST_MARK": str(here / "python-ran"), "GPUHOOK_PYTHON": python or fake_python(here)}
+        r = subprocess.run([FRONT, "--root", str(here / "st"), *args], env=env, capture_output=True, timeout=20)
+        return r, (ran.read_text().splitlines() if ran.exists() else []), (here / "python-ran").exists()
+
+    def check_pass_through(must_decide: bool) -> None:
+        r, rts, to_python = run("state", "c1")
+        if to_python:
+            assert not must_decide, (text, "a current front file, and still Python")
+            return
+        if want_rt is None:
+            assert r.returncode == 127 and not rts and b"no real OCI runtime" in r.stderr, (text, r)
+        else:
+            assert rts == [want_rt], (text, rts, want_rt)
+
+    check_pass_through(must_decide=False)  # no front file yet: Python's, or the defaults with no file
+    prime(str(cfg), str(cache))
+    check_pass_through(must_decide=True)
+    gpu = judge.host_root == f"{tmp}/gpu"
+    if judge.log_file == defaults.LOG_FILE and not errors and not gpu:
+        return  # the front's no-GPU line would go to the node's own log (a valid file names one)
+    for log_file in (tmp / "log-a", tmp / "log-b"):
+        log_file.unlink(missing_ok=True)
+    r, rts, to_python = run("create", "--bundle", str(tmp / "bundle"), "c1")
+    if want_rt is None:
+        assert r.returncode == 127 and not to_python, (text, r)
+        return
+    # a create may skip Python only where Python would find no GPU and has no error to log
+    assert to_python == (gpu or bool(errors)), (text, to_python, errors)
+    event(f"create: {'Python' if to_python else 'the front'}; config {'with' if errors else 'without'} errors; "
+          f"fail_mode {judge.fail_mode}; runtime {os.path.basename(want_rt)}")
+    if not to_python:
+        assert rts == [want_rt]
+        for log_file in (tmp / "log-a", tmp / "log-b"):
+            assert log_file.exists() == (judge.log_file == str(log_file)), (text, judge.log_file)
+    else:  # no Python at all: the runtime, unless the node says fail closed
+        r, rts, _ = run("create", "--bundle", str(tmp / "bundle"), "c1", python=str(here / "no-python"))
+        if judge.fail_mode == "closed":
+            assert r.returncode == 1 and rts == [], (text, r)
+        else:
+            assert rts == [want_rt], (text, r)
+
+
+@pytest.mark.parametrize("kind", ["another-owner", "group-writable", "link", "dir-of-another-owner",
+                                  "dir-group-writable", "control"])
+def test_a_front_file_not_gpuhooks_own_is_never_used(tmp_path, kind):
+    """A front file naming another runtime, planted by a user who could write the cache dir:
+    another owner's, writable by others, a link to one of root's, or in a directory that is
+    not root's own: the front leaves the call to Python. Control: gpuhook's own is used."""
+    cfg, cache, mark = tmp_path / "config.toml", tmp_path / "cache", tmp_path / "python-ran"
+    evil, ran = tmp_path / "evil", tmp_path / "evil-ran"
+    evil.write_text(f"#!/bin/sh\necho ran > {ran}\n")
+    evil.chmod(0o755)
+    cfg.write_text('log_file = ""\n')
+    prime(str(cfg), str(cache))
+    front_file = tmp_path / "cache" / f"config-{str(cfg).replace('/', '%2F')}.front"
+    planted = front_file.read_bytes().replace(b"runtime=\0", f"runtime={evil}\0".encode())
+    assert planted != front_file.read_bytes()
+    target = front_file
+    if kind == "link":
+        target = tmp_path / "elsewhere.front"
+        front_file.unlink()
+        front_file.symlink_to(target)
+    target.write_bytes(planted)
+    target.chmod(0o600)
+    if kind == "another-owner":
+        os.chown(target, 65534, 65534)
+    elif kind == "group-writable":
+        target.chmod(0o620)
+    elif kind == "dir-of-another-owner":
+        os.chown(cache, 65534, 65534)
+    elif kind == "dir-group-writable":
+        cache.chmod(0o770)
+    env = {"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(cfg), "GPUHOOK_CACHE_DIR": str(cache),
+           "GPUHOOK_TEST_MARK": str(mark), "GPUHOOK_PYTHON": fake_python(tmp_path)}
+    subprocess.run([FRONT, "state", "x"], env=env, capture_output=True, timeout=20)
+    assert ran.exists() == (kind == "control") and mark.exists() == (kind != "control"), kind
+
+
+def test_a_changed_config_is_pythons_until_python_has_read_it(tmp_path):
+    """The front file names the config file as it was (dev, inode, size, mtime, ctime): an
+    edit in place, of the same size, or a new file renamed over it, and the front leaves
+    every call to Python until a Python run has decided again."""
+    cfg, cache, mark = tmp_path / "config.toml", tmp_path / "cache", tmp_path / "python-ran"
+    env = {"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(cfg), "GPUHOOK_CACHE_DIR": str(cache),
+           "GPUHOOK_TEST_MARK": str(mark), "GPUHOOK_PYTHON": fake_python(tmp_path)}
+    cfg.write_text('runtime = "/bin/true"\n')
+    prime(str(cfg), str(cache))
+    for change in ("in-place", "renamed"):
+        r = subprocess.run([FRONT, "state", "x"], env=env, capture_output=True, timeout=20)
+        assert r.returncode == 0 and not mark.exists(), r
+        if change == "in-place":
+            with open(cfg, "r+") as f:
+                f.write('runtime = "/bin/tru"#\n')  # the same size: "/bin/tru" is no runtime at all
+        else:
+            (tmp_path / "new.toml").write_text('runtime = "/bin/true"\n')
+            os.rename(tmp_path / "new.toml", cfg)
+        subprocess.run([FRONT, "state", "x"], env=env, capture_output=True, timeout=20)
+        assert mark.exists(), change
+        mark.unlink()
+        prime(str(cfg), str(cache))
+        if change == "in-place":
+            r = subprocess.run([FRONT, "state", "x"], env=env, capture_output=True, timeout=20)
+            assert r.returncode == 127 and b"no real OCI runtime" in r.stderr and not mark.exists(), r
+            cfg.write_text('runtime = "/bin/true"\n')
+            prime(str(cfg), str(cache))

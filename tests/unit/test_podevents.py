@@ -16,6 +16,7 @@ import urllib.request
 import pytest
 
 from conftest import REPO, needs_cri, wrapper_path
+from gpuhook.testing.front import prime
 from gpuhook.agent import core as agent_mod
 from gpuhook import log
 from gpuhook.agent import podevents
@@ -254,6 +255,7 @@ def test_cri_creates_become_pod_events_and_metrics(make_host, runtime, container
             text = open(rt.config).read().splitlines()
             text[0] = f'host_root = "{host}"'
             open(rt.config, "w").write("\n".join(text) + "\n")
+            prime(rt.config, rt.env["GPUHOOK_CACHE_DIR"])  # as a Python run leaves it for the front
             pod_id, config = k.run_pod(name)
             api.add_pod("default", name, f"uid-{name}")
             # (it lives a second: on a node with no GPU node the agent reads the pod from its bundle)

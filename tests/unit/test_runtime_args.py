@@ -1,5 +1,6 @@
 """gpuhook-runtime's command line, against every form containerd's shim and CRI-O use,
-and the front's reading of the node config against tomllib's."""
+the runtime the front and Python pick from the node config (tomllib's reading), and a
+runtime that is the wrapper itself."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuhook import config as cfg
@@ -73,7 +74,8 @@ def sh_view(config_path: str, path_env: str) -> str:
     """What the front decides: it prints the runtime it would exec (through a fake
     runtime that echoes) for a pass-through call."""
     r = subprocess.run([FRONT, "state", "x"], capture_output=True, text=True,
-                       env={"PATH": path_env, "GPUHOOK_CONFIG": config_path, "GPUHOOK_PYTHON": sys.executable})
+                       env={"PATH": path_env, "GPUHOOK_CONFIG": config_path, "GPUHOOK_PYTHON": sys.executable,
+                            "GPUHOOK_CACHE_DIR": os.path.join(os.path.dirname(config_path), "cache")})
     return r.stdout.strip() if r.returncode == 0 else f"error {r.returncode}"
 
 
@@ -139,8 +141,12 @@ def test_sh_front_and_tomllib_pick_the_same_runtime(text, tmp_path, fake_runtime
 def test_sh_front_missing_runtime_is_one_clear_line(tmp_path):
     path = tmp_path / "config.toml"
     path.write_text('runtime = "/nonexistent/runc"\n')
+    from gpuhook.testing.front import prime
+
+    prime(str(path), str(tmp_path / "cache"))
     r = subprocess.run([FRONT, "state", "x"], capture_output=True, text=True,
-                       env={"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(path)})
+                       env={"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(path),
+                            "GPUHOOK_CACHE_DIR": str(tmp_path / "cache")})
     assert r.returncode == 127
     assert r.stderr.count("\n") == 1 and "no real OCI runtime" in r.stderr
 
@@ -153,6 +159,38 @@ def test_python_missing_runtime_is_one_clear_line(tmp_path):
                                                              "PYTHONPATH": os.path.dirname(os.path.dirname(FRONT))})
     assert r.returncode == 127
     assert "Traceback" not in r.stderr and "no real OCI runtime" in r.stderr
+
+
+@pytest.mark.parametrize("how", ["link-first-on-path", "copy-first-on-path", "link-in-config", "copy-in-config"])
+def test_a_runtime_that_is_the_front_itself_is_one_clear_line(tmp_path, how):
+    """A `runc` that is the wrapper (a link to it, or a copy), first on PATH or named in the
+    config: refused with one line, by the front (with and without its front file: then Python
+    refuses it) and by Python itself; never a front that execs itself for ever."""
+    from gpuhook.testing.front import prime
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake = bindir / "runc"
+    if how.startswith("link"):
+        fake.symlink_to(FRONT)
+    else:
+        fake.write_bytes(open(FRONT, "rb").read())
+        fake.chmod(0o755)
+    path = tmp_path / "config.toml"
+    path.write_text(f'runtime = "{fake}"\n' if how.endswith("in-config") else 'log_file = ""\n')
+    cache = str(tmp_path / "cache")
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "GPUHOOK_CONFIG": str(path), "GPUHOOK_CACHE_DIR": cache,
+           "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.dirname(FRONT)))}
+    py = [sys.executable, "-m", "gpuhook.runtime", "state", "x"]
+    for primed, argv in ((False, py), (True, [FRONT, "state", "x"])):
+        if primed:
+            prime(str(path), cache)
+        try:
+            r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=10)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{argv[0]} ran itself for ever through {fake}")
+        assert r.returncode == 127, (argv, r)
+        assert r.stderr == f"gpuhook-runtime: the real OCI runtime {fake} is gpuhook-runtime itself (set `runtime` in {path})\n"
 
 
 def test_a_deeply_nested_node_config_means_defaults_not_a_traceback(tmp_path):

@@ -348,7 +348,9 @@ def test_exec_through_the_server_adds_the_recorded_env(node):
     node.start_server()
     state = node.tmp / "state"
     assert node.front("--root", str(state), "create", "--bundle", str(node.bundle), "c7").returncode == 0
-    (state / "c7").mkdir(parents=True)  # the runtime's state: the container exists
+    (state / "c7").mkdir(parents=True)  # the runtime's state, as runc writes it: the container exists
+    (state / "c7" / "state.json").write_text(json.dumps({"created": "2026-12-01T18:28:07.710911314Z",
+                                                         "config": {"labels": [f"bundle={node.bundle}"]}}))
     process = node.tmp / "process.json"
     process.write_text(json.dumps({"args": ["env"], "env": ["PATH=/bin"], "cwd": "/"}))
     process.chmod(0o600)
