@@ -19,6 +19,9 @@ MPS_PIPE_DIR = "/tmp/nvidia-mps"  # CUDA's default MPS pipe directory: where a c
 # the scheduling label users already write (nodeAffinity on gpu.type In [nvidia, amd, intel]): the
 # agent sets it to gpuhook.dev/accelerator's vendor (the node config's vendor_label; "" turns it off)
 VENDOR_LABEL = "gpu.type"
+# the agent's name in the API: its field manager (the API server records under it which fields the
+# agent's patches set, metadata.managedFields: the agent changes or removes only those) and its Events' source
+AGENT_NAME = "gpuhook-agent"
 # the bundle's runtime entry, as its front runs it: `python -I -S -c RUNTIME_MAIN <site-packages>
 # ARGS...` (gpuhook/startup.py; the C front's STARTUP is the same string: tests/unit/test_front.py)
 RUNTIME_MAIN = "import sys; sys.path.insert(0, sys.argv.pop(1)); import gpuhook.startup"

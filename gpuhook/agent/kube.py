@@ -28,6 +28,8 @@ from __future__ import annotations
 import os
 import threading
 
+from ..defaults import AGENT_NAME
+
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 TIMEOUT = 5.0
 CONNECT_RETRIES = 2
@@ -207,8 +209,6 @@ class KubeAPI:
         from lightkube import Client
         from lightkube.config.client_adapter import verify_cluster
 
-        from . import labels
-
         self.node = node
         self.namespace = namespace
         self.base_url = config.cluster.server
@@ -232,7 +232,7 @@ class KubeAPI:
             timeout=httpx.Timeout(timeout),
             trust_env=False,
             transport=transport,
-            field_manager=labels.FIELD_MANAGER,
+            field_manager=AGENT_NAME,
         )
         self.token_auth = None
         if token_file:
@@ -385,7 +385,7 @@ class KubeAPI:
             "reason": reason,
             "message": message[:1024],
             "type": type_,
-            "source": {"component": "gpuhook-agent", "host": self.node},
+            "source": {"component": AGENT_NAME, "host": self.node},
             "reportingComponent": REPORTING_COMPONENT,
             "reportingInstance": self.node,
             "firstTimestamp": now,

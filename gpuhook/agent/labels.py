@@ -19,7 +19,7 @@ One label outside gpuhook.dev/, for the node affinity users already write: the n
 vendor_label (default gpu.type; "" turns it off) = the primary vendor, set exactly when
 gpuhook.dev/accelerator names one (never on a CPU-only node, nor for a vendor whose userspace
 is missing). Which labels outside gpuhook.dev/ are the agent's is the API server's record,
-metadata.managedFields (the agent's field manager, FIELD_MANAGER): the agent removes such a
+metadata.managedFields (the agent's field manager, AGENT_NAME): the agent removes such a
 label when it is no longer wanted (no GPU left, the key renamed or turned off), and never
 removes nor overwrites one that somebody else set (an operator's hand-made gpu.type).
 
@@ -31,6 +31,7 @@ import os
 import re
 
 from ..config import valid_label_name, valid_vendor_label
+from ..defaults import AGENT_NAME
 
 PREFIX = "gpuhook.dev/"
 ACCELERATOR = PREFIX + "accelerator"
@@ -40,9 +41,6 @@ OPERATOR_LABELS = frozenset({PREFIX + "install"})
 NFD_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
 NFD_FILE = "gpuhook"
 MAX_VALUE = 63
-# the agent's field manager in the API (kube.py's client sends it): the API server records under
-# this name which fields the agent's patches set (metadata.managedFields)
-FIELD_MANAGER = "gpuhook-agent"
 
 _BAD = re.compile(r"[^A-Za-z0-9._-]+")
 _ENDS = re.compile(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+\Z")
@@ -183,7 +181,7 @@ def _map(d, key) -> dict:
     return v if isinstance(v, dict) else {}
 
 
-def owned_labels(node: dict, manager: str = FIELD_MANAGER) -> set[str]:
+def owned_labels(node: dict, manager: str = AGENT_NAME) -> set[str]:
     """The label keys whose last change the API server records as `manager`'s
     (metadata.managedFields: a change moves a field to the manager that made it)."""
     out: set[str] = set()

@@ -165,7 +165,7 @@ def test_the_agent_removes_its_own_gpu_type_when_the_gpu_goes(fake_api):
     labels.sync_node_labels(client, labels.node_labels(Inventory("/", (NV,)), True, KEY))
     assert api.labels[KEY] == "nvidia"
     # the fake API records each change under the ?fieldManager= the real client sends: kube.py's
-    # name and labels.FIELD_MANAGER are the same, or this fails
+    # name and labels.AGENT_NAME are the same, or this fails
     assert labels.owned_labels(api.node) >= {KEY, "gpuhook.dev/accelerator"}
     synced = labels.sync_node_labels(client, labels.node_labels(Inventory("/", ()), True, KEY))
     assert KEY not in api.labels and KEY in synced.removed and synced.patch[KEY] is None
@@ -246,13 +246,13 @@ def test_a_renamed_key_the_policy_no_longer_allows_never_holds_back_the_rest(fak
 
 def test_owned_labels_reads_only_the_agents_label_fields():
     node = {"metadata": {"managedFields": [
-        {"manager": labels.FIELD_MANAGER, "operation": "Update",
+        {"manager": labels.AGENT_NAME, "operation": "Update",
          "fieldsV1": {"f:metadata": {"f:labels": {".": {}, "f:gpu.type": {}, "f:gpuhook.dev/x": {}},
                                      "f:annotations": {"f:a": {}}}}},
-        {"manager": labels.FIELD_MANAGER, "operation": "Update", "subresource": "status",
+        {"manager": labels.AGENT_NAME, "operation": "Update", "subresource": "status",
          "fieldsV1": {"f:metadata": {"f:labels": {"f:status-thing": {}}}}},
         {"manager": "kubectl-label", "operation": "Update", "fieldsV1": {"f:metadata": {"f:labels": {"f:team": {}}}}},
-        {"manager": labels.FIELD_MANAGER, "fieldsV1": "garbage"}, "garbage", {"manager": labels.FIELD_MANAGER}]}}
+        {"manager": labels.AGENT_NAME, "fieldsV1": "garbage"}, "garbage", {"manager": labels.AGENT_NAME}]}}
     assert labels.owned_labels(node) == {"gpu.type", "gpuhook.dev/x"}
     assert labels.owned_labels({}) == set() and labels.owned_labels({"metadata": {"managedFields": None}}) == set()
 
