@@ -57,6 +57,7 @@ def write(path: str, data: bytes, mode: int | None = None, what: str | None = No
         write_atomic(path, data, mode)
     except OSError as e:
         raise InstallError(f"{what or path}: cannot write it ({e.strerror or e})") from None
+    sweep(path)
 
 
 def remove(path: str, what: str | None = None) -> None:
@@ -66,6 +67,33 @@ def remove(path: str, what: str | None = None) -> None:
         pass
     except OSError as e:
         raise InstallError(f"{what or path}: cannot remove it ({e.strerror or e})") from None
+    sweep(path)
+
+
+def _temps(d: str, base: str = "") -> list[str]:
+    """The temp files write_atomic (and _replace_link) leave in `d` when killed before their
+    rename: `.<base>.gpuhook-<pid>[-<random>].tmp`, of one file `base` or of every file."""
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return []
+    head = f".{base}.gpuhook-" if base else "."
+    return [os.path.join(d, n) for n in names if n.startswith(head) and ".gpuhook-" in n and n.endswith(".tmp")]
+
+
+def sweep(path: str) -> None:
+    """Remove what killed writers of `path` left beside it. Only installers write the files
+    install writes, one at a time (node_lock), so a temp file of one is a dead one's."""
+    for tmp in _temps(os.path.dirname(path), os.path.basename(path)):
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def sweep_dir(d: str) -> None:
+    """Remove every writer's temp file in `d`, a directory only install writes."""
+    for tmp in _temps(d):
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 # -- state ---------------------------------------------------------------------------
@@ -260,6 +288,7 @@ def _sync(src: str, dst: str, dry_run: bool, grace: float) -> Synced:
         return Synced(len(names), len(changed), removed, len(names) - len(changed))
     versions = os.path.join(dst, VERSIONS)
     os.makedirs(versions, mode=0o755, exist_ok=True)
+    _sweep_killed(dst)
     name = tree_hash(src, names)[:16]
     target = os.path.join(versions, name)
     if os.path.lexists(target) and not (
@@ -299,6 +328,17 @@ def _sync(src: str, dst: str, dry_run: bool, grace: float) -> Synced:
     _drop_stale_links(dst, tops)
     pruned = _prune(versions, keep={name, previous}, grace=grace)
     return Synced(len(names), written, removed, linked, name, previous, tuple(pruned))
+
+
+def _sweep_killed(dst: str) -> None:
+    """What an install killed in here left: a version half copied (.versions/.tmp-*) and the
+    temp links of _replace_link. Installs run one at a time (node_lock): they are dead ones'."""
+    versions = os.path.join(dst, VERSIONS)
+    for entry in os.listdir(versions):
+        if entry.startswith(".tmp-"):
+            path = os.path.join(versions, entry)
+            shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
+    sweep_dir(dst)
 
 
 def _is_top_link(dst: str, top: str) -> bool:
@@ -465,20 +505,34 @@ def _parents(rel: str):
         rel = os.path.dirname(rel)
 
 
+def versioned(dst: str) -> bool:
+    """`dst` is (or was, half removed) a versioned install: only `gpuhook install` makes one."""
+    return os.path.isdir(os.path.join(dst, VERSIONS)) or os.path.islink(os.path.join(dst, CURRENT))
+
+
+def is_bundle(dst: str) -> bool:
+    return os.path.exists(os.path.join(dst, MANIFEST))
+
+
 def remove_bundle(dst: str) -> int:
-    """Remove an installed bundle: every version, the .current link and our top-level links
-    (a bundle copied file by file: the files its manifest lists); then `dst` if empty. The
+    """Remove an installed bundle: our top-level links and the .current link first (no
+    create starts from it any more), then every version, .versions last (until it is gone a
+    killed removal is still recognisable, and running this again finishes it); a bundle copied
+    file by file: the files its manifest lists, the manifest last. Then `dst` if empty. The
     number of files of the bundle it ran."""
-    cur = current_version(dst)
-    if cur is None:
+    if not versioned(dst):
         return _remove_files(dst)
-    n = len(manifest(cur)["files"]) if os.path.exists(os.path.join(cur, MANIFEST)) else 0
+    cur = current_version(dst)
+    n = len(manifest(cur)["files"]) if cur and os.path.exists(os.path.join(cur, MANIFEST)) else 0
     for entry in os.listdir(dst):
         if _is_top_link(dst, entry):
             remove(os.path.join(dst, entry))
     remove(os.path.join(dst, CURRENT))
+    sweep_dir(dst)
     try:
         shutil.rmtree(os.path.join(dst, VERSIONS))
+    except FileNotFoundError:
+        pass
     except OSError as e:
         raise InstallError(f"{e.filename or dst}: cannot remove it ({e.strerror or e})") from None
     try:
@@ -493,8 +547,8 @@ def _remove_files(dst: str) -> int:
     for rel in files:
         if rel != MANIFEST:
             remove(os.path.join(dst, rel))
-    remove(os.path.join(dst, MANIFEST))
-    _prune_dirs(dst, files)
+    _prune_dirs(dst, [rel for rel in files if rel != MANIFEST])
+    remove(os.path.join(dst, MANIFEST))  # last: until then running this again finishes it
     try:
         os.rmdir(dst)
     except OSError:
