@@ -520,8 +520,6 @@ def uninstall(opts: Options, say: Say, root: str) -> None:
     if opts.runtime == "auto":
         # every runtime installed for; with no state, every one whose config has our handler
         targets = installed if had_state else [n for n, a in RUNTIMES.items() if a.ours(root)]
-    elif installed and opts.runtime not in installed:
-        raise InstallError(f"gpuhook is installed for {' and '.join(installed)} on this node, not {opts.runtime}")
     else:
         targets = [opts.runtime]
     others = (
@@ -535,6 +533,13 @@ def uninstall(opts: Options, say: Say, root: str) -> None:
     )
     if not had_state:
         say(f"no install state ({files.STATE}): removing only what is recognisably gpuhook's")
+    elif opts.runtime != "auto" and opts.runtime not in installed:
+        # (or an uninstall of it was stopped after its state was saved: this finishes it)
+        say(
+            f"gpuhook is not installed for {opts.runtime} on this node"
+            + (f" (it is for {' and '.join(installed)})" if installed else "")
+            + f": only what is recognisably gpuhook's in {RUNTIMES[opts.runtime].config} is removed"
+        )
 
     for rt in targets:
         was_pending = rt in state["restart_pending"]

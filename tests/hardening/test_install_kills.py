@@ -191,3 +191,18 @@ def test_install_and_uninstall_killed_at_every_step_can_be_finished(base, bundle
     assert kills > 20, kills
     kill_points(install_all, plain, pristine, install_undone)
     assert kill_points(core.uninstall, plain, installed_copy, uninstall_finished) > 10
+    if len(runtimes) < 2:
+        return
+    # one runtime's uninstall (--runtime docker), killed: run again, it leaves the node as one
+    # clean run of it does (containerd's handler, the bundle and the node config kept)
+    reset(root, installed_copy)
+    core.uninstall(opts["docker"], say)
+    one_left = tree(root)
+    assert "opt/gpuhook/.current" in one_left and one_left["etc/docker/daemon.json"][2] == DAEMON_JSON.encode()
+
+    def docker_uninstall_finished(n):
+        core.uninstall(opts["docker"], say)
+        assert tree(root) == one_left, f"uninstall --runtime docker killed at call {n}, run again:\n" + differences(
+            tree(root), one_left)
+
+    assert kill_points(core.uninstall, opts["docker"], installed_copy, docker_uninstall_finished) > 5

@@ -284,7 +284,10 @@ def test_docker_and_containerd_side_by_side(tmp_path, fake_bundle):
     assert (node / "etc/containerd/config.toml").read_text() == ctd  # the other's handler kept
     assert (node / "opt/gpuhook/bin/gpuhook-runtime").exists() and (node / "etc/gpuhook/config.toml").exists()
     assert json.loads((node / STATE).read_text())["runtimes"] == ["containerd"]
-    assert "installed for containerd" in refused(gpuhook("uninstall", "--host-root", node, "--runtime", "docker"))
+    one_left = content(node)
+    out = ok(gpuhook("uninstall", "--host-root", node, "--runtime", "docker"))  # again: nothing more to do
+    assert "gpuhook is not installed for docker on this node (it is for containerd)" in out, out
+    assert content(node) == one_left
 
     ok(gpuhook("install", "--host-root", node, "--runtime", "docker", "--bundle-dir", fake_bundle))
     assert content(node) == both
