@@ -268,6 +268,8 @@ def sync_bundle(src: str, dst: str, dry_run: bool, grace: float | None = None) -
 
 def _sync(src: str, dst: str, dry_run: bool, grace: float) -> Synced:
     names = manifest(src)["files"]
+    if not dry_run and os.path.isdir(os.path.join(dst, VERSIONS)):
+        _sweep_killed(dst)
     cur = current_version(dst)
     base = cur or (dst if _legacy(dst) else None)
     old_files: list[str] = []
@@ -283,12 +285,14 @@ def _sync(src: str, dst: str, dry_run: bool, grace: float) -> Synced:
         fixed = sum(1 for t in sorted(tops) if not _is_top_link(dst, t))
         if fixed and not dry_run:
             _top_links(dst, tops)
+            if any(not os.path.islink(os.path.join(dst, t)) for t in tops if os.path.lexists(os.path.join(dst, t))):
+                # a switch from a bundle copied file by file, stopped while its entries moved
+                _retire_legacy(dst, [], tops)
         return Synced(len(names), fixed, 0, 0, os.path.basename(cur))
     if dry_run:
         return Synced(len(names), len(changed), removed, len(names) - len(changed))
     versions = os.path.join(dst, VERSIONS)
     os.makedirs(versions, mode=0o755, exist_ok=True)
-    _sweep_killed(dst)
     name = tree_hash(src, names)[:16]
     target = os.path.join(versions, name)
     if os.path.lexists(target) and not (
@@ -331,14 +335,25 @@ def _sync(src: str, dst: str, dry_run: bool, grace: float) -> Synced:
 
 
 def _sweep_killed(dst: str) -> None:
-    """What an install killed in here left: a version half copied (.versions/.tmp-*) and the
-    temp links of _replace_link. Installs run one at a time (node_lock): they are dead ones'."""
+    """What an install killed in here left: a version half copied (.versions/.tmp-*), the
+    temp links of _replace_link, and an old bundle's entry that _retire_legacy had swapped out
+    but not yet moved (back into its legacy version). Installs run one at a time
+    (node_lock): these are dead ones'."""
     versions = os.path.join(dst, VERSIONS)
     for entry in os.listdir(versions):
         if entry.startswith(".tmp-"):
-            path = os.path.join(versions, entry)
-            shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
-    sweep_dir(dst)
+            _remove_any(os.path.join(versions, entry))
+    legacy = sorted((e for e in os.listdir(versions) if e.startswith("legacy-")), key=lambda e: e.split("-")[-1])
+    for tmp in _temps(dst):
+        top = os.path.basename(tmp)[1:].rsplit(".gpuhook-", 1)[0]
+        if not os.path.islink(tmp) and legacy and not os.path.lexists(os.path.join(versions, legacy[-1], top)):
+            os.rename(tmp, os.path.join(versions, legacy[-1], top))
+        else:
+            _remove_any(tmp)
+
+
+def _remove_any(path: str) -> None:
+    shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
 
 
 def _is_top_link(dst: str, top: str) -> bool:
@@ -370,9 +385,12 @@ def _retire_legacy(dst: str, old_files: list[str], tops: set[str]) -> str:
     top-level entries is swapped for our link (renameat2 RENAME_EXCHANGE: one step per
     entry; this first move is atomic per top-level entry, not as a whole) and moved into
     .versions/legacy-<ns>/. That version's name."""
-    name = f"legacy-{time.time_ns()}"
-    keep = os.path.join(dst, VERSIONS, name)
-    os.makedirs(keep, mode=0o755)
+    versions = os.path.join(dst, VERSIONS)
+    started = sorted((e for e in os.listdir(versions) if e.startswith("legacy-")), key=lambda e: e.split("-")[-1])
+    # one stopped by a kill is finished in its own directory (the newest)
+    name = started[-1] if started else f"legacy-{time.time_ns()}"
+    keep = os.path.join(versions, name)
+    os.makedirs(keep, mode=0o755, exist_ok=True)
     # the manifest first, bin/ last: an old front (bin/) then finds the new files throughout
     order = sorted((_tops(old_files) | tops) - {VERSIONS, CURRENT}, key=lambda t: (t == "bin", t != MANIFEST, t))
     for top in order:
@@ -528,8 +546,9 @@ def remove_bundle(dst: str) -> int:
         if _is_top_link(dst, entry):
             remove(os.path.join(dst, entry))
     remove(os.path.join(dst, CURRENT))
-    sweep_dir(dst)
     try:
+        for tmp in _temps(dst):  # what a killed install or uninstall left in here
+            _remove_any(tmp)
         shutil.rmtree(os.path.join(dst, VERSIONS))
     except FileNotFoundError:
         pass

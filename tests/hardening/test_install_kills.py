@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import stat
@@ -49,7 +50,7 @@ def tree(root: str) -> dict:
         for n in dirs + names:
             p = os.path.join(d, n)
             st = os.lstat(p)
-            rel = os.path.relpath(p, root)
+            rel = re.sub(r"legacy-[0-9]+", "legacy-N", os.path.relpath(p, root))  # (a time in its name)
             if stat.S_ISLNK(st.st_mode):
                 out[rel] = ("link", os.readlink(p))
             elif stat.S_ISDIR(st.st_mode):
@@ -114,10 +115,19 @@ def bundle_dir(base) -> str:
     return str(b)
 
 
-def make_node(base, runtimes: tuple[str, ...]) -> str:
+def make_node(base, runtimes: tuple[str, ...], legacy: str | None = None) -> str:
+    """A node with each runtime's config; `legacy`: a bundle copied file by file to
+    /opt/gpuhook (gpuhook before versions did that), which install turns into a version."""
     root = base / "node"
     (root / "etc" / "systemd" / "system").mkdir(parents=True)  # the runtime server's units too
     (root / "opt").mkdir()  # as on every node (uninstall leaves it)
+    if legacy:
+        shutil.copytree(legacy, root / "opt" / "gpuhook")
+        for d, _, names in os.walk(root / "opt" / "gpuhook"):  # another version of it
+            for n in names:
+                if n.endswith(".py"):
+                    with open(os.path.join(d, n), "a") as f:
+                        f.write("# older\n")
     if "containerd" in runtimes:
         (root / "etc" / "containerd").mkdir()
         (root / "etc" / "containerd" / "config.toml").write_text(CONTAINERD_CONFIG)
@@ -146,12 +156,14 @@ def kill_points(action, opts, before, check):
     pytest.fail("never ran through")
 
 
-RUNTIMES = [("containerd",), ("docker",), ("containerd", "docker")]
+RUNTIMES = [("containerd",), ("docker",), ("containerd", "docker"), ("containerd", "legacy")]
 
 
 @pytest.mark.parametrize("runtimes", RUNTIMES, ids="+".join)
 def test_install_and_uninstall_killed_at_every_step_can_be_finished(base, bundle_dir, runtimes):
-    root = make_node(base, runtimes)
+    legacy = "legacy" in runtimes
+    runtimes = tuple(r for r in runtimes if r != "legacy")
+    root = make_node(base, runtimes, bundle_dir if legacy else None)
     say = lambda line: None  # noqa: E731
     opts = {rt: core.Options(host_root=root, runtime=rt, bundle_dir=bundle_dir) for rt in runtimes}
     plain = core.Options(host_root=root, runtime="auto", bundle_dir=bundle_dir)
@@ -168,7 +180,12 @@ def test_install_and_uninstall_killed_at_every_step_can_be_finished(base, bundle
     assert installed != original
     installed_copy = str(base / "installed")
     shutil.copytree(root, installed_copy, symlinks=True)
+    if legacy:
+        assert any(k.startswith("opt/gpuhook/.versions/legacy-N/") for k in installed), sorted(installed)
     core.uninstall(plain, say)
+    if legacy:  # what install did not copy (no state said so) but made into a version: gone with it
+        del original["opt/gpuhook"]
+        original = {k: v for k, v in original.items() if not k.startswith("opt/gpuhook/")}
     assert tree(root) == original, differences(tree(root), original)
 
     def install_finished(n):
@@ -189,7 +206,8 @@ def test_install_and_uninstall_killed_at_every_step_can_be_finished(base, bundle
 
     kills = kill_points(install_all, plain, pristine, install_finished)
     assert kills > 20, kills
-    kill_points(install_all, plain, pristine, install_undone)
+    if not legacy:
+        kill_points(install_all, plain, pristine, install_undone)
     assert kill_points(core.uninstall, plain, installed_copy, uninstall_finished) > 10
     if len(runtimes) < 2:
         return

@@ -313,3 +313,25 @@ def test_runtime_auto_on_a_kubelet_node_with_dockerd_installs_for_both(tmp_path,
     out = ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle, "--dry-run"))
     assert "runtime docker " in out.splitlines()[0], out
     assert "installing for dockerd: no kubelet (the containerd there runs dockerd's containers, not pods" in out
+
+
+def test_a_state_of_one_runtime_from_before_is_read(tmp_path, fake_bundle):
+    """An install state written before side-by-side installs (one `runtime`, a boolean
+    `restart_pending`): an install for dockerd adds to it, and uninstall takes both."""
+    node = node_with(tmp_path, OPERATOR)
+    (node / "etc/containerd").mkdir()
+    (node / "etc/containerd/config.toml").write_text("version = 2\n")
+    (node / "opt").mkdir()
+    pristine = content(node)
+    ok(gpuhook("install", "--host-root", node, "--runtime", "containerd", "--bundle-dir", fake_bundle))
+    old = json.loads((node / STATE).read_text())
+    old["runtime"] = old.pop("runtimes")[0]
+    old["restart_pending"] = bool(old["restart_pending"])
+    (node / STATE).write_text(json.dumps(old))
+    ok(gpuhook("install", "--host-root", node, "--runtime", "docker", "--bundle-dir", fake_bundle))
+    state = json.loads((node / STATE).read_text())
+    assert (state["runtimes"], state["restart_pending"], "runtime" in state) == (
+        ["containerd", "docker"], ["containerd", "docker"], False)
+    out = ok(gpuhook("uninstall", "--host-root", node))
+    assert "runtime containerd and docker" in out.splitlines()[0]
+    assert content(node) == pristine
