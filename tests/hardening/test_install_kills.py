@@ -140,6 +140,9 @@ def make_node(base, runtimes: tuple[str, ...], legacy: str | None = None) -> str
     if "containerd" in runtimes:
         (root / "etc" / "containerd").mkdir()
         (root / "etc" / "containerd" / "config.toml").write_text(CONTAINERD_CONFIG)
+    if "crio" in runtimes:
+        (root / "etc" / "crio" / "crio.conf.d").mkdir(parents=True)
+        (root / "etc" / "crio" / "crio.conf").write_text('[crio.runtime]\ndefault_runtime = "runc"\n')
     if "docker" in runtimes:
         (root / "etc" / "docker").mkdir()
         (root / "etc" / "docker" / "daemon.json").write_text(DAEMON_JSON)
@@ -165,7 +168,7 @@ def kill_points(action, opts, before, check):
     pytest.fail("never ran through")
 
 
-RUNTIMES = [("containerd",), ("docker",), ("containerd", "docker"), ("containerd", "legacy")]
+RUNTIMES = [("containerd",), ("docker",), ("crio",), ("containerd", "docker"), ("containerd", "legacy")]
 
 
 @pytest.mark.parametrize("runtimes", RUNTIMES, ids="+".join)
