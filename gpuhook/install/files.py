@@ -343,13 +343,18 @@ def _sweep_killed(dst: str) -> None:
     for entry in os.listdir(versions):
         if entry.startswith(".tmp-"):
             _remove_any(os.path.join(versions, entry))
-    legacy = sorted((e for e in os.listdir(versions) if e.startswith("legacy-")), key=lambda e: e.split("-")[-1])
+    legacy = _legacy_versions(versions)
     for tmp in _temps(dst):
         top = os.path.basename(tmp)[1:].rsplit(".gpuhook-", 1)[0]
         if not os.path.islink(tmp) and legacy and not os.path.lexists(os.path.join(versions, legacy[-1], top)):
             os.rename(tmp, os.path.join(versions, legacy[-1], top))
         else:
             _remove_any(tmp)
+
+
+def _legacy_versions(versions: str) -> list[str]:
+    """The versions _retire_legacy made (legacy-<ns>), oldest first."""
+    return sorted((e for e in os.listdir(versions) if e.startswith("legacy-")), key=lambda e: e.split("-")[-1])
 
 
 def _remove_any(path: str) -> None:
@@ -386,7 +391,7 @@ def _retire_legacy(dst: str, old_files: list[str], tops: set[str]) -> str:
     entry; this first move is atomic per top-level entry, not as a whole) and moved into
     .versions/legacy-<ns>/. That version's name."""
     versions = os.path.join(dst, VERSIONS)
-    started = sorted((e for e in os.listdir(versions) if e.startswith("legacy-")), key=lambda e: e.split("-")[-1])
+    started = _legacy_versions(versions)
     # one stopped by a kill is finished in its own directory (the newest)
     name = started[-1] if started else f"legacy-{time.time_ns()}"
     keep = os.path.join(versions, name)
