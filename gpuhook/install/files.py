@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import sys
@@ -72,13 +73,18 @@ def remove(path: str, what: str | None = None) -> None:
 
 def _temps(d: str, base: str = "") -> list[str]:
     """The temp files write_atomic (and _replace_link) leave in `d` when killed before their
-    rename: `.<base>.gpuhook-<pid>[-<random>].tmp`, of one file `base` or of every file."""
+    rename: `.<base>.gpuhook.tmp` or `.<base>.gpuhook-<pid>[-<random>].tmp`, of one file
+    `base` or of every file."""
     try:
         names = os.listdir(d)
     except OSError:
         return []
-    head = f".{base}.gpuhook-" if base else "."
-    return [os.path.join(d, n) for n in names if n.startswith(head) and ".gpuhook-" in n and n.endswith(".tmp")]
+    head = f".{base}.gpuhook" if base else "."
+    return [
+        os.path.join(d, n)
+        for n in names
+        if n.startswith(head) and n.endswith(".tmp") and re.search(r"\.gpuhook(-[0-9a-f-]+)?\.tmp$", n)
+    ]
 
 
 def sweep(path: str) -> None:
@@ -345,7 +351,7 @@ def _sweep_killed(dst: str) -> None:
             _remove_any(os.path.join(versions, entry))
     legacy = _legacy_versions(versions)
     for tmp in _temps(dst):
-        top = os.path.basename(tmp)[1:].rsplit(".gpuhook-", 1)[0]
+        top = os.path.basename(tmp)[1:].rsplit(".gpuhook", 1)[0]
         if not os.path.islink(tmp) and legacy and not os.path.lexists(os.path.join(versions, legacy[-1], top)):
             os.rename(tmp, os.path.join(versions, legacy[-1], top))
         else:
