@@ -11,6 +11,7 @@ CACHE_DIR = "/run/gpuhook"  # parsed config, probe result, exec records (GPUHOOK
 READY_FILE = CACHE_DIR + "/ready"  # the agent's readiness file
 INSTALL_PREFIX = "/opt/gpuhook"  # the host bundle
 BUNDLE_VERSIONS = ".versions"  # its versions' directory, under INSTALL_PREFIX (install/files.py)
+PACKAGE_MARK = INSTALL_PREFIX + "/.installed-by-package"  # the .deb's bundle: uninstall leaves it to dpkg
 BACKUP_DIR = "/etc/gpuhook/backup"  # what install replaced, for uninstall
 RUNTIME_BINARY = INSTALL_PREFIX + "/bin/gpuhook-runtime"  # the handler's binary
 CDI_DIR = "/var/run/cdi"  # where the agent writes CDI specs

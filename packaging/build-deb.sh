@@ -1,6 +1,6 @@
 #!/bin/sh
-# Build gpuhook_<version>_<arch>.deb with dpkg-deb: the host bundle in /opt/gpuhook and the
-# boot-time unit gpuhook-install.service. No Depends: the bundle brings its own Python, libraries
+# Build gpuhook_<version>_<arch>.deb with dpkg-deb: the host bundle in /opt/gpuhook (with the
+# package's mark, defaults.PACKAGE_MARK) and the boot-time unit gpuhook-install.service. No Depends: the bundle brings its own Python, libraries
 # and libc; runc is recommended (gpuhook-runtime execs it).
 #
 # usage: packaging/build-deb.sh OUT_DIR [BUNDLE_DIR]
@@ -30,6 +30,11 @@ arch=$(dpkg --print-architecture)
 root=$work/root
 mkdir -p "$root/opt" "$root/lib/systemd/system" "$root/DEBIAN"
 cp -a "$bundle" "$root/opt/gpuhook"
+# The mark that tells `gpuhook uninstall` this bundle is the package's (dpkg removes it), not
+# one that `gpuhook install` copied; its path is gpuhook.defaults.PACKAGE_MARK.
+mark=$(PYTHONPATH="$repo" "${PYTHON:-python3}" -c 'from gpuhook.defaults import PACKAGE_MARK; print(PACKAGE_MARK)')
+echo "gpuhook $(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$repo/gpuhook/__init__.py") (.deb): dpkg removes this bundle" \
+    > "$root$mark"
 install -m 0644 "$repo/systemd/gpuhook-install.service" "$root/lib/systemd/system/gpuhook-install.service"
 
 cat > "$root/DEBIAN/control" <<CONTROL

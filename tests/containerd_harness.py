@@ -29,6 +29,7 @@ import shutil
 import signal
 import subprocess
 import tarfile
+import threading
 import time
 
 CONTAINERD = "containerd"
@@ -636,3 +637,83 @@ def leftovers(c: Containerd) -> dict[str, list[str]]:
             if parent.strip("/") and os.path.isdir(p):
                 out["cgroups"].append(p)
     return {k: v for k, v in out.items() if v}
+
+
+# -- a containerd as containerd.service runs it (for --restart signal) -----------------------
+
+def containerd_config(base) -> str:
+    os.makedirs(base, exist_ok=True)
+    return f"""version = 2
+root = "{base}/root"
+state = "{base}/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+                    "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs",
+                    "io.containerd.monitor.v1.cgroups"]
+
+[grpc]
+  address = "{base}/containerd.sock"
+
+[ttrpc]
+  address = "{base}/containerd-ttrpc.sock"
+
+[plugins]
+  [plugins."io.containerd.internal.v1.opt"]
+    path = "{base}/opt"
+
+  [plugins."io.containerd.grpc.v1.cri"]
+    restrict_oom_score_adj = true
+
+    [plugins."io.containerd.grpc.v1.cri".containerd]
+      default_runtime_name = "runc"
+
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+"""
+
+
+class Supervised:
+    """containerd run the way containerd.service runs it (Restart=always), in a thread."""
+
+    def __init__(self, config, logs):
+        self.config, self.logs = str(config), logs
+        self.runs: list[tuple[subprocess.Popen, str]] = []
+        self.stopping = False
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _loop(self):
+        while not self.stopping:
+            log = os.path.join(self.logs, f"containerd-{len(self.runs) + 1}.log")
+            with open(log, "wb") as f:
+                p = subprocess.Popen(["containerd", "--config", self.config], stdout=f, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL)
+            self.runs.append((p, log))
+            p.wait()
+            time.sleep(0.1)
+
+    def booted(self, n: int, timeout: float = 20) -> str:
+        """The log of run `n` once containerd said it booted."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if len(self.runs) >= n:
+                text = open(self.runs[n - 1][1], errors="replace").read()
+                if "containerd successfully booted" in text:
+                    return text
+            time.sleep(0.05)
+        raise AssertionError(f"containerd run {n} did not boot")
+
+    def stop(self):
+        self.stopping = True
+        for p, _ in self.runs:
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        self.thread.join(10)
+
+
+def cri_runtimes(log: str) -> str:
+    line = next(line for line in log.splitlines() if "Start cri plugin with config" in line)
+    return line[line.index("Runtimes:map["):line.index("] NoPivot:")]

@@ -13,9 +13,10 @@ def _common(sp) -> None:
         "--runtime",
         choices=("containerd", "crio", "docker", "auto"),
         default="auto",
-        help="the node's container runtime (default auto: dockerd when its daemon.json or socket "
-        "is there on a node without a kubelet; else containerd when its config or socket is "
-        "there, else CRI-O, else dockerd)",
+        help="the node's container runtime; several sit side by side (install: default auto, "
+        "which says what it found: with a kubelet its CRI runtime, containerd else CRI-O, and "
+        "dockerd beside it when there; without one dockerd, else containerd, else CRI-O. "
+        "uninstall: default auto, every runtime installed for; X: only X's handler)",
     )
     sp.add_argument(
         "--restart",

@@ -1,19 +1,34 @@
 """`gpuhook install` and `gpuhook uninstall`: the steps, and what each leaves on the host.
 
+One node may have gpuhook for several container runtimes side by side (containerd for the
+kubelet and dockerd beside it): each runtime is an Adapter (RUNTIMES, at the end: the file it
+edits, how it is read, edited and given back, how its restart finds it). The bundle, the node
+config and the runtime server's units are shared: they go with the last runtime's uninstall.
+
 install (every step is skipped when its result is already there: a second run writes nothing)
   1. the host bundle -> /opt/gpuhook, as a new version switched in as a whole by one rename
      (files.VERSIONS; not when gpuhook runs from that very bundle: the .deb);
      with no --bundle-dir from a pip install, one is built first (build.py) in a temporary
      directory, from the interpreter and the gpuhook package running this
   2. /etc/gpuhook/config.toml, only when absent: the operator's file is never overwritten
-  3. the runtime: containerd's config.toml edited in place, or dockerd's daemon.json, after a
+  3. each runtime: containerd's config.toml edited in place, or dockerd's daemon.json, after a
      byte copy of the original in /etc/gpuhook/backup/; or CRI-O's drop-in
   4. /etc/gpuhook/backup/install-state.json: what was done, with the hash of each file as
      written; then the restart, only when the runtime's config changed (or an earlier change
      still waits for one)
 
-uninstall undoes it: config.toml (daemon.json) gets the original bytes back when nobody changed
-it since install wrote it; otherwise only our handler is removed and the backup stays.
+uninstall undoes it, for one runtime (--runtime X: the others' handlers and the shared files
+stay) or for every runtime installed (the default): config.toml (daemon.json) gets the
+original bytes back when nobody changed it since install wrote it; otherwise only our handler
+is removed and the backup stays.
+
+Both can be killed at any point and finished by running them again. The state file is the
+journal: what a step is about to write is saved in it first (a runtime's record, its backup,
+its pending restart, the node config), every write is a whole file or nothing, a step whose
+result is already there is skipped, and the state goes last. What a kill leaves that no
+record names is recognisable and swept: a writer's temp file (files.sweep), a bundle version
+half copied or a bundle half removed (a .versions directory is install's alone; a package's
+bundle carries defaults.PACKAGE_MARK instead).
 """
 
 from __future__ import annotations
@@ -78,34 +93,42 @@ def _root(path: str) -> str:
     return os.path.abspath(path)
 
 
-def detect(root: str) -> str:
-    """--runtime auto: dockerd when its config or socket is there and the node runs no
-    kubelet; else containerd when its config or socket is there, else CRI-O, else dockerd.
-    (A Docker host has containerd too: dockerd runs its containers through it.)"""
+def choose(root: str, say: Say) -> list[str]:
+    """--runtime auto: the runtimes to install for, said with what was found and why.
+    With a kubelet: its CRI runtime (containerd when its config or socket is there, else
+    CRI-O), and dockerd too when it is there (CI runners, build nodes, workstations; a node
+    with dockerd alone: cri-dockerd). Without a kubelet: dockerd when it is there (a Docker
+    host has containerd too, but that containerd runs dockerd's containers, not pods); else
+    containerd, else CRI-O."""
     from ..probe.host import Host
 
     h = Host(root)
-    has_docker = any(os.path.lexists(h.resolve(p)) for p in DOCKER_MARKS)
-    if has_docker and not os.path.isdir(h.resolve(KUBELET_MARK)):
-        return "docker"
-    if os.path.exists(host(root, containerd.DEFAULT_CONFIG)) or os.path.exists(host(root, CONTAINERD_SOCKET)):
-        return "containerd"
-    if any(os.path.exists(host(root, p)) for p in CRIO_MARKS):
-        return "crio"
-    if has_docker:
-        return "docker"
-    raise InstallError(
-        f"--runtime auto: no containerd ({containerd.DEFAULT_CONFIG}, {CONTAINERD_SOCKET}), "
-        f"CRI-O ({', '.join(CRIO_MARKS)}) nor dockerd ({', '.join(DOCKER_MARKS)}) under {root}; "
-        "pass --runtime"
-    )
-
-
-def _config_file(root: str, runtime: str) -> str | None:
-    """The runtime's config file we edit, as a path from here (what --restart signal matches)."""
-    return {"containerd": host(root, containerd.DEFAULT_CONFIG), "docker": host(root, docker.DEFAULT_CONFIG)}.get(
-        runtime
-    )
+    marks = {
+        "dockerd": [p for p in DOCKER_MARKS if os.path.lexists(h.resolve(p))],
+        "containerd": [p for p in (containerd.DEFAULT_CONFIG, CONTAINERD_SOCKET) if os.path.exists(host(root, p))],
+        "CRI-O": [p for p in CRIO_MARKS if os.path.exists(host(root, p))],
+        "a kubelet": [KUBELET_MARK] if os.path.isdir(h.resolve(KUBELET_MARK)) else [],
+    }
+    has_docker, kubelet = bool(marks["dockerd"]), bool(marks["a kubelet"])
+    cri = "containerd" if marks["containerd"] else "crio" if marks["CRI-O"] else None
+    if not (cri or has_docker):
+        raise InstallError(
+            f"--runtime auto: no containerd ({containerd.DEFAULT_CONFIG}, {CONTAINERD_SOCKET}), "
+            f"CRI-O ({', '.join(CRIO_MARKS)}) nor dockerd ({', '.join(DOCKER_MARKS)}) under {root}; "
+            "pass --runtime"
+        )
+    if has_docker and (not kubelet or not cri):
+        chosen = ["docker"]
+        why = "dockerd, the kubelet's runtime (cri-dockerd)" if kubelet else "dockerd: no kubelet"
+        if cri:
+            why += f" (the {cri} there runs dockerd's containers, not pods; `--runtime {cri}` adds it too)"
+    else:
+        assert cri is not None  # (no CRI runtime with dockerd went above)
+        chosen = [cri] + (["docker"] if has_docker else [])
+        why = (f"{cri}, the kubelet's runtime" if kubelet else cri) + (", and dockerd beside it" if has_docker else "")
+    found = "; ".join(f"{what} ({', '.join(paths)})" for what, paths in marks.items() if paths)
+    say(f"runtime auto: found {found}: installing for {why}")
+    return chosen
 
 
 def _bundle_source(opts: Options) -> str | None:
@@ -157,21 +180,20 @@ def _one_at_a_time(step: Callable[[Options, Say, str], None]) -> Callable[[Optio
 
 @_one_at_a_time
 def install(opts: Options, say: Say, root: str) -> None:
-    runtime = detect(root) if opts.runtime == "auto" else opts.runtime
-    state = files.load_state(root)
-    if state.get("runtime") not in (None, runtime):
-        raise InstallError(
-            f"gpuhook is installed for {state['runtime']} on this node; "
-            "run `gpuhook uninstall` first to switch runtimes"
-        )
+    found: list[str] = []
+    runtimes = choose(root, found.append) if opts.runtime == "auto" else [opts.runtime]
+    say(
+        f"gpuhook install: host root {root}, runtime {' and '.join(runtimes)}"
+        f"{' (dry run: nothing is written)' if opts.dry_run else ''}"
+    )
+    for line in found:
+        say(line)
+    state = _load_state(root)
     before = copy.deepcopy(state)
     would = "would be " if opts.dry_run else ""
-    say(
-        f"gpuhook install: host root {root}, runtime {runtime}{' (dry run: nothing is written)' if opts.dry_run else ''}"
-    )
 
     # refuse a config we cannot edit before anything is written
-    read = _read_containerd(root) if runtime == "containerd" else _read_docker(root) if runtime == "docker" else None
+    reads = {rt: RUNTIMES[rt].read(root) for rt in runtimes}
     src = _bundle_source(opts)
     if src is None and opts.dry_run:
         say(
@@ -193,28 +215,57 @@ def install(opts: Options, say: Say, root: str) -> None:
         say(f"node config: {NODE_CONFIG} exists: kept as it is")
     else:
         if not opts.dry_run:
-            files.write(path, NODE_CONFIG_TEXT.encode(), 0o644, NODE_CONFIG)
             state["node_config"] = {"path": NODE_CONFIG, "written": sha256(NODE_CONFIG_TEXT.encode())}
+            files.save_state(root, state)  # first: a kill right after the write still knows it is ours
+            files.write(path, NODE_CONFIG_TEXT.encode(), 0o644, NODE_CONFIG)
         say(f"node config: {NODE_CONFIG} {would}written (all defaults)")
     devlinks.install_step(root, opts.dry_run, say)  # /dev/char links of the GPU nodes: left on uninstall
     _install_server_units(root, opts, say)
 
-    if runtime == "containerd":
-        changed = _install_containerd(root, state, opts.dry_run, say, read)
-    elif runtime == "docker":
-        changed = _install_docker(root, state, opts.dry_run, say, read)
-    else:
-        changed = _install_crio(root, state, opts.dry_run, say)
-    config_file = _config_file(root, runtime)
-    state["runtime"] = runtime
-    state["restart_pending"] = bool(changed or state.get("restart_pending"))
+    changed = {rt: RUNTIMES[rt].install(root, state, opts.dry_run, say, reads[rt]) for rt in runtimes}
     if opts.dry_run:
-        say(_dry_restart(opts, runtime, state["restart_pending"]))
+        for rt in runtimes:
+            say(_dry_restart(opts, rt, changed[rt] or rt in state["restart_pending"]))
         return
+    for rt in runtimes:
+        _mark(state, "runtimes", rt)
     if state != before:
         files.save_state(root, state)  # before the restart: a failed one is retried next time
-    if _restart(opts, runtime, root, config_file, state, say):
-        files.save_state(root, state)
+    files.sweep(host(root, files.STATE))  # what a killed write of it left, when nothing changed now
+    for rt in runtimes:
+        if _restart(opts, rt, root, state, say):
+            files.save_state(root, state)
+
+
+def _load_state(root: str) -> dict:
+    """The install state, with `runtimes` (installed for) and `restart_pending` (runtimes
+    whose config changed since their last restart) as sorted lists; a state written before
+    side-by-side installs (one `runtime`, a boolean `restart_pending`) read as such."""
+    state = files.load_state(root)
+    if "runtime" in state:
+        old = state.pop("runtime")
+        state.setdefault("runtimes", [old] if isinstance(old, str) else [])
+    pending = state.get("restart_pending")
+    if isinstance(pending, bool):
+        state["restart_pending"] = list(state.get("runtimes") or []) if pending else []
+    for key in ("runtimes", "restart_pending"):
+        value = state.get(key)
+        state[key] = sorted({v for v in value if v in RUNTIMES} if isinstance(value, list) else set())
+    return state
+
+
+def _mark(state: dict, key: str, runtime: str, on: bool = True) -> None:
+    """Add `runtime` to (or take it from) the state's list `key`."""
+    names = set(state[key]) | {runtime} if on else set(state[key]) - {runtime}
+    state[key] = sorted(names)
+
+
+def _journal(root: str, state: dict, runtime: str) -> None:
+    """Before `runtime`'s config is changed: the state says gpuhook is installed for it and
+    that it waits for a restart, saved, so that a kill after the change still restarts it."""
+    _mark(state, "runtimes", runtime)
+    _mark(state, "restart_pending", runtime)
+    files.save_state(root, state)
 
 
 def _install_server_units(root: str, opts: Options, say: Say) -> None:
@@ -260,6 +311,9 @@ def _uninstall_server_units(root: str, opts: Options, say: Say) -> None:
     from . import units
 
     unit_dir = host(root, units.UNIT_DIR)
+    if not opts.dry_run:
+        for n in units.TEXTS:
+            files.sweep(os.path.join(unit_dir, n))  # an install killed while writing it
     ours = [
         n
         for n in units.TEXTS
@@ -343,13 +397,12 @@ def _write_config(
 ) -> dict:
     """Write a runtime's config file `name` (`raw` now, None when absent) as `new`: on the
     first change a byte copy of the original goes to `backup` for uninstall, and state[key]
-    records both hashes. The state is saved first: a crash right after the write still
-    knows the backup. `first`: more to record on the first change."""
+    records both hashes. The state is saved first (the journal): a kill right after any
+    write still knows the backup, and that `key` waits for a restart. `first`: more to
+    record on the first change."""
     existed = raw is not None
     mine = state.get(key)
     if mine is None:
-        if existed:
-            files.write(host(root, backup), raw or b"", 0o600, backup)
         mine = state[key] = {
             "config": name,
             "existed": existed,
@@ -363,7 +416,11 @@ def _write_config(
         # without gpuhook", so uninstall will only remove our handler.
         mine["restorable"] = False
     mine["written"] = sha256(new)
-    files.save_state(root, state)
+    _journal(root, state, key)
+    if mine.get("backup") and sha256(raw) == mine.get("original"):
+        # the original, not yet ours: its copy (again, when a kill stopped the first)
+        if sha256(files.read(host(root, backup), backup)) != mine["original"]:
+            files.write(host(root, backup), raw or b"", 0o600, backup)
     files.write(host(root, name), new, None if existed else 0o644, name)
     return mine
 
@@ -405,15 +462,16 @@ def _install_docker(root: str, state: dict, dry_run: bool, say: Say, read) -> bo
     return True
 
 
-def _install_crio(root: str, state: dict, dry_run: bool, say: Say) -> bool:
+def _install_crio(root: str, state: dict, dry_run: bool, say: Say, read: object = None) -> bool:
     data = crio.render(BINARY)
     path = host(root, crio.DROPIN)
     if files.read(path, crio.DROPIN) == data:
         say(f"crio: {crio.DROPIN}: handler gpu-optional already in place")
         return False
     if not dry_run:
-        files.write(path, data, 0o644, crio.DROPIN)
         state["crio"] = {"dropin": crio.DROPIN, "written": sha256(data)}
+        _journal(root, state, "crio")
+        files.write(path, data, 0o644, crio.DROPIN)
     say(f"crio: {crio.DROPIN}: {'would be ' if dry_run else ''}written (handler gpu-optional, runtime_path {BINARY})")
     return True
 
@@ -427,17 +485,19 @@ def _text(raw: bytes, name: str) -> str:
 
 def _dry_restart(opts: Options, runtime: str, pending: bool) -> str:
     if not pending:
-        return "restart: not needed"
+        return f"restart: {runtime}: not needed"
     if opts.restart == "none":
         return f"restart: {runtime} would need one (--restart none: not done)"
     return f"restart: {runtime} would be restarted (--restart {opts.restart})"
 
 
-def _restart(opts: Options, runtime: str, root: str, config_file: str | None, state: dict, say: Say) -> bool:
+def _restart(opts: Options, runtime: str, root: str, state: dict, say: Say) -> bool:
     """Restart the runtime when a change waits for it; True when that cleared the wait."""
-    if not state.get("restart_pending"):
+    if runtime not in state["restart_pending"]:
         say(f"restart: not needed ({runtime}'s config is unchanged)")
         return False
+    config = RUNTIMES[runtime].signal_config
+    config_file = host(root, config) if config else None
     if opts.restart == "none" and restart.host_pid_namespace(root) and not restart.find(runtime, root, config_file):
         say(f"restart: {runtime} is not running: it loads the handler when it starts")
     elif opts.restart == "none":
@@ -445,7 +505,7 @@ def _restart(opts: Options, runtime: str, root: str, config_file: str | None, st
         return False
     else:
         say(restart.restart(opts.restart, runtime, root, config_file, opts.restart_timeout))
-    state["restart_pending"] = False
+    _mark(state, "restart_pending", runtime, on=False)
     return True
 
 
@@ -454,32 +514,72 @@ def _restart(opts: Options, runtime: str, root: str, config_file: str | None, st
 
 @_one_at_a_time
 def uninstall(opts: Options, say: Say, root: str) -> None:
-    state = files.load_state(root)
-    runtime = state.get("runtime")
-    if runtime and opts.runtime not in ("auto", runtime):
-        raise InstallError(f"gpuhook was installed for {runtime} on this node, not {opts.runtime}")
-    if not runtime:
-        runtime = detect(root) if opts.runtime == "auto" else opts.runtime
-    say(
-        f"gpuhook uninstall: host root {root}, runtime {runtime}{' (dry run: nothing is changed)' if opts.dry_run else ''}"
-    )
-    if not state:
-        say(f"no install state ({files.STATE}): removing only what is recognisably gpuhook's")
-
-    if runtime == "containerd":
-        changed = _uninstall_containerd(root, state.get("containerd"), opts.dry_run, say)
-    elif runtime == "docker":
-        changed = _uninstall_docker(root, state.get("docker"), opts.dry_run, say)
+    had_state = os.path.lexists(host(root, files.STATE))
+    state = _load_state(root)
+    installed = state["runtimes"]
+    if opts.runtime == "auto":
+        # every runtime installed for; with no state, every one whose config has our handler
+        targets = installed if had_state else [n for n, a in RUNTIMES.items() if a.ours(root)]
     else:
-        changed = _uninstall_crio(root, state.get("crio"), opts.dry_run, say)
-    config_file = _config_file(root, runtime)
+        targets = [opts.runtime]
+    others = (
+        [n for n in installed if n not in targets]
+        if had_state
+        else [n for n, a in RUNTIMES.items() if n not in targets and a.ours(root)]
+    )
+    say(
+        f"gpuhook uninstall: host root {root}, runtime {' and '.join(targets) or 'none left'}"
+        f"{' (dry run: nothing is changed)' if opts.dry_run else ''}"
+    )
+    if not had_state:
+        say(f"no install state ({files.STATE}): removing only what is recognisably gpuhook's")
+    elif opts.runtime != "auto" and opts.runtime not in installed:
+        # (or an uninstall of it was stopped after its state was saved: this finishes it)
+        say(
+            f"gpuhook is not installed for {opts.runtime} on this node"
+            + (f" (it is for {' and '.join(installed)})" if installed else "")
+            + f": only what is recognisably gpuhook's in {RUNTIMES[opts.runtime].config} is removed"
+        )
 
+    for rt in targets:
+        was_pending = rt in state["restart_pending"]
+        if had_state and not opts.dry_run:
+            _journal(root, state, rt)  # a kill during the edit still restarts it on the next run
+        changed = RUNTIMES[rt].uninstall(root, state.get(rt), opts.dry_run, say)
+        if opts.dry_run:
+            say(_dry_restart(opts, rt, changed or was_pending))
+            continue
+        files.sweep(host(root, RUNTIMES[rt].config))  # an install killed while writing it
+        state.pop(rt, None)
+        _mark(state, "runtimes", rt, on=False)
+        _mark(state, "restart_pending", rt, on=changed or was_pending)
+        if had_state:
+            files.save_state(root, state)
+    if others:
+        say(
+            f"kept for {' and '.join(others)} (still installed): the bundle {PREFIX}, the node config "
+            f"{NODE_CONFIG}, the runtime server's units; `gpuhook uninstall` takes them all"
+        )
+    else:
+        _uninstall_shared(root, opts, state, say)
+    if not opts.dry_run:
+        for rt in sorted(set(targets) | (set(state["restart_pending"]) - set(others))):
+            if _restart(opts, rt, root, state, say) and had_state:
+                files.save_state(root, state)
+    if not others:
+        _uninstall_bundle(root, opts, state, say)
+
+
+def _uninstall_shared(root: str, opts: Options, state: dict, say: Say) -> None:
+    """What every runtime shares, once none is left: the node config, what the agent wrote,
+    the runtime server's units."""
+    would = "would be " if opts.dry_run else ""
     mine = state.get("node_config")
     path = host(root, NODE_CONFIG)
     if mine and files.sha256(files.read(path, NODE_CONFIG)) == mine.get("written"):
         if not opts.dry_run:
             files.remove(path, NODE_CONFIG)
-        say(f"node config: {NODE_CONFIG} {'would be ' if opts.dry_run else ''}removed (unchanged since install)")
+        say(f"node config: {NODE_CONFIG} {would}removed (unchanged since install)")
     elif os.path.exists(path):
         say(f"node config: {NODE_CONFIG} kept ({'edited since install' if mine else 'not written by install'})")
 
@@ -501,34 +601,33 @@ def uninstall(opts: Options, say: Say, root: str) -> None:
         if os.path.lexists(path):
             if not opts.dry_run:
                 files.remove(path)
-            say(f"agent file: {h.node_path(path)} {'would be ' if opts.dry_run else ''}removed")
+            say(f"agent file: {h.node_path(path)} {would}removed")
 
     _uninstall_server_units(root, opts, say)
 
-    if opts.dry_run:
-        say(_dry_restart(opts, runtime, bool(changed or state.get("restart_pending"))))
-        return
-    state.pop("containerd", None)
-    state.pop("docker", None)
-    state.pop("crio", None)
-    state.pop("node_config", None)
-    state["restart_pending"] = bool(changed or state.get("restart_pending"))
-    files.save_state(root, state)
-    _restart(opts, runtime, root, config_file, state, say)
 
-    bundle = state.get("bundle") or {}
+def _uninstall_bundle(root: str, opts: Options, state: dict, say: Say) -> None:
+    """The bundle, once no runtime uses it; then the state, last."""
     dst = host(root, PREFIX)
     if opts.keep_bundle:
         say(f"bundle: {PREFIX} kept (--keep-bundle)")
     elif (running := files.running_bundle()) and files.is_installed(running, dst):
         say(f"bundle: {PREFIX} kept: it is the gpuhook running this uninstall (remove it afterwards)")
-    elif bundle.get("copied") and os.path.exists(os.path.join(dst, files.MANIFEST)):
-        n = files.remove_bundle(dst)
-        say(f"bundle: {PREFIX}: {n} files removed (every version)")
+    elif os.path.lexists(host(root, defaults.PACKAGE_MARK)):
+        say(f"bundle: {PREFIX} kept: installed by a package ({defaults.PACKAGE_MARK})")
+    elif files.versioned(dst) or ((state.get("bundle") or {}).get("copied") and files.is_bundle(dst)):
+        # a versioned bundle is install's alone, whole or half removed by a killed uninstall
+        n = 0 if opts.dry_run else files.remove_bundle(dst)
+        say(f"bundle: {PREFIX}: {'would be removed' if opts.dry_run else f'{n} files removed'} (every version)")
+    elif os.path.isdir(dst) and not os.path.islink(dst) and not os.listdir(dst):
+        os.rmdir(dst) if not opts.dry_run else None  # made by an install killed right after
     elif os.path.exists(dst):
-        say(f"bundle: {PREFIX} kept ({'installed by a package' if bundle else 'not copied by install'})")
+        say(f"bundle: {PREFIX} kept (not copied by install)")
+    if opts.dry_run:
+        return
     files.drop_state(root)
     for d in (files.STATE_DIR, os.path.dirname(NODE_CONFIG)):
+        files.sweep_dir(host(root, d))  # temp files of writers killed in there: all ours
         try:
             os.rmdir(host(root, d))  # only when empty
         except OSError:
@@ -540,17 +639,25 @@ def _restore(
 ) -> bool:
     """Undo install's write of `name` when nobody changed the file since: the original bytes
     back from `backup`, or the file removed when install had created it. False when that
-    cannot be done (then only the handler is removed)."""
+    cannot be done (then only the handler is removed). Also finishes a restore that a kill
+    stopped (the original back, its backup still there)."""
     would = "would be " if dry_run else ""
-    if not (mine and mine.get("restorable") and raw is not None and sha256(raw) == mine.get("written")):
+    if not (mine and mine.get("restorable") and raw is not None):
         return False
     path = host(root, name)
+    saved = files.read(host(root, backup), backup) if mine.get("backup") else None
+    if mine.get("existed") and sha256(raw) == mine.get("original") and sha256(saved) == mine.get("original"):
+        if not dry_run:
+            files.remove(host(root, backup), backup)
+        say(f"{label}: {name}: the original is in place (an uninstall was stopped): {backup} {would}removed")
+        return True
+    if sha256(raw) != mine.get("written"):
+        return False
     if not mine.get("existed"):
         if not dry_run:
             files.remove(path, name)
         say(f"{label}: {name}: {would}removed (install had created it)")
         return True
-    saved = files.read(host(root, backup), backup)
     if saved is not None and sha256(saved) == mine.get("original"):
         if not dry_run:
             files.write(path, saved, None, name)
@@ -654,3 +761,76 @@ def _uninstall_crio(root: str, mine: dict | None, dry_run: bool, say: Say) -> bo
     edited = " (it had been edited since install)" if mine and sha256(raw) != mine.get("written") else ""
     say(f"crio: {crio.DROPIN} {'would be ' if dry_run else ''}removed{edited}")
     return True
+
+
+# -- the runtimes ------------------------------------------------------------------------
+
+
+def _ours(recognise: Callable[[bytes], bool], name: str) -> Callable[[str], bool]:
+    """Whether the node's `name` carries gpuhook's handler (recognise(bytes)); a file that
+    cannot be read or parsed counts as ours: uninstall then says what is wrong with it."""
+
+    def ours(root: str) -> bool:
+        try:
+            raw = files.read(host(root, name), name)
+            return raw is not None and recognise(raw)
+        except InstallError:
+            return True
+
+    return ours
+
+
+def _containerd_has_ours(raw: bytes) -> bool:
+    doc, version = containerd.parse(_text(raw, containerd.DEFAULT_CONFIG), containerd.DEFAULT_CONFIG)
+    return containerd.remove_handler(doc, version)
+
+
+def _docker_has_ours(raw: bytes) -> bool:
+    return docker.remove_handler(docker.parse(raw, docker.DEFAULT_CONFIG), BINARY, drop_empty=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Adapter:
+    """One container runtime gpuhook installs for."""
+
+    name: str
+    config: str  # the node file install writes: the runtime's config, or a drop-in of ours
+    signal_config: str | None  # the file --restart signal finds the running daemon by
+    read: Callable[[str], object]  # the config, checked before anything is written
+    install: Callable[[str, dict, bool, Say, object], bool]  # True: its config changed
+    uninstall: Callable[[str, dict | None, bool, Say], bool]  # True: its config changed
+    ours: Callable[[str], bool]  # its config has gpuhook's handler (uninstall without a state)
+
+
+RUNTIMES = {
+    a.name: a
+    for a in (
+        Adapter(
+            "containerd",
+            containerd.DEFAULT_CONFIG,
+            containerd.DEFAULT_CONFIG,
+            _read_containerd,
+            _install_containerd,
+            _uninstall_containerd,
+            _ours(_containerd_has_ours, containerd.DEFAULT_CONFIG),
+        ),
+        Adapter(
+            "crio",
+            crio.DROPIN,
+            None,
+            lambda root: None,
+            _install_crio,
+            _uninstall_crio,
+            _ours(lambda raw: raw.startswith(crio.MARK.encode()), crio.DROPIN),
+        ),
+        Adapter(
+            "docker",
+            docker.DEFAULT_CONFIG,
+            docker.DEFAULT_CONFIG,
+            _read_docker,
+            _install_docker,
+            _uninstall_docker,
+            _ours(_docker_has_ours, docker.DEFAULT_CONFIG),
+        ),
+    )
+}

@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import sys
@@ -57,6 +58,7 @@ def write(path: str, data: bytes, mode: int | None = None, what: str | None = No
         write_atomic(path, data, mode)
     except OSError as e:
         raise InstallError(f"{what or path}: cannot write it ({e.strerror or e})") from None
+    sweep(path)
 
 
 def remove(path: str, what: str | None = None) -> None:
@@ -66,6 +68,38 @@ def remove(path: str, what: str | None = None) -> None:
         pass
     except OSError as e:
         raise InstallError(f"{what or path}: cannot remove it ({e.strerror or e})") from None
+    sweep(path)
+
+
+def _temps(d: str, base: str = "") -> list[str]:
+    """The temp files write_atomic (and _replace_link) leave in `d` when killed before their
+    rename: `.<base>.gpuhook.tmp` or `.<base>.gpuhook-<pid>[-<random>].tmp`, of one file
+    `base` or of every file."""
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return []
+    head = f".{base}.gpuhook" if base else "."
+    return [
+        os.path.join(d, n)
+        for n in names
+        if n.startswith(head) and n.endswith(".tmp") and re.search(r"\.gpuhook(-[0-9a-f-]+)?\.tmp$", n)
+    ]
+
+
+def sweep(path: str) -> None:
+    """Remove what killed writers of `path` left beside it. Only installers write the files
+    install writes, one at a time (node_lock), so a temp file of one is a dead one's."""
+    for tmp in _temps(os.path.dirname(path), os.path.basename(path)):
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def sweep_dir(d: str) -> None:
+    """Remove every writer's temp file in `d`, a directory only install writes."""
+    for tmp in _temps(d):
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 # -- state ---------------------------------------------------------------------------
@@ -240,6 +274,8 @@ def sync_bundle(src: str, dst: str, dry_run: bool, grace: float | None = None) -
 
 def _sync(src: str, dst: str, dry_run: bool, grace: float) -> Synced:
     names = manifest(src)["files"]
+    if not dry_run and os.path.isdir(os.path.join(dst, VERSIONS)):
+        _sweep_killed(dst)
     cur = current_version(dst)
     base = cur or (dst if _legacy(dst) else None)
     old_files: list[str] = []
@@ -255,6 +291,9 @@ def _sync(src: str, dst: str, dry_run: bool, grace: float) -> Synced:
         fixed = sum(1 for t in sorted(tops) if not _is_top_link(dst, t))
         if fixed and not dry_run:
             _top_links(dst, tops)
+            if any(not os.path.islink(os.path.join(dst, t)) for t in tops if os.path.lexists(os.path.join(dst, t))):
+                # a switch from a bundle copied file by file, stopped while its entries moved
+                _retire_legacy(dst, [], tops)
         return Synced(len(names), fixed, 0, 0, os.path.basename(cur))
     if dry_run:
         return Synced(len(names), len(changed), removed, len(names) - len(changed))
@@ -301,6 +340,33 @@ def _sync(src: str, dst: str, dry_run: bool, grace: float) -> Synced:
     return Synced(len(names), written, removed, linked, name, previous, tuple(pruned))
 
 
+def _sweep_killed(dst: str) -> None:
+    """What an install killed in here left: a version half copied (.versions/.tmp-*), the
+    temp links of _replace_link, and an old bundle's entry that _retire_legacy had swapped out
+    but not yet moved (back into its legacy version). Installs run one at a time
+    (node_lock): these are dead ones'."""
+    versions = os.path.join(dst, VERSIONS)
+    for entry in os.listdir(versions):
+        if entry.startswith(".tmp-"):
+            _remove_any(os.path.join(versions, entry))
+    legacy = _legacy_versions(versions)
+    for tmp in _temps(dst):
+        top = os.path.basename(tmp)[1:].rsplit(".gpuhook", 1)[0]
+        if not os.path.islink(tmp) and legacy and not os.path.lexists(os.path.join(versions, legacy[-1], top)):
+            os.rename(tmp, os.path.join(versions, legacy[-1], top))
+        else:
+            _remove_any(tmp)
+
+
+def _legacy_versions(versions: str) -> list[str]:
+    """The versions _retire_legacy made (legacy-<ns>), oldest first."""
+    return sorted((e for e in os.listdir(versions) if e.startswith("legacy-")), key=lambda e: e.split("-")[-1])
+
+
+def _remove_any(path: str) -> None:
+    shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
+
+
 def _is_top_link(dst: str, top: str) -> bool:
     try:
         return os.readlink(os.path.join(dst, top)) == f"{CURRENT}/{top}"
@@ -330,9 +396,12 @@ def _retire_legacy(dst: str, old_files: list[str], tops: set[str]) -> str:
     top-level entries is swapped for our link (renameat2 RENAME_EXCHANGE: one step per
     entry; this first move is atomic per top-level entry, not as a whole) and moved into
     .versions/legacy-<ns>/. That version's name."""
-    name = f"legacy-{time.time_ns()}"
-    keep = os.path.join(dst, VERSIONS, name)
-    os.makedirs(keep, mode=0o755)
+    versions = os.path.join(dst, VERSIONS)
+    started = _legacy_versions(versions)
+    # one stopped by a kill is finished in its own directory (the newest)
+    name = started[-1] if started else f"legacy-{time.time_ns()}"
+    keep = os.path.join(versions, name)
+    os.makedirs(keep, mode=0o755, exist_ok=True)
     # the manifest first, bin/ last: an old front (bin/) then finds the new files throughout
     order = sorted((_tops(old_files) | tops) - {VERSIONS, CURRENT}, key=lambda t: (t == "bin", t != MANIFEST, t))
     for top in order:
@@ -465,20 +534,35 @@ def _parents(rel: str):
         rel = os.path.dirname(rel)
 
 
+def versioned(dst: str) -> bool:
+    """`dst` is (or was, half removed) a versioned install: only `gpuhook install` makes one."""
+    return os.path.isdir(os.path.join(dst, VERSIONS)) or os.path.islink(os.path.join(dst, CURRENT))
+
+
+def is_bundle(dst: str) -> bool:
+    return os.path.exists(os.path.join(dst, MANIFEST))
+
+
 def remove_bundle(dst: str) -> int:
-    """Remove an installed bundle: every version, the .current link and our top-level links
-    (a bundle copied file by file: the files its manifest lists); then `dst` if empty. The
+    """Remove an installed bundle: our top-level links and the .current link first (no
+    create starts from it any more), then every version, .versions last (until it is gone a
+    killed removal is still recognisable, and running this again finishes it); a bundle copied
+    file by file: the files its manifest lists, the manifest last. Then `dst` if empty. The
     number of files of the bundle it ran."""
-    cur = current_version(dst)
-    if cur is None:
+    if not versioned(dst):
         return _remove_files(dst)
-    n = len(manifest(cur)["files"]) if os.path.exists(os.path.join(cur, MANIFEST)) else 0
+    cur = current_version(dst)
+    n = len(manifest(cur)["files"]) if cur and os.path.exists(os.path.join(cur, MANIFEST)) else 0
     for entry in os.listdir(dst):
         if _is_top_link(dst, entry):
             remove(os.path.join(dst, entry))
     remove(os.path.join(dst, CURRENT))
     try:
+        for tmp in _temps(dst):  # what a killed install or uninstall left in here
+            _remove_any(tmp)
         shutil.rmtree(os.path.join(dst, VERSIONS))
+    except FileNotFoundError:
+        pass
     except OSError as e:
         raise InstallError(f"{e.filename or dst}: cannot remove it ({e.strerror or e})") from None
     try:
@@ -493,8 +577,8 @@ def _remove_files(dst: str) -> int:
     for rel in files:
         if rel != MANIFEST:
             remove(os.path.join(dst, rel))
-    remove(os.path.join(dst, MANIFEST))
-    _prune_dirs(dst, files)
+    _prune_dirs(dst, [rel for rel in files if rel != MANIFEST])
+    remove(os.path.join(dst, MANIFEST))  # last: until then running this again finishes it
     try:
         os.rmdir(dst)
     except OSError:

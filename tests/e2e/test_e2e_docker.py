@@ -13,7 +13,10 @@ the host bundle that install copies to NODE/opt/gpuhook is at /opt/gpuhook for d
      cache, GPUHOOK_ACCELERATOR=nvidia; the same through a Compose file with
      `runtime: gpu-optional`; on a CPU-only host the container runs untouched;
   3. `gpuhook uninstall --restart signal`: daemon.json byte for byte, the runtime gone from
-     the live dockerd, the running container still running.
+     the live dockerd, the running container still running;
+  4. beside a running containerd (supervised as containerd.service runs it): installed for each
+     on its own, `uninstall --runtime containerd` takes containerd's handler only, plain
+     uninstall the rest.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import time
 
 
 from conftest import REPO, is_root, nodes_of, requires
+from containerd_harness import Supervised, containerd_config, cri_runtimes
 from gpuhook.testing import bundle
 
 import docker_harness
@@ -189,3 +193,61 @@ def test_uninstall_reload_drops_the_runtime_when_the_file_keeps_runtimes(tmp_pat
     assert daemon_json.read_bytes() == original
     wait_for(lambda: "gpu-optional" not in runtimes(d), "dockerd drops the gpu-optional runtime")
     assert runtimes(d)["plain-runc"]["path"] == "/usr/bin/runc"
+
+
+def test_docker_and_containerd_side_by_side(tmp_path, make_host, runtime, real_bundle, dockerd):
+    """A Kubernetes node whose containerd serves the kubelet and which runs dockerd too, both
+    daemons running: gpuhook installed for each on its own (`--runtime auto` says what it
+    found), `uninstall --runtime containerd` takes containerd's handler (its file byte for
+    byte, containerd restarted) and keeps dockerd's and the shared bundle (a gpu-optional
+    container still gets its GPUs through dockerd), plain uninstall takes the rest."""
+    rt = runtime(make_host("nvidia", mknod=True, gpus=2, libs=False))
+    node = tmp_path / "node"
+    for d_ in ("etc/docker", "etc/containerd", "opt/gpuhook"):
+        (node / d_).mkdir(parents=True)
+    os.symlink("/proc", node / "proc")
+    ctd_toml = node / "etc" / "containerd" / "config.toml"
+    ctd_original = containerd_config(tmp_path / "ctd").encode()
+    ctd_toml.write_bytes(ctd_original)
+    daemon_json = node / "etc" / "docker" / "daemon.json"
+    d = dockerd(str(daemon_json), {"GPUHOOK_CONFIG": rt.config}, {"/opt/gpuhook": str(node / "opt" / "gpuhook")})
+    # a runtimes object of the operator's: dockerd's SIGHUP then drops ours on uninstall
+    docker_original = (json.dumps(dict(d.settings(), runtimes={"plain-runc": {"path": "/usr/bin/runc"}}),
+                                  indent=2) + "\n").encode()
+    daemon_json.write_bytes(docker_original)
+    d.start()
+    d.import_busybox(IMAGE)
+    sup = Supervised(ctd_toml, tmp_path / "ctd")
+    try:
+        assert "gpu-optional" not in cri_runtimes(sup.booted(1))
+        gpuhook("install", "--host-root", node, "--runtime", "containerd", "--bundle-dir", real_bundle,
+                "--restart", "signal")
+        assert f"gpu-optional:{{Type:io.containerd.runc.v2" in cri_runtimes(sup.booted(2))
+        assert "gpu-optional" not in runtimes(d)
+
+        (node / "var" / "lib" / "kubelet").mkdir(parents=True)
+        out = gpuhook("install", "--host-root", node, "--bundle-dir", real_bundle, "--restart", "signal")
+        assert ("runtime auto: found dockerd (/etc/docker/daemon.json); containerd (/etc/containerd/config.toml); "
+                "a kubelet (/var/lib/kubelet): installing for containerd, the kubelet's runtime, and dockerd "
+                "beside it") in out, out
+        assert "containerd: /etc/containerd/config.toml: handler gpu-optional already in place" in out
+        assert f"restart: sent SIGHUP to dockerd (pid {d.pid})" in out, out
+        wait_for(lambda: "gpu-optional" in runtimes(d), "dockerd lists the gpu-optional runtime")
+        assert len(sup.runs) == 2  # containerd's config unchanged: not restarted
+
+        out = gpuhook("uninstall", "--host-root", node, "--runtime", "containerd", "--restart", "signal")
+        assert "kept for docker (still installed)" in out, out
+        assert ctd_toml.read_bytes() == ctd_original
+        assert "gpu-optional" not in cri_runtimes(sup.booted(3))
+        assert runtimes(d)["gpu-optional"]["path"] == BINARY
+        r = d.docker("run", "--rm", "--runtime", "gpu-optional", "--network", "none", IMAGE, "sh", "-c", SHOW)
+        assert nodes_of(r.stdout)["/dev/nvidia1"] == (195, 1) and "accel=nvidia" in r.stdout, r.stdout
+
+        out = gpuhook("uninstall", "--host-root", node, "--restart", "signal")
+        assert "runtime docker" in out.splitlines()[0], out
+        assert daemon_json.read_bytes() == docker_original
+        wait_for(lambda: "gpu-optional" not in runtimes(d), "dockerd drops the gpu-optional runtime")
+        assert len(sup.runs) == 3  # containerd's handler had gone already: not restarted again
+        assert not (node / "opt" / "gpuhook").exists() and not (node / "etc" / "gpuhook").exists()
+    finally:
+        sup.stop()

@@ -31,6 +31,7 @@ import tomllib
 import pytest
 
 from conftest import REPO, fake_systemctl, is_root, run_as_pod
+from containerd_harness import Supervised, containerd_config, cri_runtimes
 from gpuhook import __version__
 from gpuhook.testing import bundle, fakehost
 from gpuhook.install import containerd as ctd
@@ -395,7 +396,6 @@ def test_crio_drop_in(tmp_path, fake_bundle):
     first = snapshot(node)
     assert "already in place" in ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))
     assert snapshot(node) == first
-    assert refused(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle, "--runtime", "containerd"))
     ok(gpuhook("uninstall", "--host-root", node))
     assert not (node / CRIO_DROPIN).exists()
     assert (node / "etc/crio/crio.conf").read_text() == '[crio.runtime]\ndefault_runtime = "runc"\n'
@@ -441,84 +441,6 @@ def test_bundle_update_replaces_changed_files_and_removes_stale_ones(tmp_path, f
 
 
 # -- restart, with a real containerd ---------------------------------------------------------
-
-def containerd_config(base) -> str:
-    os.makedirs(base, exist_ok=True)
-    return f"""version = 2
-root = "{base}/root"
-state = "{base}/state"
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
-                    "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs",
-                    "io.containerd.monitor.v1.cgroups"]
-
-[grpc]
-  address = "{base}/containerd.sock"
-
-[ttrpc]
-  address = "{base}/containerd-ttrpc.sock"
-
-[plugins]
-  [plugins."io.containerd.internal.v1.opt"]
-    path = "{base}/opt"
-
-  [plugins."io.containerd.grpc.v1.cri"]
-    restrict_oom_score_adj = true
-
-    [plugins."io.containerd.grpc.v1.cri".containerd]
-      default_runtime_name = "runc"
-
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-        runtime_type = "io.containerd.runc.v2"
-"""
-
-
-class Supervised:
-    """containerd run the way containerd.service runs it (Restart=always), in a thread."""
-
-    def __init__(self, config, logs):
-        self.config, self.logs = str(config), logs
-        self.runs: list[tuple[subprocess.Popen, str]] = []
-        self.stopping = False
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-        self.thread.start()
-
-    def _loop(self):
-        while not self.stopping:
-            log = os.path.join(self.logs, f"containerd-{len(self.runs) + 1}.log")
-            with open(log, "wb") as f:
-                p = subprocess.Popen(["containerd", "--config", self.config], stdout=f, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
-            self.runs.append((p, log))
-            p.wait()
-            time.sleep(0.1)
-
-    def booted(self, n: int, timeout: float = 20) -> str:
-        """The log of run `n` once containerd said it booted."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if len(self.runs) >= n:
-                text = open(self.runs[n - 1][1], errors="replace").read()
-                if "containerd successfully booted" in text:
-                    return text
-            time.sleep(0.05)
-        raise AssertionError(f"containerd run {n} did not boot")
-
-    def stop(self):
-        self.stopping = True
-        for p, _ in self.runs:
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-        self.thread.join(10)
-
-
-def cri_runtimes(log: str) -> str:
-    line = next(line for line in log.splitlines() if "Start cri plugin with config" in line)
-    return line[line.index("Runtimes:map["):line.index("] NoPivot:")]
-
 
 @needs_root_containerd
 def test_restart_signal_restarts_the_real_containerd_that_reads_the_config(tmp_path, fake_bundle):
@@ -569,7 +491,7 @@ def test_restart_signal_says_so_when_nothing_brings_containerd_back(tmp_path, fa
         assert "nothing started it again" in line
         assert p.returncode == 0
         state = json.loads((node / STATE).read_text())
-        assert state["restart_pending"] is True  # the next install with a restart mode retries
+        assert state["restart_pending"] == ["containerd"]  # the next install with a restart mode retries
     finally:
         if p.poll() is None:
             p.kill()
@@ -602,7 +524,7 @@ def test_restart_signal_needs_the_hosts_pid_namespace(tmp_path, fake_bundle):
     node = make_node(tmp_path, "version = 2\n")
     line = refused(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle, "--restart", "signal"))
     assert "hostPID" in line
-    assert json.loads((node / STATE).read_text())["restart_pending"] is True
+    assert json.loads((node / STATE).read_text())["restart_pending"] == ["containerd"]
 
 
 @pytest.mark.skipif(not is_root(), reason="needs root (unshare: a PID namespace of the test's own)")
@@ -625,10 +547,10 @@ def test_restart_systemd_runs_the_hosts_systemctl_in_pid1s_mount_namespace(tmp_p
     assert ns == (tmp_path / "pid1.ns").read_text().strip()  # PID 1's, not the one gpuhook ran in
     if fails:
         assert "Unit containerd.service not found" in refused(r)
-        assert json.loads((node / STATE).read_text())["restart_pending"] is True
+        assert json.loads((node / STATE).read_text())["restart_pending"] == ["containerd"]
     else:
         assert "containerd.service restarted (systemctl in the host mount namespace)" in ok(r)
-        assert json.loads((node / STATE).read_text())["restart_pending"] is False
+        assert json.loads((node / STATE).read_text())["restart_pending"] == []
 
 
 def test_restart_systemd_needs_the_hosts_pid_namespace(tmp_path, fake_bundle):
@@ -731,6 +653,7 @@ def test_deb_package(tmp_path, real_bundle):
                  "./opt/gpuhook/libexec/python3"):
         assert entries[path] == "-rwxr-xr-x", path
     assert entries["./lib/systemd/system/gpuhook-install.service"] == "-rw-r--r--"
+    assert entries["./opt/gpuhook/.installed-by-package"] == "-rw-r--r--"  # defaults.PACKAGE_MARK
     assert "./opt/gpuhook/lib/python3.11/site-packages/gpuhook/runtime/__init__.py" in entries or \
         any(p.endswith("/site-packages/gpuhook/runtime/__init__.py") for p in entries)
     assert all(line.split()[1] == "root/root" for line in listing.splitlines())
@@ -750,6 +673,30 @@ def test_deb_package(tmp_path, real_bundle):
     r = subprocess.run([str(root / "opt/gpuhook/bin/gpuhook"), "install", "--host-root", str(root), "--restart", "none"],
                        env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=120)
     assert "is the bundle this gpuhook runs from" in ok(r)
+    # another gpuhook's uninstall (not the package's own) tells the bundle apart by its mark
+    out = ok(gpuhook("uninstall", "--host-root", root, "--restart", "none"))
+    assert "bundle: /opt/gpuhook kept: installed by a package (/opt/gpuhook/.installed-by-package)" in out
+    assert (root / "opt/gpuhook/bin/gpuhook-runtime").exists()
+
+
+def test_a_package_bundle_is_told_apart_by_its_mark_not_by_the_state(tmp_path, fake_bundle):
+    """A bundle with the package's mark stays; one that install copied goes, even when the
+    state that said so is gone and the bundle is half removed (an uninstall killed in it)."""
+    node = make_node(tmp_path, "version = 2\n")
+    ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))
+    mark = node / "opt/gpuhook/.installed-by-package"
+    mark.write_text("gpuhook (.deb)\n")
+    out = ok(gpuhook("uninstall", "--host-root", node))
+    assert "bundle: /opt/gpuhook kept: installed by a package (/opt/gpuhook/.installed-by-package)" in out
+    assert (node / "opt/gpuhook/bin/gpuhook-runtime").exists()
+    mark.unlink()
+    ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))
+    for name in ("bin", "gpuhook-bundle.json", ".current"):  # what a killed removal takes first
+        (node / "opt/gpuhook" / name).unlink()
+    (node / STATE).unlink()
+    out = ok(gpuhook("uninstall", "--host-root", node))
+    assert "bundle: /opt/gpuhook:" in out and "removed" in out, out
+    assert not (node / "opt/gpuhook").exists()
 
 
 def test_systemd_unit():

@@ -193,8 +193,9 @@ def test_dry_run_writes_nothing(tmp_path, fake_bundle):
     (["run/docker.sock"], "docker"),
     (["var/run/docker.sock"], "docker"),
     (["run/docker.sock", "etc/containerd/config.toml", "run/containerd/containerd.sock"], "docker"),  # a Docker host
-    (["run/docker.sock", "etc/containerd/config.toml", "var/lib/kubelet/"], "containerd"),  # a Kubernetes node
-    (["etc/docker/daemon.json", "etc/crio/", "var/lib/kubelet/"], "crio"),
+    (["run/docker.sock", "etc/containerd/config.toml", "var/lib/kubelet/"], "containerd and docker"),  # both
+    (["etc/docker/daemon.json", "etc/crio/", "var/lib/kubelet/"], "crio and docker"),
+    (["etc/containerd/config.toml", "var/lib/kubelet/"], "containerd"),  # a Kubernetes node
     (["run/docker.sock", "var/lib/kubelet/"], "docker"),  # cri-dockerd
 ])
 def test_runtime_auto(tmp_path, fake_bundle, marks, expected):
@@ -207,7 +208,7 @@ def test_runtime_auto(tmp_path, fake_bundle, marks, expected):
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text("{}\n" if m.endswith(".json") else "version = 2\n" if m.endswith(".toml") else "")
     out = ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle, "--dry-run"))
-    assert f"runtime {expected}" in out.splitlines()[0], out
+    assert f"runtime {expected} " in out.splitlines()[0], out
 
 
 def test_var_run_link_is_resolved_inside_the_host_root(tmp_path, fake_bundle):
@@ -241,17 +242,96 @@ def test_restart_systemd_reloads_docker_service_in_pid1s_mount_namespace(tmp_pat
     assert ns == (tmp_path / "pid1.ns").read_text().strip()
     if fails:
         assert "Job for docker.service failed." in refused(r)
-        assert json.loads((node / STATE).read_text())["restart_pending"] is True
+        assert json.loads((node / STATE).read_text())["restart_pending"] == ["docker"]
     else:
         assert "restart: docker.service reloaded (systemctl reload-or-restart in the host mount namespace)" in ok(r)
-        assert json.loads((node / STATE).read_text())["restart_pending"] is False
+        assert json.loads((node / STATE).read_text())["restart_pending"] == []
 
 
-def test_switching_runtimes_needs_an_uninstall(tmp_path, fake_bundle):
+def content(root) -> dict:
+    """Every directory and file under root, files by their bytes (not inode or mtime)."""
+    out = {}
+    for d, dirs, names in os.walk(root):
+        out.update({os.path.relpath(os.path.join(d, n), root): "dir" for n in dirs})
+        out.update({os.path.relpath(os.path.join(d, n), root): open(os.path.join(d, n), "rb").read() for n in names})
+    return out
+
+
+def test_docker_and_containerd_side_by_side(tmp_path, fake_bundle):
+    """Installed for each runtime on its own; `uninstall --runtime X` takes X's handler only
+    (its file byte for byte) and keeps the other's and the shared files; plain uninstall
+    takes the rest."""
+    node = node_with(tmp_path, OPERATOR)
+    (node / "etc/containerd").mkdir()
+    (node / "etc/containerd/config.toml").write_text("version = 2\n")
+    (node / "opt").mkdir()  # as on every node (uninstall leaves it)
+    pristine = content(node)
+    ok(gpuhook("install", "--host-root", node, "--runtime", "docker", "--bundle-dir", fake_bundle))
+    out = ok(gpuhook("install", "--host-root", node, "--runtime", "containerd", "--bundle-dir", fake_bundle))
+    assert "handler gpu-optional written" in out or "handler gpu-optional added" in out
+    ctd = (node / "etc/containerd/config.toml").read_text()
+    assert "gpu-optional" in ctd and BINARY in ctd
+    assert json.loads((node / DAEMON_JSON).read_text())["runtimes"]["gpu-optional"] == {"path": BINARY}
+    assert json.loads((node / STATE).read_text())["runtimes"] == ["containerd", "docker"]
+    both = content(node)
+    assert "already in place" in ok(gpuhook("install", "--host-root", node, "--runtime", "docker",
+                                            "--bundle-dir", fake_bundle))
+    assert content(node) == both
+
+    out = ok(gpuhook("uninstall", "--host-root", node, "--runtime", "docker"))
+    assert "kept for containerd (still installed)" in out, out
+    assert (node / DAEMON_JSON).read_text() == OPERATOR  # byte for byte
+    assert (node / "etc/containerd/config.toml").read_text() == ctd  # the other's handler kept
+    assert (node / "opt/gpuhook/bin/gpuhook-runtime").exists() and (node / "etc/gpuhook/config.toml").exists()
+    assert json.loads((node / STATE).read_text())["runtimes"] == ["containerd"]
+    one_left = content(node)
+    out = ok(gpuhook("uninstall", "--host-root", node, "--runtime", "docker"))  # again: nothing more to do
+    assert "gpuhook is not installed for docker on this node (it is for containerd)" in out, out
+    assert content(node) == one_left
+
+    ok(gpuhook("install", "--host-root", node, "--runtime", "docker", "--bundle-dir", fake_bundle))
+    assert content(node) == both
+    out = ok(gpuhook("uninstall", "--host-root", node))  # every runtime
+    assert "runtime containerd and docker" in out.splitlines()[0]
+    assert content(node) == pristine
+
+
+def test_runtime_auto_on_a_kubelet_node_with_dockerd_installs_for_both(tmp_path, fake_bundle):
     node = node_with(tmp_path, "{}\n")
     (node / "etc/containerd").mkdir()
     (node / "etc/containerd/config.toml").write_text("version = 2\n")
+    (node / "var/lib/kubelet").mkdir(parents=True)
+    out = ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))
+    assert "runtime containerd and docker" in out.splitlines()[0], out
+    assert ("runtime auto: found dockerd (/etc/docker/daemon.json); containerd (/etc/containerd/config.toml); "
+            "a kubelet (/var/lib/kubelet): installing for containerd, the kubelet's runtime, and dockerd beside it"
+            in out.splitlines()), out
+    assert "gpu-optional" in (node / "etc/containerd/config.toml").read_text()
+    assert "gpu-optional" in json.loads((node / DAEMON_JSON).read_text())["runtimes"]
+    # a Docker host (no kubelet): dockerd alone, and why the containerd there is left alone
+    (node / "var/lib/kubelet").rmdir()
+    out = ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle, "--dry-run"))
+    assert "runtime docker " in out.splitlines()[0], out
+    assert "installing for dockerd: no kubelet (the containerd there runs dockerd's containers, not pods" in out
+
+
+def test_a_state_of_one_runtime_from_before_is_read(tmp_path, fake_bundle):
+    """An install state written before side-by-side installs (one `runtime`, a boolean
+    `restart_pending`): an install for dockerd adds to it, and uninstall takes both."""
+    node = node_with(tmp_path, OPERATOR)
+    (node / "etc/containerd").mkdir()
+    (node / "etc/containerd/config.toml").write_text("version = 2\n")
+    (node / "opt").mkdir()
+    pristine = content(node)
+    ok(gpuhook("install", "--host-root", node, "--runtime", "containerd", "--bundle-dir", fake_bundle))
+    old = json.loads((node / STATE).read_text())
+    old["runtime"] = old.pop("runtimes")[0]
+    old["restart_pending"] = bool(old["restart_pending"])
+    (node / STATE).write_text(json.dumps(old))
     ok(gpuhook("install", "--host-root", node, "--runtime", "docker", "--bundle-dir", fake_bundle))
-    assert "installed for docker" in refused(gpuhook("install", "--host-root", node, "--runtime", "containerd",
-                                                     "--bundle-dir", fake_bundle))
-    assert (node / "etc/containerd/config.toml").read_text() == "version = 2\n"
+    state = json.loads((node / STATE).read_text())
+    assert (state["runtimes"], state["restart_pending"], "runtime" in state) == (
+        ["containerd", "docker"], ["containerd", "docker"], False)
+    out = ok(gpuhook("uninstall", "--host-root", node))
+    assert "runtime containerd and docker" in out.splitlines()[0]
+    assert content(node) == pristine
