@@ -187,7 +187,9 @@ def enter_argv(root: str, inner: str, *, pid_namespace: bool = True, binds: tupl
     root) mounted after those, e.g. a host directory as /run to reach a daemon's socket."""
     r = shlex.quote(root)
     pre = [f"mount --rbind /sys {r}/sys", f"mount --rbind /dev {r}/dev"]
-    post = ["umount -l /.oldroot", "mount -t proc proc /proc", "mount -t tmpfs tmpfs /run",
+    # /proc first: umount reads /proc/self/mountinfo, and fails without it (the old root
+    # would stay reachable at /.oldroot); any failure here stops the run
+    post = ["mount -t proc proc /proc", "umount -l /.oldroot", "mount -t tmpfs tmpfs /run",
             "mount -t tmpfs tmpfs /tmp"]
     for i, (host, inside) in enumerate(binds):
         q = shlex.quote(inside)
@@ -195,11 +197,26 @@ def enter_argv(root: str, inner: str, *, pid_namespace: bool = True, binds: tupl
         post.append(f"mkdir -p {q} && mount --move /.binds/{i} {q}")
     environ = {"PATH": PATH, "HOME": "/root", "LANG": "C.UTF-8", "TERM": "dumb", **(env or {})}
     inner_env = " ".join(f"{k}={shlex.quote(v)}" for k, v in environ.items())
-    stage2 = "; ".join(post) + f"; exec env -i {inner_env} /bin/sh -c {shlex.quote(inner)}"
+    stage2 = " && ".join(post) + f" && exec env -i {inner_env} /bin/sh -c {shlex.quote(inner)}"
     stage1 = " && ".join([*pre, f"mount --rbind {r} {r}", f"cd {r}", "pivot_root . .oldroot",
                           f"exec /bin/sh -c {shlex.quote(stage2)}"])
     flags = ["-m", "--propagation", "private"] + (["-p", "-f"] if pid_namespace else [])
     return ["unshare", *flags, "/bin/sh", "-c", stage1]
+
+
+@contextlib.contextmanager
+def overlay(lower: str, where: str):
+    """A writable view of the root `lower` at WHERE/root (upper and work dirs beside it), for
+    one test: the cached root itself is never written. Unmounted at the end."""
+    merged, upper, work = (os.path.join(where, n) for n in ("root", "upper", "work"))
+    for d in (merged, upper, work):
+        os.makedirs(d, exist_ok=True)
+    subprocess.run(["mount", "-t", "overlay", "gpuhook-test-root", "-o",
+                    f"lowerdir={lower},upperdir={upper},workdir={work}", merged], check=True)
+    try:
+        yield merged
+    finally:
+        subprocess.run(["umount", "-l", merged], check=False)
 
 
 # ---------------------------------------------------------------------------------------------

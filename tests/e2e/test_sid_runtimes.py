@@ -1,0 +1,167 @@
+"""The runtimes clusters run in 2026, from a Debian sid root: containerd 2.x (config version
+3, CDI on by default), runc 1.3, crun 1.28, podman 5.8, Docker 28 (root).
+
+The root (tests/debroot.py) is built once per machine by debootstrap and cached outside the
+checkout; each test gets a writable overlay of it as its node (`gpuhook install --host-root`
+edits that), and the daemons run with it as their real root, in PID and mount namespaces of
+their own (tests/containerd_harness.py, tests/docker_harness.py with `debian_root`). The
+test's tmp dir is mounted at the same path inside, so the fake GPU host, gpuhook's node config
+and log, sockets and pod logs read the same from both sides. Where Debian's archive cannot be
+reached these tests fail with one line that says so; they never skip as root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import debroot
+from conftest import is_root, nodes_of, requires
+from containerd_harness import CRI_NAMESPACE, IMAGE_NAME, Containerd, leftovers
+
+pytestmark = requires(is_root(), "needs root (debootstrap, mounts, pivot_root)")
+
+RELEASE = "sid"
+# what these tests run inside the root (docker.io has no `docker` in sid: docker-cli)
+PACKAGES = ("containerd", "runc", "crun", "podman", "docker.io", "docker-cli", "busybox-static",
+            "ca-certificates", "iproute2")
+MUST_HAVE = ("usr/bin/containerd", "usr/bin/ctr", "usr/sbin/runc", "usr/bin/crun", "usr/bin/podman", "usr/sbin/dockerd",
+             "usr/bin/docker")
+HANDLER = "gpu-optional"
+LIBDIR = "/usr/lib/x86_64-linux-gnu"
+
+
+@pytest.fixture(scope="session")
+def sid_root():
+    """The cached sid root (built when missing or stale), held shared for the session."""
+    try:
+        with debroot.ensure(RELEASE, PACKAGES, must_have=MUST_HAVE) as root:
+            yield root
+    except debroot.RootUnavailable as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+@pytest.fixture
+def node(sid_root, tmp_path):
+    """A writable overlay of the sid root: this test's node."""
+    with debroot.overlay(sid_root, str(tmp_path / "sid")) as root:
+        yield root
+
+
+def gpuhook(*args, node: str) -> str:
+    r = subprocess.run([sys.executable, "-m", "gpuhook", *args, "--host-root", node],
+                       capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, f"gpuhook {' '.join(args)}: exit {r.returncode}\n{r.stderr}"
+    return r.stdout
+
+
+def in_root(node: str, argv: list[str], timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
+    """Run a tool of the root (chroot is enough for what starts no container)."""
+    r = subprocess.run(["chroot", node, *argv], capture_output=True, text=True, timeout=timeout,
+                       stdin=subprocess.DEVNULL)
+    assert not check or r.returncode == 0, f"{argv}: exit {r.returncode}\n{r.stderr}"
+    return r
+
+
+# -- containerd 2.x: its own default config (version 3), gpuhook install, CRI -----------------
+
+def operator_config(node: str, ctd: Containerd) -> bytes:
+    """`containerd config default` of the root's containerd with what this machine needs
+    (../shared/docs/real-runtimes.md, "Newer runtimes") and the harness's paths."""
+    import tomlkit
+
+    doc = tomlkit.parse(in_root(node, ["containerd", "config", "default"]).stdout)
+    assert doc["version"] == 3, "sid's containerd writes config version 3"
+    doc["root"], doc["state"] = ctd.root, ctd.state
+    doc["grpc"]["address"], doc["ttrpc"]["address"] = ctd.address, ctd.ttrpc_address
+    doc["disabled_plugins"] = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+                               "io.containerd.snapshotter.v1.devmapper"]
+    plugins = doc["plugins"]
+    plugins["io.containerd.cri.v1.runtime"]["restrict_oom_score_adj"] = True  # no CAP_SYS_RESOURCE here
+    plugins["io.containerd.cri.v1.runtime"]["disable_apparmor"] = True
+    plugins["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"] = IMAGE_NAME
+    return tomlkit.dumps(doc).encode()
+
+
+@pytest.fixture
+def sid_containerd(node, tmp_path, busybox_image_tar, cri_stubs):
+    """start(env) -> (Containerd, CRIClient) for the node's containerd on its own config
+    (written by the test first, at node/etc/containerd/config.toml)."""
+    import cri_client
+
+    made = []
+    ctd = Containerd(str(tmp_path / "ctd"), cri=True, debian_root=node, visible=(str(tmp_path),),
+                     config_path=os.path.join(node, "etc/containerd/config.toml"))
+
+    def start(env: dict):
+        ctd.env = {k: v for k, v in env.items() if k.startswith("GPUHOOK_")}
+        ctd.start(write_config=False)
+        ctd.import_image(busybox_image_tar, CRI_NAMESPACE)
+        client = cri_client.CRIClient(ctd.address, cri_stubs)
+        ctd.before_stop(client.close)
+        ctd.before_stop(client.remove_all)
+        client.wait_image(IMAGE_NAME)
+        made.append(client)
+        return client
+
+    ctd.start_with = start
+    yield ctd
+    forced = ctd.cleanup()
+    assert not leftovers(ctd), leftovers(ctd)
+    assert not [f for f in forced if not f.startswith("shim ")], forced
+
+
+def test_install_into_containerd_2_config_and_a_cri_pod_gets_the_gpus(node, sid_containerd, make_host, runtime,
+                                                                      real_bundle, tmp_path):
+    from test_e2e_cri import SHOW, Kubelet, records
+
+    ctd = sid_containerd
+    config = os.path.join(node, "etc/containerd/config.toml")
+    os.makedirs(os.path.dirname(config), exist_ok=True)
+    original = operator_config(node, ctd)
+    with open(config, "wb") as f:
+        f.write(original)
+    out = gpuhook("install", "--runtime", "containerd", "--restart", "none", "--bundle-dir", real_bundle, node=node)
+    assert "handler gpu-optional added (config version 3" in out, out
+
+    rt = runtime(make_host("nvidia", mknod=True))
+    client = ctd.start_with(rt.env)
+    assert client.version().runtime_version.lstrip("v").startswith("2."), client.version()  # the root's, over CRI
+    k = Kubelet(ctd, client, tmp_path)
+    pod_id, pod_config = k.run_pod("sid-gpu")
+    status, out = k.run_to_completion(pod_id, pod_config, "app", SHOW)
+    assert status.exit_code == 0, out
+    nodes = nodes_of(out)
+    assert {p: nodes[p] for p in nodes if p[len("/dev/nvidia"):].isdigit()} == \
+        {f"/dev/nvidia{m}": (195, m) for m in range(8)}, out
+    assert nodes["/dev/nvidiactl"] == (195, 255)
+    assert "open: cat: can't open '/dev/nvidia0': No such device or address" in out  # the cgroup rule
+    assert "accel=nvidia" in out
+    assert "ldcache-none" not in out and int(out.strip().splitlines()[-1]) >= 1, out  # libcuda in its ld cache
+    assert [r["decision"] for r in records(rt, status.id)] == ["injected"]
+    assert [r["decision"] for r in records(rt, pod_id)] == ["sandbox"]
+    # ExecSync: containerd 2.x's exec goes through the wrapper too
+    sleeper = client.create_container(pod_id, pod_config, "sleeper", IMAGE_NAME, command=["sleep", "600"],
+                                      log_path="sleeper/0.log")
+    client.start_container(sleeper)
+    r = client.exec_sync(sleeper, ["sh", "-c", "env | grep ^GPUHOOK_ | sort"])
+    assert r.exit_code == 0, r
+    env = r.stdout.decode().split()
+    assert "GPUHOOK_ACCELERATOR=nvidia" in env and any(e.startswith("GPUHOOK_DEVICES=nvidia:GPU-") for e in env), env
+
+    # a plain runc pod on the same containerd is left alone
+    plain_id, plain_config = k.run_pod("sid-plain", handler="runc")
+    status, out = k.run_to_completion(plain_id, plain_config, "app", SHOW)
+    assert status.exit_code == 0, out
+    assert nodes_of(out) == {} and "accel=none" in out and "GPUHOOK_" not in out, out
+    assert records(rt, status.id) == [] and records(rt, plain_id) == []
+
+    client.remove_all()
+    ctd.cleanup()
+    gpuhook("uninstall", "--runtime", "containerd", "--restart", "none", node=node)
+    with open(config, "rb") as f:
+        assert f.read() == original  # byte for byte
