@@ -165,3 +165,60 @@ def test_install_into_containerd_2_config_and_a_cri_pod_gets_the_gpus(node, sid_
     gpuhook("uninstall", "--runtime", "containerd", "--restart", "none", node=node)
     with open(config, "rb") as f:
         assert f.read() == original  # byte for byte
+
+
+def in_namespace(node: str, command: str, visible: tuple[str, ...], env: dict | None = None,
+                 timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run a shell command with the node as its real root (what starts containers needs it),
+    `visible` mounted at the same paths."""
+    argv = debroot.enter_argv(node, command, binds=tuple((d, d) for d in dict.fromkeys(visible)), env=env)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def cdi_spec_for(node: str, host: str, real_bundle: str) -> None:
+    """gpuhook's CDI specs for the fake host `host`, written by the bundle's gpuhook inside the
+    root where its runtimes read them (/etc/cdi): the spec's host paths are the fake host's
+    (visible inside at the same path), its ld-cache hook the bundle's and the root's ldconfig."""
+    r = in_namespace(node, f"{real_bundle}/bin/gpuhook cdi generate --root {host} --spec-root {host} "
+                     "--output-dir /etc/cdi --ldconfig /sbin/ldconfig", (host, real_bundle),
+                     env={"GPUHOOK_CONFIG": "/nonexistent/gpuhook.toml"})
+    assert r.returncode == 0, r.stderr
+    assert os.path.exists(os.path.join(node, "etc/cdi/gpuhook.dev-gpu.yaml")), os.listdir(os.path.join(node, "etc/cdi"))
+
+
+def test_containerd_2_cdi_takes_gpuhooks_spec_for_a_plain_runc_pod(node, sid_containerd, make_host, real_bundle,
+                                                                   tmp_path):
+    """No gpuhook at create at all: containerd's own CDI (on by default in 2.x) reads
+    gpuhook's spec for a `cdi.k8s.io/` annotation on a pod of the default runc handler."""
+    from test_e2e_cri import SHOW, Kubelet
+
+    ctd = sid_containerd
+    config = os.path.join(node, "etc/containerd/config.toml")
+    os.makedirs(os.path.dirname(config), exist_ok=True)
+    with open(config, "wb") as f:
+        f.write(operator_config(node, ctd))
+    host = make_host("nvidia", mknod=True)
+    cdi_spec_for(node, host, real_bundle)
+    ctd.visible += (real_bundle,)  # the spec's hook
+    client = ctd.start_with({})
+    k = Kubelet(ctd, client, tmp_path)
+    pod_id, pod_config = k.run_pod("sid-cdi", handler="runc")
+    cid = client.create_container(pod_id, pod_config, "app", IMAGE_NAME, command=["sh", "-c", SHOW],
+                                  log_path="app/0.log", annotations={"cdi.k8s.io/gpuhook": "gpuhook.dev/gpu=all"})
+    client.start_container(cid)
+    status = client.wait_exited(cid, 30)
+    out = k.read_log(status.log_path)
+    assert status.exit_code == 0, out
+    nodes = nodes_of(out)
+    assert {p: nodes[p] for p in nodes if p[len("/dev/nvidia"):].isdigit()} == \
+        {f"/dev/nvidia{m}": (195, m) for m in range(8)}, out
+    assert "open: cat: can't open '/dev/nvidia0': No such device or address" in out  # CDI's cgroup rule
+    assert "accel=nvidia" in out, out
+    assert "ldcache-none" not in out and int(out.strip().splitlines()[-1]) >= 1, out  # the spec's ld-cache hook
+    # and without the annotation, the same handler gives nothing
+    plain = client.create_container(pod_id, pod_config, "plain", IMAGE_NAME, command=["sh", "-c", SHOW],
+                                    log_path="plain/0.log")
+    client.start_container(plain)
+    status = client.wait_exited(plain, 30)
+    out = k.read_log(status.log_path)
+    assert status.exit_code == 0 and nodes_of(out) == {} and "accel=none" in out, out
