@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -222,3 +223,54 @@ def test_containerd_2_cdi_takes_gpuhooks_spec_for_a_plain_runc_pod(node, sid_con
     status = client.wait_exited(plain, 30)
     out = k.read_log(status.log_path)
     assert status.exit_code == 0 and nodes_of(out) == {} and "accel=none" in out, out
+
+
+# -- podman 5: the precreate hook, and CDI --------------------------------------------------
+
+PODMAN_SHOW = ("for n in /dev/nvidia*; do [ -e $n ] && stat -c 'node %n %t:%T %F' $n; done; "
+               "echo accel=${GPUHOOK_ACCELERATOR:-none}; cat /dev/nvidia0 2>&1; true")
+
+
+def test_podman_5_precreate_hook_and_cdi_device(node, make_host, real_bundle, tmp_path):
+    from gpuhook.testing import bundle
+
+    host = make_host("nvidia", mknod=True)
+    rootfs = tmp_path / "rootfs"
+    bundle.make_rootfs(str(rootfs))
+    config = tmp_path / "gpuhook.toml"
+    config.write_text(f'host_root = "{host}"\nlog_file = "{tmp_path}/gpuhook.log"\n')
+    hooks = tmp_path / "hooks.d"
+    hooks.mkdir()
+    (hooks / "gpuhook.json").write_text(json.dumps({
+        "version": "1.0.0",
+        "hook": {"path": f"{real_bundle}/bin/gpuhook", "args": ["gpuhook", "precreate"],
+                 "env": [f"GPUHOOK_CONFIG={config}", f"GPUHOOK_CACHE_DIR={tmp_path}/cache"]},
+        "when": {"always": True}, "stages": ["precreate"]}))
+    store = tmp_path / "podman"
+
+    def podman(*options: str, devices: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+        argv = ["podman", "--root", f"{store}/root", "--runroot", f"{store}/run", "--storage-driver", "vfs",
+                "--events-backend", "file", "--cgroup-manager", "cgroupfs", "--runtime", "runc", *options]
+        run = ["run", "--rm", "--network", "none", "--ulimit", "nofile=20000:20000", "--ulimit", "nproc=4096:4096",
+               *(a for d in devices for a in ("--device", d)), "--rootfs", str(rootfs), "sh", "-c", PODMAN_SHOW]
+        return in_namespace(node, shlex.join(argv + run), (str(tmp_path), real_bundle, host),
+                            env={"PODMAN_IGNORE_CGROUPSV1_WARNING": "1"})
+
+    version = in_namespace(node, "podman --version", (str(tmp_path),)).stdout
+    assert version.startswith("podman version 5."), version
+    r = podman("--hooks-dir", str(hooks))
+    assert r.returncode == 0, r.stderr
+    nodes = nodes_of(r.stdout)
+    assert all(nodes[f"/dev/nvidia{m}"] == (195, m) for m in range(8)), r.stdout
+    assert "accel=nvidia" in r.stdout and "No such device or address" in r.stdout, r.stdout
+
+    # CDI: podman's own, from the spec the bundle wrote into the root's /etc/cdi; no hooks dir
+    cdi_spec_for(node, host, real_bundle)
+    r = podman(devices=("gpuhook.dev/gpu=all",))
+    assert r.returncode == 0, r.stderr
+    nodes = nodes_of(r.stdout)
+    assert all(nodes[f"/dev/nvidia{m}"] == (195, m) for m in range(8)), r.stdout
+    assert "accel=nvidia" in r.stdout and "No such device or address" in r.stdout, r.stdout
+    # neither: nothing
+    r = podman()
+    assert r.returncode == 0 and nodes_of(r.stdout) == {} and "accel=none" in r.stdout, r.stdout + r.stderr
