@@ -274,3 +274,34 @@ def test_podman_5_precreate_hook_and_cdi_device(node, make_host, real_bundle, tm
     # neither: nothing
     r = podman()
     assert r.returncode == 0 and nodes_of(r.stdout) == {} and "accel=none" in r.stdout, r.stdout + r.stderr
+
+
+# -- Docker 28: gpuhook install into daemon.json, --runtime gpu-optional, docker exec -------
+
+def test_docker_28_runtime_gpu_optional_and_docker_exec(node, dockerd, make_host, runtime, real_bundle, tmp_path):
+    rt = runtime(make_host("nvidia", mknod=True, gpus=2, libs=False))
+    daemon_json = os.path.join(node, "etc/docker/daemon.json")
+    d = dockerd(daemon_json, {k: v for k, v in rt.env.items() if k.startswith("GPUHOOK_")}, {},
+                debian_root=node, visible=(str(tmp_path),))
+    os.makedirs(os.path.dirname(daemon_json), exist_ok=True)
+    with open(daemon_json, "w") as f:
+        json.dump(d.settings(), f, indent=2)
+    original = open(daemon_json, "rb").read()
+    out = gpuhook("install", "--runtime", "docker", "--restart", "none", "--bundle-dir", real_bundle, node=node)
+    assert "gpu-optional" in out, out
+    d.start()
+    assert d.docker("version", "--format", "{{.Server.Version}}").stdout.startswith("28."), "sid's dockerd"
+    image = "localhost/gpuhook-sid-busybox:test"
+    d.import_busybox(image)
+    cid = d.docker("run", "-d", "--runtime", "gpu-optional", "--network", "none", image, "sleep", "600").stdout.strip()
+    show = "echo accel=${GPUHOOK_ACCELERATOR:-none}; echo devices=${GPUHOOK_DEVICES:-none}; stat -c '%t:%T' /dev/nvidia1"
+    out = d.docker("exec", cid, "sh", "-c", show).stdout.split()
+    assert out[0] == "accel=nvidia" and out[1].count("nvidia:GPU-") == 2 and out[2] == "c3:1", out
+    assert [r["decision"] for r in rt.log_records() if r["container_id"] == cid] == ["injected"]
+    plain = d.docker("run", "-d", "--network", "none", image, "sleep", "600").stdout.strip()
+    out = d.docker("exec", plain, "sh", "-c", "echo accel=${GPUHOOK_ACCELERATOR:-none}; ls /dev").stdout.split()
+    assert out[0] == "accel=none" and not [n for n in out if n.startswith("nvidia")], out
+    d.docker("rm", "-f", cid, plain)
+    d.stop()
+    gpuhook("uninstall", "--runtime", "docker", "--restart", "none", node=node)
+    assert open(daemon_json, "rb").read() == original
