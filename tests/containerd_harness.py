@@ -375,11 +375,12 @@ class Containerd:
             return path[len(self.debian_root):]
         return path
 
-    def enter(self) -> list[str]:
-        """argv prefix that runs a command where containerd runs (its root's tools)."""
+    def enter(self, pid: bool = False) -> list[str]:
+        """argv prefix that runs a command where containerd runs (its root's tools); pid: in
+        its PID namespace too (the command then dies with containerd)."""
         if not self.debian_root:
             return []
-        return ["nsenter", "-t", str(self.daemon_pid), "-m", "--"]
+        return ["nsenter", "-t", str(self.daemon_pid), "-m", *(["-p"] if pid else []), "--"]
 
     def log_tail(self, n: int = 40) -> str:
         return tail_of(self.log_path, n)

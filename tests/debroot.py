@@ -73,7 +73,8 @@ def _stamp(root: str) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def stale_reason(release: str, include: tuple[str, ...], must_have: tuple[str, ...] = ()) -> str | None:
+def stale_reason(release: str, include: tuple[str, ...], must_have: tuple[str, ...] = (),
+                 apt: tuple[str, ...] = ()) -> str | None:
     """Why the cached root of `release` cannot serve (None: it can)."""
     root = path_of(release)
     stamp = _stamp(root)
@@ -81,8 +82,9 @@ def stale_reason(release: str, include: tuple[str, ...], must_have: tuple[str, .
         return "missing"
     if stamp.get("format") != FORMAT or stamp.get("release") != release:
         return "built by another version of tests/debroot.py"
-    if sorted(set(include) - set(stamp.get("include", []))):
-        return "built without " + " ".join(sorted(set(include) - set(stamp.get("include", []))))
+    for field, wanted in (("include", include), ("apt", apt)):
+        if set(wanted) - set(stamp.get(field, [])):
+            return "built without " + " ".join(sorted(set(wanted) - set(stamp.get(field, []))))
     age = time.time() - float(stamp.get("built", 0))
     if age > MAX_AGE.get(release, STABLE_MAX_AGE):
         return f"built {age / DAY:.0f} days ago"
@@ -103,7 +105,7 @@ def archive_reachable(release: str, timeout: float = 20) -> str | None:
     return None
 
 
-def _build(release: str, include: tuple[str, ...], log) -> None:
+def _build(release: str, include: tuple[str, ...], apt: tuple[str, ...], log) -> None:
     root = path_of(release)
     why = archive_reachable(release)
     if why:
@@ -129,9 +131,28 @@ def _build(release: str, include: tuple[str, ...], log) -> None:
         with open(hosts, "w") as f:
             f.write("127.0.0.1 localhost\n::1 localhost\n")
     os.makedirs(os.path.join(new, ".oldroot"), exist_ok=True)
+    if apt:
+        # through apt-get inside, as `make deps` installs them on a machine (Recommends too:
+        # trixie's docker.io brings its `docker` command, docker-cli, only that way); no
+        # service starts (policy-rc.d), and whatever a postinst starts dies with the namespace
+        log(f"apt-get install in {new}: {' '.join(apt)}")
+        copy_host_files(new)
+        policy = os.path.join(new, "usr/sbin/policy-rc.d")
+        with open(policy, "w") as f:
+            f.write("#!/bin/sh\nexit 101\n")
+        os.chmod(policy, 0o755)
+        r = subprocess.run(enter_argv(new, "apt-get update -qq && apt-get install -y -qq " + shlex.join(apt),
+                                      env={"DEBIAN_FRONTEND": "noninteractive"}),
+                           stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        os.unlink(policy)
+        if r.returncode != 0:
+            last = (r.stderr.strip() or r.stdout.strip() or "no output").splitlines()[-1]
+            _remove_tree(new)
+            raise RootUnavailable(f"cannot build the Debian {release} root: apt-get install exited "
+                                  f"{r.returncode}: {last}")
     with open(os.path.join(new, STAMP), "w") as f:
         json.dump({"format": FORMAT, "release": release, "include": sorted(set(include)),
-                   "built": time.time(), "mirror": MIRROR}, f)
+                   "apt": sorted(set(apt)), "built": time.time(), "mirror": MIRROR}, f)
     old = f"{root}.old"
     _remove_tree(old)
     if os.path.lexists(root):
@@ -147,17 +168,18 @@ def _remove_tree(path: str) -> None:
 
 
 @contextlib.contextmanager
-def ensure(release: str, include: tuple[str, ...], *, must_have: tuple[str, ...] = (), exclusive: bool = False,
-           log=lambda msg: print(f"debroot: {msg}", file=sys.stderr, flush=True)):
-    """The cached root of `release` with `include` installed, (re)built when stale; held
-    (shared, or exclusive when the caller changes the root) until the block ends."""
+def ensure(release: str, include: tuple[str, ...], *, apt: tuple[str, ...] = (), must_have: tuple[str, ...] = (),
+           exclusive: bool = False, log=lambda msg: print(f"debroot: {msg}", file=sys.stderr, flush=True)):
+    """The cached root of `release` with `include` (debootstrap's --include) and `apt`
+    (apt-get install inside, with Recommends) installed, (re)built when stale; held (shared,
+    or exclusive when the caller changes the root) until the block ends."""
     fd = _lock(release, fcntl.LOCK_EX)
     try:
-        why = stale_reason(release, include, must_have)
+        why = stale_reason(release, include, must_have, apt)
         if why:
             log(f"the {release} root at {path_of(release)} is {why}: building it")
-            _build(release, include, log)
-            why = stale_reason(release, include, must_have)
+            _build(release, include, apt, log)
+            why = stale_reason(release, include, must_have, apt)
             if why:
                 raise RootUnavailable(f"the Debian {release} root is still unusable after a build: {why}")
         if not exclusive:
@@ -244,9 +266,9 @@ def suite(checkout: str, release: str | None, apt_packages: tuple[str, ...]) -> 
         return 2
     checkout = os.path.realpath(checkout)
     shared = os.path.join(os.path.dirname(checkout), "shared")
-    include = tuple(sorted(set(SUITE_PACKAGES) | set(apt_packages)))
     try:
-        with ensure(release, include, must_have=("usr/bin/python3", "usr/bin/git"), exclusive=True) as root:
+        with ensure(release, SUITE_PACKAGES, apt=apt_packages, must_have=("usr/bin/python3", "usr/bin/git"),
+                    exclusive=True) as root:
             copy_host_files(root)
             src = os.path.join(root, "src")
             for name in ("gpuhook", "shared"):

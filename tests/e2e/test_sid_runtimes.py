@@ -154,6 +154,21 @@ def test_install_into_containerd_2_config_and_a_cri_pod_gets_the_gpus(node, sid_
     env = r.stdout.decode().split()
     assert "GPUHOOK_ACCELERATOR=nvidia" in env and any(e.startswith("GPUHOOK_DEVICES=nvidia:GPU-") for e in env), env
 
+    assert all("runtime_server" not in r for r in records(rt, status.id))  # a fresh interpreter each time
+
+    # the runtime server, started where containerd runs (its mount and PID namespaces, the
+    # bundle's own Python), serves the next create
+    from gpuhook.testing import runtime_server
+
+    srv_env = {"PATH": debroot.PATH, **{k: v for k, v in rt.env.items() if k.startswith("GPUHOOK_")}}
+    srv = runtime_server.start([*ctd.enter(pid=True), "/opt/gpuhook/bin/gpuhook", "runtime-server"], srv_env,
+                               stderr=subprocess.PIPE, text=True)
+    status, out = k.run_to_completion(pod_id, pod_config, "served", SHOW)
+    assert status.exit_code == 0, out
+    assert nodes_of(out)["/dev/nvidia7"] == (195, 7) and "accel=nvidia" in out, out
+    rec = records(rt, status.id)
+    assert [r["decision"] for r in rec] == ["injected"] and rec[0].get("runtime_server") is True, rec
+
     # a plain runc pod on the same containerd is left alone
     plain_id, plain_config = k.run_pod("sid-plain", handler="runc")
     status, out = k.run_to_completion(plain_id, plain_config, "app", SHOW)
@@ -163,6 +178,7 @@ def test_install_into_containerd_2_config_and_a_cri_pod_gets_the_gpus(node, sid_
 
     client.remove_all()
     ctd.cleanup()
+    srv.wait(timeout=10)  # gone with containerd's PID namespace
     gpuhook("uninstall", "--runtime", "containerd", "--restart", "none", node=node)
     with open(config, "rb") as f:
         assert f.read() == original  # byte for byte
