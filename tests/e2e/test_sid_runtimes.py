@@ -21,7 +21,7 @@ import sys
 import pytest
 
 import debroot
-from conftest import is_root, nodes_of, requires
+from conftest import is_root, log_records, nodes_of, requires
 from containerd_harness import CRI_NAMESPACE, IMAGE_NAME, Containerd, leftovers
 
 pytestmark = requires(is_root(), "needs root (debootstrap, mounts, pivot_root)")
@@ -321,3 +321,48 @@ def test_docker_28_runtime_gpu_optional_and_docker_exec(node, dockerd, make_host
     d.stop()
     gpuhook("uninstall", "--runtime", "docker", "--restart", "none", node=node)
     assert open(daemon_json, "rb").read() == original
+
+
+# -- crun 1.28 as the real runtime under the wrapper -----------------------------------------
+
+CRUN_SHOW = ("for n in /dev/nvidia*; do [ -e $n ] && stat -c 'node %n %t:%T %F' $n; done; "
+             "echo accel=${GPUHOOK_ACCELERATOR:-none}; cat /dev/nvidia0 2>&1; true")
+
+
+def test_crun_1_28_under_the_wrapper(node, make_host, real_bundle, tmp_path):
+    """crun refuses this host's hybrid cgroup layout (its unified hierarchy has a controller),
+    so it runs where /sys/fs/cgroup is cgroup2 alone: device rules are eBPF programs there,
+    and the ENXIO/EPERM pair shows gpuhook's rule is what lets the container open the node."""
+    from gpuhook.testing import bundle
+
+    host = make_host("nvidia", mknod=True)
+    config = tmp_path / "gpuhook.toml"
+    config.write_text(f'host_root = "{host}"\nlog_file = "{tmp_path}/gpuhook.log"\nruntime = "crun"\n')
+    env = {"GPUHOOK_CONFIG": str(config), "GPUHOOK_CACHE_DIR": str(tmp_path / "cache")}
+    state = tmp_path / "crun-state"
+
+    def run(binary: str, bundle_dir: str, cid: str) -> subprocess.CompletedProcess:
+        return in_namespace(node, "mount -t cgroup2 gpuhook-test /sys/fs/cgroup && "
+                            f"exec {binary} --root {state} run --bundle {bundle_dir} {cid}",
+                            (str(tmp_path), real_bundle, host), env=env)
+
+    assert in_namespace(node, "crun --version", (str(tmp_path),)).stdout.startswith("crun version 1.")
+    b = str(tmp_path / "b")
+    bundle.make_bundle(b, ["sh", "-c", CRUN_SHOW])
+    r = run(f"{real_bundle}/bin/gpuhook-runtime", b, "crun-gpu")
+    assert r.returncode == 0, r.stderr
+    nodes = nodes_of(r.stdout)
+    assert all(nodes[f"/dev/nvidia{m}"] == (195, m) for m in range(8)), r.stdout
+    assert "accel=nvidia" in r.stdout and "No such device or address" in r.stdout, r.stdout
+    recs = log_records(str(tmp_path / "gpuhook.log"))
+    assert [(x["container_id"], x["decision"]) for x in recs] == [("crun-gpu", "injected")]
+    # the control: crun alone, the node listed but no rule: the eBPF program says no
+    b2 = str(tmp_path / "b2")
+    bundle.make_bundle(b2, ["sh", "-c", "cat /dev/nvidia0 2>&1; true"])
+    with open(os.path.join(b2, "config.json")) as f:
+        spec = json.load(f)
+    spec["linux"]["devices"] = [{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}]
+    with open(os.path.join(b2, "config.json"), "w") as f:
+        json.dump(spec, f)
+    r = run("crun", b2, "crun-plain")
+    assert r.returncode == 0 and "Operation not permitted" in r.stdout, r.stdout + r.stderr
