@@ -283,7 +283,10 @@ def suite(checkout: str, release: str | None, apt_packages: tuple[str, ...]) -> 
                                   capture_output=True, text=True).stdout.strip()
             print(f"test-other-release: CI=true bash .ci/run in Debian {release} ({root}) at {head}",
                   file=sys.stderr, flush=True)
-            argv = enter_argv(root, "cd /src/gpuhook && bash .ci/run", env={"CI": "true"})
+            # the machine's cache at the same path inside: the suite's own roots (sid) are
+            # built once per machine, not once per release
+            argv = enter_argv(root, "cd /src/gpuhook && bash .ci/run", binds=((CACHE, CACHE),),
+                              env={"CI": "true", "GPUHOOK_TEST_ROOTS": CACHE})
             return subprocess.run(argv, stdin=subprocess.DEVNULL).returncode
     except RootUnavailable as e:
         print(f"test-other-release: {e}", file=sys.stderr)
