@@ -326,6 +326,7 @@ class Containerd:
         if write_config:
             self.write_config()
         self._made_run_dir = not self.debian_root and not os.path.isdir(RUN_DIR)
+        self.daemon_pid = None  # a restart's containerd is another process
         env = dict(os.environ)
         env.update(self.env)
         self._log_file = open(self.log_path, "ab")
@@ -676,6 +677,8 @@ def leftovers(c: Containerd) -> dict[str, list[str]]:
                 continue
             if argv and os.path.basename(argv[0]) == b"containerd" and c.config_path.encode() in argv:
                 out["processes"].append(f"containerd {entry}")
+    if c.debian_root and c.daemon_pid and os.path.exists(f"/proc/{c.daemon_pid}"):
+        out["processes"].append(f"containerd {c.daemon_pid} (in {c.debian_root})")  # argv has its inside path
     out["processes"] += [f"runc container {root} {cid}" for root, cid in c.runc_containers()]
     for h in _cgroup_hierarchies():
         for parent in dict.fromkeys(c.cgroup_parents):

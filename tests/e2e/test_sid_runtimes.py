@@ -118,6 +118,7 @@ def sid_containerd(node, tmp_path, busybox_image_tar, cri_stubs):
 
 def test_install_into_containerd_2_config_and_a_cri_pod_gets_the_gpus(node, sid_containerd, make_host, runtime,
                                                                       real_bundle, tmp_path):
+    import grpc
     from test_e2e_cri import SHOW, Kubelet, records
 
     ctd = sid_containerd
@@ -177,11 +178,15 @@ def test_install_into_containerd_2_config_and_a_cri_pod_gets_the_gpus(node, sid_
     assert records(rt, status.id) == [] and records(rt, plain_id) == []
 
     client.remove_all()
-    ctd.cleanup()
-    srv.wait(timeout=10)  # gone with containerd's PID namespace
     gpuhook("uninstall", "--runtime", "containerd", "--restart", "none", node=node)
     with open(config, "rb") as f:
         assert f.read() == original  # byte for byte
+    ctd.restart()  # the gRPC channel reconnects by itself
+    srv.wait(timeout=10)  # gone with the old containerd's PID namespace
+    client.wait_image(IMAGE_NAME)
+    with pytest.raises(grpc.RpcError) as e:
+        k.run_pod("after-uninstall")
+    assert 'no runtime for "gpu-optional" is configured' in e.value.details()
 
 
 def in_namespace(node: str, command: str, visible: tuple[str, ...], env: dict | None = None,
