@@ -125,7 +125,7 @@ def test_docker_run_gets_the_gpus_through_the_installed_runtime(tmp_path, make_h
     rec = rt.log_records()[-1]
     assert rec["decision"] == "injected" and rec["vendors"] == ["nvidia"], rec
 
-    # the README's Compose file: `runtime: gpu-optional`
+    # the Compose file of docs/install.md (Docker): `runtime: gpu-optional`
     project = tmp_path / "compose"
     project.mkdir()
     (project / "compose.yaml").write_text(COMPOSE.format(image=IMAGE, show=json.dumps(SHOW.replace("$", "$$"))))  # $$: no interpolation

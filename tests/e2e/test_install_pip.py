@@ -1,4 +1,4 @@
-"""The README's plain-host path: `pip install .`, then `gpuhook install` with no --bundle-dir.
+"""The plain-host path of docs/install.md (Without Kubernetes; README, Install): `pip install .`, then `gpuhook install` with no --bundle-dir.
 
 install builds the host bundle from the interpreter it runs on (gpuhook/install/build.py,
 as packaging/build-bundle.sh does) and copies it to <host root>/opt/gpuhook. The test makes a
