@@ -12,9 +12,9 @@ if TYPE_CHECKING:
     from .host import Host
 
 # Where a GPU can show up: for each vendor, the signs (paths under the host root, a name may
-# end in `*` or `[0-9]*` as in sh) that it may be present. This one list gates both the sh
-# front (gpuhook/runtime/gpuhook-runtime: gpu_present, which starts Python only when a sign is
-# there; tests/unit/test_sh_front.py holds the two equal) and probe(), which imports and runs a
+# end in `*` or `[0-9]*` as in sh) that it may be present. This one list gates both the C
+# front (gpuhook/runtime/gpuhook-runtime.c, which starts Python only when a sign is there;
+# tests/unit/test_front.py holds its copy equal) and probe(), which imports and runs a
 # vendor module only when one of its signs is there (this runs on every GPU container start).
 # probe/cache.py watches the directories they are in. Order matters only for display; a new
 # vendor is one new module and one line here.

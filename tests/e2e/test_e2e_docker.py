@@ -222,7 +222,7 @@ def test_docker_and_containerd_side_by_side(tmp_path, make_host, runtime, real_b
         assert "gpu-optional" not in cri_runtimes(sup.booted(1))
         gpuhook("install", "--host-root", node, "--runtime", "containerd", "--bundle-dir", real_bundle,
                 "--restart", "signal")
-        assert f"gpu-optional:{{Type:io.containerd.runc.v2" in cri_runtimes(sup.booted(2))
+        assert "gpu-optional:{Type:io.containerd.runc.v2" in cri_runtimes(sup.booted(2))
         assert "gpu-optional" not in runtimes(d)
 
         (node / "var" / "lib" / "kubelet").mkdir(parents=True)
