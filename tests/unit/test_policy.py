@@ -351,3 +351,96 @@ def test_a_fifo_as_the_round_robin_state_does_not_hang_the_create(tmp_path):
     threading.Thread(target=run, daemon=True).start()
     assert done.wait(10), "the round robin hung on a FIFO"
     assert result == [["k0"]] and any("unreadable, started afresh" in w for w in warnings)
+
+
+def test_round_robin_hands_out_pairs_over_several_gpus_least_used_first(tmp_path):
+    """max-gpus 2 over 5 GPUs: every GPU is given before one is given twice, each pair in the
+    node's order, and a GPU that joins the node later is the first given after it joins."""
+    keys = [f"GPU-{i}" for i in range(5)]
+    d = str(tmp_path)
+    assert policy.least_used(keys, 2, d, print) == ["GPU-0", "GPU-1"]
+    assert policy.least_used(keys, 2, d, print) == ["GPU-2", "GPU-3"]
+    # GPU-4 never given; of the rest, GPU-0 and GPU-1 were given longest ago
+    assert policy.least_used(keys, 2, d, print) == ["GPU-0", "GPU-4"]
+    assert policy.least_used(keys, 2, d, print) == ["GPU-1", "GPU-2"]
+    # now GPU-3 and GPU-4 have one each, the others two: those first
+    assert policy.least_used(keys, 3, d, print) == ["GPU-0", "GPU-3", "GPU-4"]
+    grown = keys + ["GPU-5"]
+    assert policy.least_used(grown, 1, d, print) == ["GPU-5"]
+    # a GPU that left the node is never handed out, and the others keep their counts
+    assert policy.least_used(["GPU-1", "GPU-2", "GPU-3"], 1, d, print) == ["GPU-1"]
+    assert policy.least_used(keys, 0, d, print) == []
+
+
+def test_round_robin_state_is_private_and_a_planted_link_is_not_followed(tmp_path):
+    """The state file is the node's: written 0600; a symlink planted in its place is neither
+    read nor written through (O_NOFOLLOW, then replaced by a file of gpuhook's own)."""
+    target = tmp_path / "elsewhere.json"
+    target.write_text('{"seq": 9, "usage": {"k0": [100, 8], "k1": [100, 8]}}')
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / policy.STATE_FILE).symlink_to(target)
+    w: list = []
+    assert policy.least_used(["k0", "k1", "k2"], 1, str(state), w.append) == ["k0"]  # not read: k2 would be least used
+    assert any("unreadable" in x for x in w)
+    assert target.read_text() == '{"seq": 9, "usage": {"k0": [100, 8], "k1": [100, 8]}}'
+    assert not (state / policy.STATE_FILE).is_symlink()
+    assert (state / policy.STATE_FILE).stat().st_mode & 0o777 == 0o600
+    assert policy.least_used(["k0", "k1", "k2"], 1, str(state), w.append) == ["k1"]
+
+
+@pytest.mark.parametrize("content", [
+    '{"seq": "x", "usage": {}}', '{"seq": 1, "usage": {"k0": [1]}}', '{"seq": 1, "usage": {"k0": ["a", 1]}}',
+    '{"seq": 1, "usage": []}', '{"seq": 1}', '[1, 2]', '{"seq": 1e999, "usage": {}}', '\xff',
+])
+def test_round_robin_state_of_the_wrong_shape_starts_afresh(tmp_path, content):
+    (tmp_path / policy.STATE_FILE).write_bytes(content.encode("latin-1"))
+    w: list = []
+    assert policy.least_used(["k0", "k1"], 1, str(tmp_path), w.append) == ["k0"]
+    assert any("unreadable, started afresh" in x for x in w)
+    w.clear()
+    assert policy.least_used(["k0", "k1"], 1, str(tmp_path), w.append) == ["k1"] and not w
+
+
+def test_round_robin_forgets_devices_gone_long_ago_but_not_the_current_ones(tmp_path):
+    """A node whose GPUs came and went for years: the state stays bounded, and what the
+    current GPUs were given is kept (the oldest entries are the ones dropped)."""
+    old = {f"gone-{i}": [1, i] for i in range(6000)}
+    (tmp_path / policy.STATE_FILE).write_text(json.dumps({"seq": 7000, "usage": {**old, "k0": [5, 6999]}}))
+    assert policy.least_used(["k0", "k1"], 1, str(tmp_path), print) == ["k1"]
+    state = json.loads((tmp_path / policy.STATE_FILE).read_text())
+    assert len(state["usage"]) < len(old)
+    assert "k0" in state["usage"] and "k1" in state["usage"] and "gone-0" not in state["usage"]
+    assert policy.least_used(["k0", "k1"], 1, str(tmp_path), print) == ["k1"]  # k0's count was kept: 5 > 1
+
+
+def test_round_robin_lock_held_too_long_gives_the_first_with_a_warning(tmp_path, monkeypatch):
+    """Another create holds the lock and never lets go (a hung process): the first n, a
+    warning, and the state left as it was."""
+    import fcntl
+
+    monkeypatch.setattr(policy, "LOCK_WAIT_S", 0.05)
+    assert policy.least_used(["k0", "k1"], 1, str(tmp_path), print) == ["k0"]
+    before = (tmp_path / policy.STATE_FILE).read_bytes()
+    fd = os.open(tmp_path / policy.LOCK_FILE, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        w: list = []
+        assert policy.least_used(["k0", "k1"], 1, str(tmp_path), w.append) == ["k0"]
+        assert any("stayed locked" in x for x in w)
+    finally:
+        os.close(fd)
+    assert (tmp_path / policy.STATE_FILE).read_bytes() == before
+    assert policy.least_used(["k0", "k1"], 1, str(tmp_path), print) == ["k1"]  # and the lock is free again
+
+
+def test_round_robin_state_that_cannot_be_written_gives_the_first(tmp_path):
+    d = tmp_path / "state"
+    d.mkdir()
+    assert policy.least_used(["k0", "k1"], 1, str(d), print) == ["k0"]
+    (d / policy.STATE_FILE).unlink()
+    (d / policy.STATE_FILE).mkdir()  # rename over a directory fails
+    (d / policy.STATE_FILE / "x").write_text("")
+    w: list = []
+    assert policy.least_used(["k0", "k1"], 1, str(d), w.append) == ["k0"]
+    assert any("cannot update" in x for x in w)

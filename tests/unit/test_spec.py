@@ -199,3 +199,120 @@ def test_an_item_key_of_another_type_is_refused_not_a_crash(where, item):
                   mounts=(Mount("/usr/lib/libcuda.so.1", "/usr/lib/libcuda.so.1"),))
     with pytest.raises(SpecError):
         apply(spec, edits)
+
+
+# -- cases a tenant's spec or a node can bring ------------------------------------------
+
+def test_an_env_value_holding_equals_signs_is_replaced_by_its_key():
+    """The key is what comes before the first '=': a value with '=' in it (JAVA_OPTS=-Da=b)
+    is replaced, never kept beside the new one; two edits of one key leave the last."""
+    spec = {"process": {"env": ["PATH=/bin", "JAVA_OPTS=-Da=b", "EMPTY="]}}
+    out = apply(spec, Edits(env=("JAVA_OPTS=-Dc=d=e", "EMPTY=1", "NEW=x=y", "NEW=z")))
+    assert out["process"]["env"] == ["PATH=/bin", "JAVA_OPTS=-Dc=d=e", "EMPTY=1", "NEW=z"]
+
+
+def test_null_fields_count_as_absent():
+    spec = {"process": None, "linux": None, "mounts": None, "hooks": None}
+    out = apply(spec, EDITS)
+    assert out["process"]["env"] == list(EDITS.env)
+    assert out["process"]["user"]["additionalGids"] == [44, 109]
+    assert [d["path"] for d in out["linux"]["devices"]] == ["/dev/nvidia0", "/dev/nvidiactl"]
+    assert len(out["linux"]["resources"]["devices"]) == 2
+    assert [m["destination"] for m in out["mounts"]] == ["/usr/lib/libcuda.so.550"]
+    assert list(out["hooks"]) == ["createContainer"]
+
+
+def test_a_path_taken_by_a_device_of_another_type_is_left_alone():
+    """A block device at the node's path (same numbers, type b): neither replaced nor allowed."""
+    spec = {"linux": {"devices": [{"path": "/dev/nvidia0", "type": "b", "major": 195, "minor": 0}]}}
+    out = apply(spec, Edits(device_nodes=(DeviceNode("/dev/nvidia0", "c", 195, 0),)))
+    assert out["linux"]["devices"] == spec["linux"]["devices"]
+    assert out["linux"]["resources"]["devices"] == []
+
+
+def test_a_device_the_spec_already_has_still_gets_its_rule_once():
+    """The runtime (or a device plugin) listed the node but no rule: the rule is added, once,
+    with the node's own permissions; one already there is not repeated."""
+    node = DeviceNode("/dev/nvidia0", "c", 195, 0, "rw")
+    spec = {"linux": {"devices": [{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}],
+                      "resources": {"devices": [{"allow": False, "access": "rwm"}]}}}
+    out = apply(spec, Edits(device_nodes=(node, node)))
+    assert out["linux"]["devices"] == spec["linux"]["devices"]
+    assert out["linux"]["resources"]["devices"] == [
+        {"allow": False, "access": "rwm"}, {"allow": True, "type": "c", "major": 195, "minor": 0, "access": "rw"}]
+    assert apply(out, Edits(device_nodes=(node,))) == out
+
+
+def test_a_node_is_written_with_only_the_fields_it_has():
+    out = apply({}, Edits(device_nodes=(DeviceNode("/dev/dri/card0", "c", 226, 0, "rwm", None, None, 44),)))
+    assert out["linux"]["devices"] == [{"path": "/dev/dri/card0", "type": "c", "major": 226, "minor": 0, "gid": 44}]
+
+
+def test_a_mount_destination_the_container_has_is_never_replaced():
+    """A tenant's own mount at a library's path stays (its source, its options), and two edits
+    for one destination give one mount, the first."""
+    mine = {"destination": "/usr/lib/libcuda.so.1", "type": "bind", "source": "/tenant/lib", "options": ["rw"]}
+    out = apply({"mounts": [mine]}, Edits(mounts=(
+        Mount("/host/libcuda.so.1", "/usr/lib/libcuda.so.1"),
+        Mount("/host/libnvidia-ml.so.1", "/usr/lib/libnvidia-ml.so.1"),
+        Mount("/other/libnvidia-ml.so.1", "/usr/lib/libnvidia-ml.so.1", options=("ro",)))))
+    assert out["mounts"] == [mine, {"destination": "/usr/lib/libnvidia-ml.so.1", "type": "bind",
+                                    "source": "/host/libnvidia-ml.so.1", "options": list(BIND_RO)}]
+
+
+def test_hooks_join_the_stage_the_spec_has_once_and_without_a_timeout_unless_given():
+    theirs = {"path": "/usr/bin/their-hook", "args": ["their-hook"]}
+    hook = Hook("prestart", "/usr/lib/gpuhook/hook", ("gpuhook-hook", "ldcache"), ("PATH=/bin",))
+    out = apply({"hooks": {"prestart": [theirs], "poststop": [theirs]}}, Edits(hooks=(hook, hook)))
+    mine = {"path": "/usr/lib/gpuhook/hook", "args": ["gpuhook-hook", "ldcache"], "env": ["PATH=/bin"]}
+    assert out["hooks"] == {"prestart": [theirs, mine], "poststop": [theirs]}
+
+
+def test_groups_the_container_has_are_not_repeated():
+    spec = {"process": {"user": {"uid": 1000, "additionalGids": [44, 5]}}}
+    out = apply(spec, Edits(additional_gids=(44, 109, 109)))
+    assert out["process"]["user"] == {"uid": 1000, "additionalGids": [44, 5, 109]}
+
+
+@pytest.mark.parametrize("spec", [
+    {"process": {"user": {"additionalGids": [True]}}},  # a bool is not a gid, though Python calls it an int
+    {"process": {"user": {"additionalGids": "44"}}},
+    {"process": {"user": []}},
+    {"process": {"env": ["A=1", 7]}},
+    {"annotations": {"a": 1}},
+    {"annotations": []},
+    {"root": "rootfs"},
+    {"hooks": {"prestart": {}}},
+    {"hooks": {"prestart": ["/bin/sh"]}},
+    {"linux": {"devices": ["/dev/nvidia0"]}},
+    {"linux": {"resources": {"devices": [["allow"]]}}},
+    {"mounts": ["/x"]},
+])
+def test_a_field_runc_would_refuse_is_refused_whichever_edits_come(spec):
+    """Whatever gpuhook would edit: the spec's shape is checked before any edit, so a spec runc
+    refuses is never half-read by gpuhook (even when the edits touch another field)."""
+    with pytest.raises(SpecError):
+        apply(spec, Edits(env=("A=1",)))
+
+
+@pytest.mark.parametrize("spec", [
+    {"annotations": {"a": "1"}, "root": {"path": "rootfs"}, "hooks": {"prestart": [{"path": "/x"}]}},
+    {"mounts": [{"destination": None}], "linux": {"devices": [{"type": "c"}]}},
+    {"process": {"user": {"additionalGids": [0, 44]}}},
+])
+def test_fields_of_the_right_shape_are_accepted(spec):
+    out = apply(spec, Edits(env=("A=1",)))
+    assert out["process"]["env"] == ["A=1"]
+
+
+def test_write_atomic_new_file_mode_and_failure_leave_nothing_half_written(tmp_path):
+    p = tmp_path / "new.json"
+    write_atomic(str(p), b"x" * 100_000, sync_dir=False)
+    assert p.read_bytes() == b"x" * 100_000 and (p.stat().st_mode & 0o7777) == 0o644
+    write_atomic(str(p), b"y", 0o600, sync=False)
+    assert p.read_bytes() == b"y" and (p.stat().st_mode & 0o7777) == 0o600
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "keep").write_text("k")
+    with pytest.raises(OSError):
+        write_atomic(str(tmp_path / "dir"), b"z")  # rename over a non-empty directory fails
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["dir", "new.json"]
