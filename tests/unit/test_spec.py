@@ -4,6 +4,7 @@ everything it does not know; refuses wrong types without touching the input."""
 from __future__ import annotations
 
 import copy
+import os
 import json
 
 import pytest
@@ -316,3 +317,159 @@ def test_write_atomic_new_file_mode_and_failure_leave_nothing_half_written(tmp_p
     with pytest.raises(OSError):
         write_atomic(str(tmp_path / "dir"), b"z")  # rename over a non-empty directory fails
     assert sorted(x.name for x in tmp_path.iterdir()) == ["dir", "new.json"]
+
+
+def _as_a_cdi_runtime_applies(cdi: dict, spec: dict) -> dict:
+    """What a CDI-aware runtime (containerd, podman) makes of containerEdits, by the CDI spec's
+    field names: the other way into a container, which must come out as apply() does."""
+    out = copy.deepcopy(spec)
+    proc = out.setdefault("process", {})
+    for item in cdi.get("env", []):
+        env = proc.setdefault("env", [])
+        keys = [e.partition("=")[0] for e in env]
+        k = item.partition("=")[0]
+        if k in keys:
+            env[keys.index(k)] = item
+        else:
+            env.append(item)
+    for n in cdi.get("deviceNodes", []):
+        linux = out.setdefault("linux", {})
+        dev = {"path": n["path"], "type": n["type"], "major": n["major"], "minor": n["minor"]}
+        dev.update({oci: n[key] for key, oci in (("fileMode", "fileMode"), ("uid", "uid"), ("gid", "gid")) if key in n})
+        linux.setdefault("devices", []).append(dev)
+        linux.setdefault("resources", {}).setdefault("devices", []).append(
+            {"allow": True, "type": n["type"], "major": n["major"], "minor": n["minor"], "access": n["permissions"]})
+    for m in cdi.get("mounts", []):
+        out.setdefault("mounts", []).append({"destination": m["containerPath"], "type": m["type"],
+                                             "source": m["hostPath"], "options": m["options"]})
+    for h in cdi.get("hooks", []):
+        entry = {"path": h["path"], "args": h["args"], "env": h["env"]}
+        if "timeout" in h:
+            entry["timeout"] = h["timeout"]
+        out.setdefault("hooks", {}).setdefault(h["hookName"], []).append(entry)
+    if "additionalGids" in cdi:
+        proc.setdefault("user", {}).setdefault("additionalGids", []).extend(cdi["additionalGids"])
+    return out
+
+
+@pytest.mark.parametrize("edits", [
+    EDITS,
+    Edits(device_nodes=(DeviceNode("/dev/dri/renderD128", "c", 226, 128, "rw", None, 0, 44),
+                        DeviceNode("/dev/kfd", "c", 235, 0, "rwm", 0o660))),
+    Edits(mounts=(Mount("/run/nvidia-persistenced/socket", "/run/nvidia-persistenced/socket", "bind", ("rw",)),),
+          hooks=(Hook("createContainer", "/usr/lib/gpuhook/hook", ("hook",)),)),
+    Edits(env=("A=1",)),
+    Edits(additional_gids=(44,)),
+])
+def test_cdi_and_the_spec_editor_give_a_container_the_same(edits):
+    """The same Edits reach a container through a CDI spec (edits.to_cdi) or through gpuhook's
+    own spec editor (spec.apply): both ways give the same devices, rules, mounts, hooks, env, groups."""
+    spec = {"ociVersion": "1.0.2", "process": {"env": ["PATH=/bin", "A=0"]}}
+    cdi = edits.to_cdi()
+    assert all(cdi[k] for k in cdi), "no empty keys"
+    assert _as_a_cdi_runtime_applies(cdi, spec) == apply(spec, edits)
+
+
+@pytest.mark.parametrize("spec, field, got, want", [
+    ({"process": {"env": {"A": "1"}}}, "process.env", "dict", "list"),
+    ({"process": "sh"}, "process", "str", "object"),
+    ({"linux": {"resources": []}}, "linux.resources", "list", "object"),
+])
+def test_a_refused_spec_says_which_field_is_of_which_type(spec, field, got, want):
+    """The one line the user reads names the field, the type it has and the type runc wants."""
+    with pytest.raises(SpecError) as e:
+        apply(spec, EDITS)
+    msg = str(e.value)
+    assert field in msg and got in msg and want in msg
+
+
+@pytest.mark.parametrize("spec, field, got", [
+    ({"process": {"env": ["A=1", 7]}}, "process.env", "int"),
+    ({"mounts": [{"destination": ["/x"]}]}, "mounts", "list"),
+    ({"hooks": {"prestart": ["/bin/sh"]}}, "hooks", "object"),
+])
+def test_a_refused_item_says_where_it_is(spec, field, got):
+    with pytest.raises(SpecError) as e:
+        apply(spec, EDITS)
+    assert field in str(e.value) and got in str(e.value)
+
+
+def test_the_same_node_twice_in_the_edits_is_one_device_and_one_rule():
+    n = DeviceNode("/dev/nvidia0", "c", 195, 0)
+    other = DeviceNode("/dev/nvidia0", "c", 195, 7)  # the path taken by the first: left out
+    out = apply({}, Edits(device_nodes=(n, n, other)))
+    assert out["linux"]["devices"] == [{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}]
+    assert out["linux"]["resources"]["devices"] == [
+        {"allow": True, "type": "c", "major": 195, "minor": 0, "access": "rwm"}]
+
+
+def _predictable_temp_names(monkeypatch, first: bytes):
+    """os.urandom as write_atomic's temp names see it: `first`, then fresh bytes."""
+    import os as _os
+
+    real = _os.urandom
+    calls = []
+
+    def urandom(n):
+        calls.append(n)
+        return first[:n] if len(calls) == 1 else real(n)
+
+    monkeypatch.setattr("gpuhook.spec.os.urandom", urandom)
+    return calls
+
+
+def test_write_atomic_never_writes_through_a_link_planted_at_its_temp_name(tmp_path, monkeypatch):
+    """Someone who can write the directory plants a symlink where the temp file will be: the
+    link's target is untouched, and the file is written anyway (under another temp name)."""
+    import os as _os
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    target = tmp_path / "config.json"
+    _predictable_temp_names(monkeypatch, b"\0" * 6)
+    (tmp_path / f".config.json.gpuhook-{_os.getpid()}-{'00' * 6}.tmp").symlink_to(victim)
+    write_atomic(str(target), b'{"a":1}')
+    assert victim.read_text() == "precious"
+    assert target.read_bytes() == b'{"a":1}' and not target.is_symlink()
+
+
+def test_write_atomic_gets_past_a_temp_file_left_by_a_killed_writer(tmp_path, monkeypatch):
+    """A writer killed mid-write left its temp file, and its pid is ours now: the write goes on."""
+    import os as _os
+
+    left = tmp_path / f".state.json.gpuhook-{_os.getpid()}-{'11' * 6}.tmp"
+    left.write_text("half")
+    _predictable_temp_names(monkeypatch, b"\x11" * 6)
+    write_atomic(str(tmp_path / "state.json"), b"whole", 0o600)
+    assert (tmp_path / "state.json").read_bytes() == b"whole"
+
+
+def test_write_atomic_file_is_never_more_open_than_its_mode_while_written(tmp_path, monkeypatch):
+    """A 0600 file (the round robin's state, the config cache) is not readable by others at
+    any moment, not even while its temp file is being written."""
+    import os as _os
+
+    seen = []
+    real_write = _os.write
+
+    def write(fd, data):
+        seen.append(_os.fstat(fd).st_mode & 0o777)
+        return real_write(fd, data)
+
+    monkeypatch.setattr("gpuhook.spec.os.write", write)
+    write_atomic(str(tmp_path / "private"), b"secret", 0o600)
+    assert seen and all(m & 0o077 == 0 for m in seen)
+
+
+def test_write_atomic_puts_its_temp_file_beside_the_target(tmp_path, monkeypatch):
+    """The rename is atomic only within one filesystem: the temp file is in the target's
+    directory, wherever the process's working directory is (here: another filesystem)."""
+    if os.stat("/dev/shm").st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("/dev/shm is on the same filesystem as the test's directory")
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as elsewhere:
+        monkeypatch.chdir(elsewhere)
+        write_atomic(str(tmp_path / "config.json"), b"{}")
+        assert os.listdir(elsewhere) == []
+    assert (tmp_path / "config.json").read_bytes() == b"{}"
