@@ -444,3 +444,71 @@ def test_round_robin_state_that_cannot_be_written_gives_the_first(tmp_path):
     w: list = []
     assert policy.least_used(["k0", "k1"], 1, str(d), w.append) == ["k0"]
     assert any("cannot update" in x for x in w)
+
+
+def test_a_checkpoint_index_counts_only_for_nvidias_own_resource(tmp_path):
+    """The NVIDIA device plugin may name GPUs by index ("1"). An index is an NVIDIA GPU's only
+    under nvidia.com/: another plugin's device "0" (an FPGA, an AMD GPU) holds no NVIDIA GPU
+    back, and an NVIDIA index holds back that GPU, not an AMD GPU of the same index."""
+    root = str(tmp_path)
+    checkpoint(root, [entry("pod-f", "example.com/fpga", ["0"], v1=True),
+                      entry("pod-n", "nvidia.com/gpu", ["2", "5"]),
+                      entry("pod-a", "amd.com/gpu", ["1"], v1=True)])
+    e = plan(Inventory(root, INV.vendors), req())
+    assert [d for d in devices(e) if d.startswith("nvidia:")] == [
+        f"nvidia:GPU-{i:04d}" for i in (0, 1, 3, 4, 6, 7)]
+    assert [d for d in devices(e) if d.startswith("amd:")] == ["amd:0000:43:00.0", "amd:0000:44:00.0"]
+
+
+@pytest.mark.parametrize("ident", ["٣", "３", "+3", "3.0", "GPU-3"])
+def test_a_checkpoint_id_that_only_looks_like_an_index_holds_nothing_back(tmp_path, ident):
+    """Non-ASCII digits (int("٣") is 3) and other near-numbers are not the NVIDIA plugin's indexes."""
+    checkpoint(str(tmp_path), [entry("pod-x", "nvidia.com/gpu", [ident], v1=True)])
+    assert len([d for d in devices(plan(Inventory(str(tmp_path), INV.vendors), req())) if d.startswith("nvidia:")]) == 8
+
+
+def test_held_back_explains_long_pod_and_device_names_cut_short(tmp_path):
+    """A pod uid or device id of any length from the checkpoint: the explanation stays one
+    readable line, cut with '...', and a short one is shown whole."""
+    long_pod, long_id = "p" * 500, "GPU-0003" + "x" * 500
+    checkpoint(str(tmp_path), [entry(long_pod, "nvidia.com/gpu", ["GPU-0001"], v1=True),
+                               entry("pod-b", "nvidia.com/gpu", [long_id.upper()], v1=True)])
+    explain: dict = {}
+    plan(Inventory(str(tmp_path), INV.vendors), req(), explain=explain)
+    whys = [h["why"] for h in explain.get("held_back", [])]
+    assert len(whys) == 1 and len(whys[0]) < 200 and "..." in whys[0] and "'GPU-0001'" in whys[0]
+    assert policy.show("x" * 10) == repr("x" * 10)
+    cut = policy.show("y" * 1000)
+    assert cut.endswith("...'") and len(cut) < 100 and policy.show(cut) != cut
+
+
+@pytest.mark.parametrize("path, want", [
+    ("/tmp/mps", "/tmp/mps"), ("/tmp/mps/", "/tmp/mps"), ("/run/nvidia-mps", "/run/nvidia-mps"),
+    ("relative/dir", None), ("/", None), ("//", None), ("/tmp/../etc", None), ("/tmp/./x", None), ("/tmp//x", None),
+    ("/proc/1/root", None), ("/sys/fs", None), ("/dev/shm", None), ("/proc", None),
+    ("/procfs/x", "/procfs/x"), ("/tmp/proc", "/tmp/proc"), ("/tmp/a\0b", None), ("/" + "a" * 300, None),
+    ("/" + "a" * 254, "/" + "a" * 254),
+])
+def test_container_dir_takes_only_a_plain_absolute_directory(path, want):
+    """CUDA_MPS_PIPE_DIRECTORY is the tenant's: a directory gpuhook mounts the node's MPS
+    pipes at, so never /, never /proc, /sys or /dev, nothing to normalise, no NUL, not too long."""
+    assert policy.container_dir(path) == want
+
+
+def test_request_from_spec_reads_what_the_runtime_wrote(tmp_path):
+    """The spec as the runtime wrote it: a relative root is the bundle's, device types are the
+    spec's own (b, u kept; anything else read as c), and an empty or missing root is no rootfs."""
+    spec = {"root": {"path": "rootfs"}, "linux": {"devices": [
+        {"path": "/dev/sda", "type": "b", "major": 8, "minor": 0},
+        {"path": "/dev/nvidia0", "type": "u", "major": 195, "minor": 0},
+        {"path": "/dev/nvidia1", "type": "c", "major": 195, "minor": 1},
+        {"path": "/dev/odd", "type": "x", "major": 1, "minor": 3},
+        {"path": "/dev/nonum", "type": "c"}]}}
+    r = request_from_spec(spec, str(tmp_path))
+    assert r.rootfs == str(tmp_path / "rootfs")
+    assert r.spec_devices == {"/dev/sda": ("b", 8, 0), "/dev/nvidia0": ("u", 195, 0),
+                              "/dev/nvidia1": ("c", 195, 1), "/dev/odd": ("c", 1, 3), "/dev/nonum": None}
+    assert request_from_spec({"root": {"path": "rootfs"}}).rootfs is None  # relative and no bundle
+    assert request_from_spec({"root": {"path": ""}}, str(tmp_path)).rootfs is None
+    assert request_from_spec({"root": {"path": 7}}, str(tmp_path)).rootfs is None
+    assert request_from_spec({"root": {"path": "/run/b/../b/rootfs"}}).rootfs == "/run/b/rootfs"
