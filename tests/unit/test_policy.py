@@ -403,15 +403,56 @@ def test_round_robin_state_of_the_wrong_shape_starts_afresh(tmp_path, content):
 
 
 def test_round_robin_forgets_devices_gone_long_ago_but_not_the_current_ones(tmp_path):
-    """A node whose GPUs came and went for years: the state stays bounded, and what the
-    current GPUs were given is kept (the oldest entries are the ones dropped)."""
-    old = {f"gone-{i}": [1, i] for i in range(6000)}
-    (tmp_path / policy.STATE_FILE).write_text(json.dumps({"seq": 7000, "usage": {**old, "k0": [5, 6999]}}))
-    assert policy.least_used(["k0", "k1"], 1, str(tmp_path), print) == ["k1"]
+    """A node whose GPUs came and went for years: the state stays bounded, the oldest entries
+    are the ones dropped (whatever their names), and what the current GPUs were given is kept."""
+    old = {f"gone-{i:05d}": [1, i] for i in range(4100)}
+    (tmp_path / policy.STATE_FILE).write_text(json.dumps({"seq": 7000, "usage": {**old, "a0": [5, 6999]}}))
+    assert policy.least_used(["a0", "a1"], 1, str(tmp_path), print) == ["a1"]
     state = json.loads((tmp_path / policy.STATE_FILE).read_text())
     assert len(state["usage"]) < len(old)
-    assert "k0" in state["usage"] and "k1" in state["usage"] and "gone-0" not in state["usage"]
-    assert policy.least_used(["k0", "k1"], 1, str(tmp_path), print) == ["k1"]  # k0's count was kept: 5 > 1
+    assert "a0" in state["usage"] and "a1" in state["usage"]
+    assert "gone-00000" not in state["usage"] and "gone-00100" in state["usage"] and "gone-04099" in state["usage"]
+    assert policy.least_used(["a0", "a1"], 1, str(tmp_path), print) == ["a1"]  # a0's count was kept: 5 > 1
+
+
+def test_round_robin_counts_every_time_a_gpu_is_given(tmp_path):
+    """Least used first, then least recently: a GPU given again is counted again."""
+    (tmp_path / policy.STATE_FILE).write_text(json.dumps({"seq": 10, "usage": {"a": [2, 1], "b": [1, 8]}}))
+    d = str(tmp_path)
+    assert policy.least_used(["a", "b"], 1, d, print) == ["b"]  # given once, though more recently
+    assert policy.least_used(["a", "b"], 1, d, print) == ["a"]  # now both twice: a longest ago
+    assert policy.least_used(["a", "b"], 1, d, print) == ["b"]
+
+
+def test_round_robin_no_choice_is_no_turn(tmp_path):
+    """A container given every GPU (or none) makes no choice: the state is not even rewritten."""
+    d = str(tmp_path)
+    assert policy.least_used(["a", "b", "c"], 1, d, print) == ["a"]
+    before = (tmp_path / policy.STATE_FILE).read_bytes()
+    assert policy.least_used(["a", "b", "c"], 3, d, print) == ["a", "b", "c"]
+    assert policy.least_used(["a", "b", "c"], 0, d, print) == []
+    assert (tmp_path / policy.STATE_FILE).read_bytes() == before
+
+
+def test_round_robin_state_dir_and_lock_are_private(tmp_path):
+    d = tmp_path / "run" / "gpuhook"
+    assert policy.least_used(["a", "b"], 1, str(d), print) == ["a"]
+    for p in (d, d / policy.LOCK_FILE, d / policy.STATE_FILE):
+        assert p.stat().st_mode & 0o077 == 0, p
+
+
+def test_round_robin_lock_planted_as_a_link_is_not_followed(tmp_path):
+    """A symlink where the lock goes: not opened through (O_NOFOLLOW); the create gets the
+    first GPUs, with a warning, and nothing is written."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    d = tmp_path / "state"
+    d.mkdir(mode=0o700)
+    (d / policy.LOCK_FILE).symlink_to(victim)
+    w: list = []
+    assert policy.least_used(["a", "b"], 1, str(d), w.append) == ["a"]
+    assert any("cannot use" in x for x in w)
+    assert victim.read_text() == "precious" and not (d / policy.STATE_FILE).exists()
 
 
 def test_round_robin_lock_held_too_long_gives_the_first_with_a_warning(tmp_path, monkeypatch):
@@ -487,7 +528,7 @@ def test_held_back_explains_long_pod_and_device_names_cut_short(tmp_path):
     ("relative/dir", None), ("/", None), ("//", None), ("/tmp/../etc", None), ("/tmp/./x", None), ("/tmp//x", None),
     ("/proc/1/root", None), ("/sys/fs", None), ("/dev/shm", None), ("/proc", None),
     ("/procfs/x", "/procfs/x"), ("/tmp/proc", "/tmp/proc"), ("/tmp/a\0b", None), ("/" + "a" * 300, None),
-    ("/" + "a" * 254, "/" + "a" * 254),
+    ("/" + "a" * 254, "/" + "a" * 254), ("/" + "a" * 255, None),
 ])
 def test_container_dir_takes_only_a_plain_absolute_directory(path, want):
     """CUDA_MPS_PIPE_DIRECTORY is the tenant's: a directory gpuhook mounts the node's MPS
