@@ -553,3 +553,23 @@ def test_request_from_spec_reads_what_the_runtime_wrote(tmp_path):
     assert request_from_spec({"root": {"path": ""}}, str(tmp_path)).rootfs is None
     assert request_from_spec({"root": {"path": 7}}, str(tmp_path)).rootfs is None
     assert request_from_spec({"root": {"path": "/run/b/../b/rootfs"}}).rootfs == "/run/b/rootfs"
+
+
+def test_round_robin_that_cannot_keep_its_state_says_so_in_the_plans_warnings(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    warnings: list = []
+    e = plan(Inventory("/", (nv(4),)), req({"gpuhook.dev/max-gpus": "1"}), state_dir=str(blocked / "sub"),
+             warnings=warnings)
+    assert devices(e) == ["nvidia:GPU-0000"]
+    assert any("round robin" in w for w in warnings)
+
+
+def test_a_node_without_ldconfig_still_gets_its_libraries_without_the_ld_cache_hook(tmp_path, monkeypatch):
+    import gpuhook.plan as plan_mod
+
+    monkeypatch.setattr(plan_mod, "LDCONFIG_CANDIDATES", (str(tmp_path / "no-ldconfig"),))
+    assert plan_mod.find_ldconfig() is None
+    e = plan(Inventory("/", (nv(1),)), req(rootfs=str(tmp_path)))
+    assert devices(e) == ["nvidia:GPU-0000"] and any(m.container_path.endswith("libcuda.so.550.54.14") for m in e.mounts)
+    assert not e.hooks
