@@ -15,6 +15,7 @@ from conftest import REPO, request
 from gpuhook.testing import fakehost
 from gpuhook.plan import policy
 from gpuhook.config import Config
+from gpuhook.edits import DeviceNode
 from gpuhook.inventory import Device, Inventory, Library, Node, VendorInventory
 from gpuhook.plan import plan, request_from_spec
 from gpuhook.probe import probe
@@ -573,3 +574,54 @@ def test_a_node_without_ldconfig_still_gets_its_libraries_without_the_ld_cache_h
     e = plan(Inventory("/", (nv(1),)), req(rootfs=str(tmp_path)))
     assert devices(e) == ["nvidia:GPU-0000"] and any(m.container_path.endswith("libcuda.so.550.54.14") for m in e.mounts)
     assert not e.hooks
+
+
+def test_planned_nodes_are_the_probes_numbers_owner_and_mode():
+    """What runc creates in the container is the node the probe found: its type, numbers,
+    owner, group and mode; and a group-only node brings its group into the container."""
+    nodes = (Node("/dev/dri/card1", "c", 226, 1, 0o660, 0, 44), Node("/dev/dri/renderD128", "c", 226, 128, 0o666, 7, 109))
+    amd1 = VendorInventory("amd", (Device("amd", "gpu", 0, "0000:43:00.0", nodes, "0000:43:00.0"),),
+                           (Node("/dev/kfd", "b", 235, 3, 0o600, 0, 0),))
+    e = plan(Inventory("/", (amd1,)), req())
+    by_path = {n.path: n for n in e.device_nodes}
+    assert by_path["/dev/dri/card1"] == DeviceNode("/dev/dri/card1", "c", 226, 1, "rwm", 0o660, 0, 44)
+    assert by_path["/dev/dri/renderD128"] == DeviceNode("/dev/dri/renderD128", "c", 226, 128, "rwm", 0o666, 7, 109)
+    assert by_path["/dev/kfd"] == DeviceNode("/dev/kfd", "b", 235, 3, "rwm", 0o600, 0, 0)
+    assert e.additional_gids == (44,)  # 0666 needs no group, 0600 gives the group nothing
+
+
+@pytest.mark.parametrize("mode, needs_group", [
+    (0o660, True), (0o664, True), (0o620, True), (0o666, False), (0o667, False), (0o600, False), (0o606, False),
+])
+def test_a_node_brings_its_group_only_when_only_its_group_may_open_it(mode, needs_group):
+    node = Node("/dev/dri/renderD128", "c", 226, 128, mode, 0, 44)
+    amd1 = VendorInventory("amd", (Device("amd", "gpu", 0, "0000:43:00.0", (node,), "0000:43:00.0"),))
+    assert plan(Inventory("/", (amd1,)), req()).additional_gids == ((44,) if needs_group else ())
+
+
+@pytest.mark.parametrize("root", ["/srv/nodeX", "/srv/nodeX/"])
+def test_a_host_root_is_joined_to_node_paths_cleanly(root):
+    """A fake host root (dry runs, tests), with or without a trailing '/': the runtime gets
+    the libraries under it, each path written plainly."""
+    e = plan(Inventory(root, (nv(1),)), req())
+    assert f"/srv/nodeX{CUDA.path}" in {m.host_path for m in e.mounts}
+    assert all("//" not in m.host_path for m in e.mounts)
+
+
+@pytest.mark.parametrize("value", ["void", "VOID", " void ", ""])
+def test_visible_void_is_nothing_and_no_warning(value):
+    warnings: list = []
+    e = plan(Inventory("/", (nv(2),)), req(env={"NVIDIA_VISIBLE_DEVICES": value}), warnings=warnings)
+    assert not e and warnings == []
+
+
+@pytest.mark.parametrize("value, want", [
+    ("all", None), (" ALL ", None), ("All", None), ("0,1", {0, 1}), ("3, 0 ,x,٣,1234567,123456,", {0, 3, 123456}),
+    ("0 1", set()), ("", set()),
+])
+def test_imex_channels_are_all_or_the_numbers_given(value, want):
+    """NVIDIA_IMEX_CHANNELS: "all" (any case) is every channel; else the plain ASCII numbers
+    listed (up to 6 digits), the rest ignored."""
+    got = policy.imex_channels({"NVIDIA_IMEX_CHANNELS": value})
+    assert (got if got is None else set(got)) == want
+    assert policy.imex_channels({}) is None
