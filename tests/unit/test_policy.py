@@ -625,3 +625,20 @@ def test_imex_channels_are_all_or_the_numbers_given(value, want):
     got = policy.imex_channels({"NVIDIA_IMEX_CHANNELS": value})
     assert (got if got is None else set(got)) == want
     assert policy.imex_channels({}) is None
+
+
+def test_every_vendors_share_is_kept_whichever_comes_first(tmp_path):
+    """A node with AMD and NVIDIA GPUs: the container gets both vendors' nodes and driver
+    files, in whichever order the probe lists the vendors."""
+    amd_libs = amd(1)._replace(libraries=(Library("/opt/rocm/lib/libhsa-runtime64.so.1", "libhsa-runtime64.so.1", "compute"),),
+                               binaries=("/opt/rocm/bin/rocminfo",))
+    for vendors_ in ((amd_libs, nv(1)), (nv(1), amd_libs)):
+        e = plan(Inventory("/srv/node", vendors_), req(rootfs=str(tmp_path)), ldconfig="/opt/node/ldconfig")
+        paths = {n.path for n in e.device_nodes}
+        assert {"/dev/nvidia0", "/dev/nvidiactl", "/dev/dri/card1", "/dev/kfd"} <= paths
+        mounts = {m.container_path: m.host_path for m in e.mounts}
+        assert mounts["/opt/rocm/lib/libhsa-runtime64.so.1"] == "/srv/node/opt/rocm/lib/libhsa-runtime64.so.1"
+        assert mounts["/opt/rocm/bin/rocminfo"] == "/srv/node/opt/rocm/bin/rocminfo"
+        assert mounts[CUDA.path] == "/srv/node" + CUDA.path
+        (ld,) = [h for h in e.hooks if "/opt/node/ldconfig" in h.args]  # the node's ldconfig, as given
+        assert any(a == "/opt/rocm/lib" for a in ld.args) and not any(a == "/opt/rocm/bin" for a in ld.args)
