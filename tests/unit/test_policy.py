@@ -608,11 +608,17 @@ def test_a_host_root_is_joined_to_node_paths_cleanly(root):
     assert all("//" not in m.host_path for m in e.mounts)
 
 
-@pytest.mark.parametrize("value", ["void", "VOID", " void ", ""])
-def test_visible_void_is_nothing_and_no_warning(value):
-    warnings: list = []
-    e = plan(Inventory("/", (nv(2),)), req(env={"NVIDIA_VISIBLE_DEVICES": value}), warnings=warnings)
-    assert not e and warnings == []
+@pytest.mark.parametrize("value", ["void", "VOID", " void ", "", "/var/run/nvidia-container-devices"])
+@pytest.mark.parametrize("plugin", [False, True])
+def test_visible_void_is_nothing_and_no_warning(value, plugin):
+    """Empty, void, or the volume-mounts strategy with no device mounted: nothing at all from
+    NVIDIA, not even driver files for a GPU a device plugin put in the spec, and no warning
+    (not even when the node's NVIDIA userspace is missing: the container asked for nothing)."""
+    spec_devices = {"/dev/nvidia0": ("c", 195, 0)} if plugin else None
+    for inv in (Inventory("/", (nv(2),)), Inventory("/", (nv(2)._replace(libraries=()),))):
+        warnings: list = []
+        e = plan(inv, req(env={"NVIDIA_VISIBLE_DEVICES": value}, spec_devices=spec_devices), warnings=warnings)
+        assert not e and warnings == []
 
 
 @pytest.mark.parametrize("value, want", [
