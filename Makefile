@@ -60,7 +60,7 @@ lint: venv
 # Incremental: mutants/ keeps each mutant's result and a run tests only the new or changed
 # functions' mutants, then once more the survivors (the tests may have changed since).
 # MUTANTS="gpuhook.spec*" narrows it to one module; MUTATION_SAMPLE=5 checks a fifth of every
-# function's mutants, which fifth rotating with the commit (.ci/run: the whole run is ~25 min).
+# function's mutants, which fifth rotating with the commit (a whole run from scratch: 30+ min).
 MUTATION_JOBS ?= 2
 MUTATION_SAMPLE ?=
 MUTANTS ?= $(if $(MUTATION_SAMPLE),$(shell $(BIN)/python tests/mutation_score.py --sample $(MUTATION_SAMPLE)))
