@@ -17,21 +17,20 @@ class SpecError(ValueError):
     the real runtime reports the problem in its own words."""
 
 
-def _field(parent: dict, key: str, kind: type, where: str):
+def _field(parent: dict, key: str, kind: type):
+    """parent[key], created empty when absent or null (check() has refused every other type)."""
     value = parent.get(key)
     if value is None:
         value = parent[key] = kind()
-    elif not isinstance(value, kind):
-        raise SpecError(f"{where}{key} is a {type(value).__name__}, not a{'n object' if kind is dict else ' list'}")
     return value
 
 
-def _dict(parent: dict, key: str, where: str = "") -> dict:
-    return _field(parent, key, dict, where)
+def _dict(parent: dict, key: str) -> dict:
+    return _field(parent, key, dict)
 
 
-def _list(parent: dict, key: str, where: str = "") -> list:
-    return _field(parent, key, list, where)
+def _list(parent: dict, key: str) -> list:
+    return _field(parent, key, list)
 
 
 # The fields gpuhook reads or edits, the JSON type the real runtime wants for each, and for
@@ -91,7 +90,7 @@ def apply(spec: dict, edits: Edits) -> dict:
     check(spec)
     spec = _copy(spec)
     if edits.env:
-        env = _list(_dict(spec, "process"), "env", "process.")
+        env = _list(_dict(spec, "process"), "env")
         index = {e.partition("=")[0]: i for i, e in enumerate(env) if isinstance(e, str)}
         for item in edits.env:
             key = item.partition("=")[0]
@@ -102,8 +101,8 @@ def apply(spec: dict, edits: Edits) -> dict:
                 env.append(item)
     if edits.device_nodes:
         linux = _dict(spec, "linux")
-        devices = _list(linux, "devices", "linux.")
-        rules = _list(_dict(linux, "resources", "linux."), "devices", "linux.resources.")
+        devices = _list(linux, "devices")
+        rules = _list(_dict(linux, "resources"), "devices")
         by_path = {d.get("path"): d for d in devices if isinstance(d, dict)}
         for n in edits.device_nodes:
             have = by_path.get(n.path)
@@ -134,15 +133,15 @@ def apply(spec: dict, edits: Edits) -> dict:
     if edits.hooks:
         hooks = _dict(spec, "hooks")
         for h in edits.hooks:
-            stage = _list(hooks, h.hook_name, "hooks.")
+            stage = _list(hooks, h.hook_name)
             entry = {"path": h.path, "args": list(h.args), "env": list(h.env)}
             if h.timeout is not None:
                 entry["timeout"] = h.timeout
             if entry not in stage:
                 stage.append(entry)
     if edits.additional_gids:
-        user = _dict(_dict(spec, "process"), "user", "process.")
-        gids = _list(user, "additionalGids", "process.user.")
+        user = _dict(_dict(spec, "process"), "user")
+        gids = _list(user, "additionalGids")
         gids.extend(g for g in edits.additional_gids if g not in gids)
     return spec
 

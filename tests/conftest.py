@@ -276,6 +276,14 @@ def _own_cache_dir(tmp_path, monkeypatch):
         monkeypatch.setenv("GPUHOOK_CACHE_DIR", str(tmp_path / "gpuhook-cache"))
 
 
+@pytest.fixture(autouse=True)
+def _fresh_log(monkeypatch):
+    """gpuhook.log configures itself on the stderr of the moment: a test's logger never writes to
+    an earlier test session's closed capture (mutmut runs pytest several times in one process)."""
+    if "gpuhook.log" in sys.modules:
+        monkeypatch.setattr(sys.modules["gpuhook.log"], "_configured", False)
+
+
 # -- dockerd (test_e2e_docker.py, test_e2e_docker_exec.py) -------------------------------------
 
 @pytest.fixture

@@ -448,3 +448,60 @@ def test_cli_agent_once_takes_the_setting(tmp_path):
     assert r.returncode == 0, r.stderr
     assert labels.parse_nfd((tmp_path / "nfd" / "gpuhook").read_text())["gpuhook.dev/accelerator"] == "nvidia"
     assert f"/usr/lib/x86_64-linux-gnu/libcuda.so.{V}" in (tmp_path / "cdi" / "gpuhook.dev-nvidia.yaml").read_text()
+
+
+def _nv(*sonames, version=V):
+    from gpuhook.inventory import Library, VendorInventory
+
+    libs = tuple(Library(f"{LIB}/{s.rpartition('.so')[0]}.so.{V}", s, "compute") for s in sonames)
+    return VendorInventory("nvidia", (), libraries=libs, driver_version=version)
+
+
+@pytest.mark.parametrize("sonames, caps, code", [
+    (("libcuda.so.1", "libnvidia-ml.so.1"), None, None),
+    (("libcuda.so.1",), None, None),  # a compute container runs on libcuda alone
+    (("libnvidia-ml.so.1",), None, "no-libcuda"),
+    (("libnvidia-ml.so.1",), frozenset({"utility"}), None),
+    ((), frozenset({"utility"}), "no-libnvidia-ml"),
+    (("libcuda.so.1",), frozenset({"utility"}), "no-libnvidia-ml"),
+    ((), frozenset({"compute", "video"}), "no-libcuda"),
+    ((), frozenset({"video", "graphics"}), None),  # neither library is what such a container needs
+    ((), frozenset(), None),
+])
+def test_which_library_a_container_cannot_do_without(sonames, caps, code):
+    """The capabilities a container asks for decide which missing library makes NVIDIA
+    unusable for it; the reason names the library, the driver and the capability."""
+    got = unusable(_nv(*sonames), caps)
+    assert (got and got[0]) == code
+    if code:
+        lib = code[3:]
+        assert f"no {lib}.so.1 of driver {V}" in got[1] and "capability" in got[1]
+
+
+def test_an_unknown_driver_version_is_said_so():
+    code, why = unusable(_nv(version=None))
+    assert code == "no-libcuda" and "unknown version" in why and "None" not in why
+
+
+@pytest.mark.parametrize("paths, code", [
+    (("/usr/lib/wsl/lib/libdxcore.so", "/usr/lib/wsl/lib/libd3d12.so"), None),
+    (("/usr/lib/wsl/lib/libd3d12.so",), "no-libdxcore"),
+    (("/usr/lib/wsl/lib/libdxcore.so.bak", "/usr/lib/wsl/lib/not-libdxcore.so"), "no-libdxcore"),
+    ((), "no-libdxcore"),
+])
+def test_wsl_needs_libdxcore_by_its_file_name(paths, code):
+    from gpuhook.inventory import Library, VendorInventory
+
+    v = VendorInventory("dxg", (), libraries=tuple(Library(p, None, "dxg") for p in paths))
+    got = unusable(v)
+    assert (got and got[0]) == code
+    if code:
+        assert "libdxcore.so" in got[1]
+
+
+@pytest.mark.parametrize("vendor", ["amd", "intel", "accel"])
+def test_other_vendors_need_no_library(vendor):
+    from gpuhook.inventory import VendorInventory
+
+    assert unusable(VendorInventory(vendor, ())) is None
+    assert unusable(VendorInventory(vendor, ()), frozenset({"compute"})) is None

@@ -15,6 +15,7 @@ from conftest import REPO, request
 from gpuhook.testing import fakehost
 from gpuhook.plan import policy
 from gpuhook.config import Config
+from gpuhook.edits import DeviceNode
 from gpuhook.inventory import Device, Inventory, Library, Node, VendorInventory
 from gpuhook.plan import plan, request_from_spec
 from gpuhook.probe import probe
@@ -351,3 +352,310 @@ def test_a_fifo_as_the_round_robin_state_does_not_hang_the_create(tmp_path):
     threading.Thread(target=run, daemon=True).start()
     assert done.wait(10), "the round robin hung on a FIFO"
     assert result == [["k0"]] and any("unreadable, started afresh" in w for w in warnings)
+
+
+def test_round_robin_hands_out_pairs_over_several_gpus_least_used_first(tmp_path):
+    """max-gpus 2 over 5 GPUs: every GPU is given before one is given twice, each pair in the
+    node's order, and a GPU that joins the node later is the first given after it joins."""
+    keys = [f"GPU-{i}" for i in range(5)]
+    d = str(tmp_path)
+    assert policy.least_used(keys, 2, d, print) == ["GPU-0", "GPU-1"]
+    assert policy.least_used(keys, 2, d, print) == ["GPU-2", "GPU-3"]
+    # GPU-4 never given; of the rest, GPU-0 and GPU-1 were given longest ago
+    assert policy.least_used(keys, 2, d, print) == ["GPU-0", "GPU-4"]
+    assert policy.least_used(keys, 2, d, print) == ["GPU-1", "GPU-2"]
+    # now GPU-3 and GPU-4 have one each, the others two: those first
+    assert policy.least_used(keys, 3, d, print) == ["GPU-0", "GPU-3", "GPU-4"]
+    grown = keys + ["GPU-5"]
+    assert policy.least_used(grown, 1, d, print) == ["GPU-5"]
+    # a GPU that left the node is never handed out, and the others keep their counts
+    assert policy.least_used(["GPU-1", "GPU-2", "GPU-3"], 1, d, print) == ["GPU-1"]
+    assert policy.least_used(keys, 0, d, print) == []
+
+
+def test_round_robin_state_is_private_and_a_planted_link_is_not_followed(tmp_path):
+    """The state file is the node's: written 0600; a symlink planted in its place is neither
+    read nor written through (O_NOFOLLOW, then replaced by a file of gpuhook's own)."""
+    target = tmp_path / "elsewhere.json"
+    target.write_text('{"seq": 9, "usage": {"k0": [100, 8], "k1": [100, 8]}}')
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / policy.STATE_FILE).symlink_to(target)
+    w: list = []
+    assert policy.least_used(["k0", "k1", "k2"], 1, str(state), w.append) == ["k0"]  # not read: k2 would be least used
+    assert any("unreadable" in x for x in w)
+    assert target.read_text() == '{"seq": 9, "usage": {"k0": [100, 8], "k1": [100, 8]}}'
+    assert not (state / policy.STATE_FILE).is_symlink()
+    assert (state / policy.STATE_FILE).stat().st_mode & 0o777 == 0o600
+    assert policy.least_used(["k0", "k1", "k2"], 1, str(state), w.append) == ["k1"]
+
+
+@pytest.mark.parametrize("content", [
+    '{"seq": "x", "usage": {}}', '{"seq": 1, "usage": {"k0": [1]}}', '{"seq": 1, "usage": {"k0": ["a", 1]}}',
+    '{"seq": 1, "usage": []}', '{"seq": 1}', '[1, 2]', '{"seq": 1e999, "usage": {}}', '\xff',
+])
+def test_round_robin_state_of_the_wrong_shape_starts_afresh(tmp_path, content):
+    (tmp_path / policy.STATE_FILE).write_bytes(content.encode("latin-1"))
+    w: list = []
+    assert policy.least_used(["k0", "k1"], 1, str(tmp_path), w.append) == ["k0"]
+    assert any("unreadable, started afresh" in x for x in w)
+    w.clear()
+    assert policy.least_used(["k0", "k1"], 1, str(tmp_path), w.append) == ["k1"] and not w
+
+
+def test_round_robin_forgets_devices_gone_long_ago_but_not_the_current_ones(tmp_path):
+    """A node whose GPUs came and went for years: the state stays bounded, the oldest entries
+    are the ones dropped (whatever their names), and what the current GPUs were given is kept."""
+    old = {f"gone-{i:05d}": [1, i] for i in range(4100)}
+    (tmp_path / policy.STATE_FILE).write_text(json.dumps({"seq": 7000, "usage": {**old, "a0": [5, 6999]}}))
+    assert policy.least_used(["a0", "a1"], 1, str(tmp_path), print) == ["a1"]
+    state = json.loads((tmp_path / policy.STATE_FILE).read_text())
+    assert len(state["usage"]) < len(old)
+    assert "a0" in state["usage"] and "a1" in state["usage"]
+    assert "gone-00000" not in state["usage"] and "gone-00100" in state["usage"] and "gone-04099" in state["usage"]
+    assert policy.least_used(["a0", "a1"], 1, str(tmp_path), print) == ["a1"]  # a0's count was kept: 5 > 1
+
+
+def test_round_robin_counts_every_time_a_gpu_is_given(tmp_path):
+    """Least used first, then least recently: a GPU given again is counted again."""
+    (tmp_path / policy.STATE_FILE).write_text(json.dumps({"seq": 10, "usage": {"a": [2, 1], "b": [1, 8]}}))
+    d = str(tmp_path)
+    assert policy.least_used(["a", "b"], 1, d, print) == ["b"]  # given once, though more recently
+    assert policy.least_used(["a", "b"], 1, d, print) == ["a"]  # now both twice: a longest ago
+    assert policy.least_used(["a", "b"], 1, d, print) == ["b"]
+
+
+def test_round_robin_no_choice_is_no_turn(tmp_path):
+    """A container given every GPU (or none) makes no choice: the state is not even rewritten."""
+    d = str(tmp_path)
+    assert policy.least_used(["a", "b", "c"], 1, d, print) == ["a"]
+    before = (tmp_path / policy.STATE_FILE).read_bytes()
+    assert policy.least_used(["a", "b", "c"], 3, d, print) == ["a", "b", "c"]
+    assert policy.least_used(["a", "b", "c"], 0, d, print) == []
+    assert (tmp_path / policy.STATE_FILE).read_bytes() == before
+
+
+def test_round_robin_state_dir_and_lock_are_private(tmp_path):
+    d = tmp_path / "run" / "gpuhook"
+    assert policy.least_used(["a", "b"], 1, str(d), print) == ["a"]
+    for p in (d, d / policy.LOCK_FILE, d / policy.STATE_FILE):
+        assert p.stat().st_mode & 0o077 == 0, p
+
+
+def test_round_robin_lock_planted_as_a_link_is_not_followed(tmp_path):
+    """A symlink where the lock goes: not opened through (O_NOFOLLOW); the create gets the
+    first GPUs, with a warning, and nothing is written."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    d = tmp_path / "state"
+    d.mkdir(mode=0o700)
+    (d / policy.LOCK_FILE).symlink_to(victim)
+    w: list = []
+    assert policy.least_used(["a", "b"], 1, str(d), w.append) == ["a"]
+    assert any("cannot use" in x for x in w)
+    assert victim.read_text() == "precious" and not (d / policy.STATE_FILE).exists()
+
+
+def test_round_robin_lock_held_too_long_gives_the_first_with_a_warning(tmp_path, monkeypatch):
+    """Another create holds the lock and never lets go (a hung process): the first n, a
+    warning, and the state left as it was."""
+    import fcntl
+
+    monkeypatch.setattr(policy, "LOCK_WAIT_S", 0.05)
+    assert policy.least_used(["k0", "k1"], 1, str(tmp_path), print) == ["k0"]
+    before = (tmp_path / policy.STATE_FILE).read_bytes()
+    fd = os.open(tmp_path / policy.LOCK_FILE, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        w: list = []
+        assert policy.least_used(["k0", "k1"], 1, str(tmp_path), w.append) == ["k0"]
+        assert any("stayed locked" in x for x in w)
+    finally:
+        os.close(fd)
+    assert (tmp_path / policy.STATE_FILE).read_bytes() == before
+    assert policy.least_used(["k0", "k1"], 1, str(tmp_path), print) == ["k1"]  # and the lock is free again
+
+
+def test_round_robin_state_that_cannot_be_written_gives_the_first(tmp_path):
+    d = tmp_path / "state"
+    d.mkdir()
+    assert policy.least_used(["k0", "k1"], 1, str(d), print) == ["k0"]
+    (d / policy.STATE_FILE).unlink()
+    (d / policy.STATE_FILE).mkdir()  # rename over a directory fails
+    (d / policy.STATE_FILE / "x").write_text("")
+    w: list = []
+    assert policy.least_used(["k0", "k1"], 1, str(d), w.append) == ["k0"]
+    assert any("cannot update" in x for x in w)
+
+
+def test_a_checkpoint_index_counts_only_for_nvidias_own_resource(tmp_path):
+    """The NVIDIA device plugin may name GPUs by index ("1"). An index is an NVIDIA GPU's only
+    under nvidia.com/: another plugin's device "0" (an FPGA) holds no GPU back, and an NVIDIA
+    index holds back that GPU, not an AMD GPU of the same index."""
+    root = str(tmp_path)
+    checkpoint(root, [entry("pod-f", "example.com/fpga", ["0"], v1=True),
+                      entry("pod-n", "nvidia.com/gpu", ["2", "5"])])
+    e = plan(Inventory(root, INV.vendors), req())
+    assert [d for d in devices(e) if d.startswith("nvidia:")] == [
+        f"nvidia:GPU-{i:04d}" for i in (0, 1, 3, 4, 6, 7)]
+    assert [d for d in devices(e) if d.startswith("amd:")] == ["amd:0000:43:00.0", "amd:0000:44:00.0"]
+
+
+@pytest.mark.parametrize("ident", ["٣", "３", "+3", "3.0", "GPU-3"])
+def test_a_checkpoint_id_that_only_looks_like_an_index_is_no_index(tmp_path, ident):
+    """Non-ASCII digits (int("٣") is 3) and other near-numbers are not the NVIDIA plugin's
+    indexes: such an id maps to no GPU, so which GPU it takes is unknown and every NVIDIA GPU
+    is held back (a plain "3" holds back GPU 3 alone)."""
+    checkpoint(str(tmp_path), [entry("pod-x", "nvidia.com/gpu", [ident], v1=True)])
+    w: list = []
+    given = devices(plan(Inventory(str(tmp_path), INV.vendors), req(), warnings=w))
+    assert [d for d in given if d.startswith("nvidia:")] == []
+    assert any("no nvidia GPU is given" in x for x in w)
+    checkpoint(str(tmp_path), [entry("pod-x", "nvidia.com/gpu", ["3"], v1=True)])
+    given = devices(plan(Inventory(str(tmp_path), INV.vendors), req()))
+    assert [d for d in given if d.startswith("nvidia:")] == [f"nvidia:GPU-{i:04d}" for i in (0, 1, 2, 4, 5, 6, 7)]
+
+
+def test_held_back_explains_long_pod_and_device_names_cut_short(tmp_path):
+    """A pod uid or device id of any length from the checkpoint: the explanation stays one
+    readable line, cut with '...', and a short one is shown whole."""
+    long_pod, long_id = "p" * 500, "GPU-0003" + "x" * 500
+    checkpoint(str(tmp_path), [entry(long_pod, "nvidia.com/gpu", ["GPU-0001"], v1=True)])
+    explain: dict = {}
+    plan(Inventory(str(tmp_path), INV.vendors), req(), explain=explain)
+    whys = [h["why"] for h in explain.get("held_back", [])]
+    assert len(whys) == 1 and len(whys[0]) < 200 and "..." in whys[0] and "'GPU-0001'" in whys[0]
+    checkpoint(str(tmp_path), [entry("pod-b", "nvidia.com/gpu", [long_id.upper()], v1=True)])
+    explain = {}
+    plan(Inventory(str(tmp_path), INV.vendors), req(), explain=explain)
+    whys = [h["why"] for h in explain.get("held_back", [])]
+    assert len(whys) == 8 and all(len(x) < 250 and "..." in x and "'pod-b'" in x for x in whys)
+    assert policy.show("x" * 10) == repr("x" * 10)
+    cut = policy.show("y" * 1000)
+    assert cut.endswith("...'") and len(cut) < 100 and policy.show(cut) != cut
+
+
+@pytest.mark.parametrize("path, want", [
+    ("/tmp/mps", "/tmp/mps"), ("/tmp/mps/", "/tmp/mps"), ("/run/nvidia-mps", "/run/nvidia-mps"),
+    ("relative/dir", None), ("/", None), ("//", None), ("/tmp/../etc", None), ("/tmp/./x", None), ("/tmp//x", None),
+    ("/proc/1/root", None), ("/sys/fs", None), ("/dev/shm", None), ("/proc", None),
+    ("/procfs/x", "/procfs/x"), ("/tmp/proc", "/tmp/proc"), ("/tmp/a\0b", None), ("/" + "a" * 300, None),
+    ("/" + "a" * 254, "/" + "a" * 254), ("/" + "a" * 255, None),
+])
+def test_container_dir_takes_only_a_plain_absolute_directory(path, want):
+    """CUDA_MPS_PIPE_DIRECTORY is the tenant's: a directory gpuhook mounts the node's MPS
+    pipes at, so never /, never /proc, /sys or /dev, nothing to normalise, no NUL, not too long."""
+    assert policy.container_dir(path) == want
+
+
+def test_request_from_spec_reads_what_the_runtime_wrote(tmp_path):
+    """The spec as the runtime wrote it: a relative root is the bundle's, device types are the
+    spec's own (b, u kept; anything else read as c), and an empty or missing root is no rootfs."""
+    spec = {"root": {"path": "rootfs"}, "linux": {"devices": [
+        {"path": "/dev/sda", "type": "b", "major": 8, "minor": 0},
+        {"path": "/dev/nvidia0", "type": "u", "major": 195, "minor": 0},
+        {"path": "/dev/nvidia1", "type": "c", "major": 195, "minor": 1},
+        {"path": "/dev/odd", "type": "x", "major": 1, "minor": 3},
+        {"path": "/dev/nonum", "type": "c"}]}}
+    r = request_from_spec(spec, str(tmp_path))
+    assert r.rootfs == str(tmp_path / "rootfs")
+    assert r.spec_devices == {"/dev/sda": ("b", 8, 0), "/dev/nvidia0": ("u", 195, 0),
+                              "/dev/nvidia1": ("c", 195, 1), "/dev/odd": ("c", 1, 3), "/dev/nonum": None}
+    assert request_from_spec({"root": {"path": "rootfs"}}).rootfs is None  # relative and no bundle
+    assert request_from_spec({"root": {"path": ""}}, str(tmp_path)).rootfs is None
+    assert request_from_spec({"root": {"path": 7}}, str(tmp_path)).rootfs is None
+    assert request_from_spec({"root": {"path": "/run/b/../b/rootfs"}}).rootfs == "/run/b/rootfs"
+
+
+def test_round_robin_that_cannot_keep_its_state_says_so_in_the_plans_warnings(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    warnings: list = []
+    e = plan(Inventory("/", (nv(4),)), req({"gpuhook.dev/max-gpus": "1"}), state_dir=str(blocked / "sub"),
+             warnings=warnings)
+    assert devices(e) == ["nvidia:GPU-0000"]
+    assert any("round robin" in w for w in warnings)
+
+
+def test_a_node_without_ldconfig_still_gets_its_libraries_without_the_ld_cache_hook(tmp_path, monkeypatch):
+    import gpuhook.plan as plan_mod
+
+    monkeypatch.setattr(plan_mod, "LDCONFIG_CANDIDATES", (str(tmp_path / "no-ldconfig"),))
+    assert plan_mod.find_ldconfig() is None
+    e = plan(Inventory("/", (nv(1),)), req(rootfs=str(tmp_path)))
+    assert devices(e) == ["nvidia:GPU-0000"] and any(m.container_path.endswith("libcuda.so.550.54.14") for m in e.mounts)
+    assert not e.hooks
+
+
+def test_planned_nodes_are_the_probes_numbers_owner_and_mode():
+    """What runc creates in the container is the node the probe found: its type, numbers,
+    owner, group and mode; and a group-only node brings its group into the container."""
+    nodes = (Node("/dev/dri/card1", "c", 226, 1, 0o660, 0, 44), Node("/dev/dri/renderD128", "c", 226, 128, 0o666, 7, 109))
+    amd1 = VendorInventory("amd", (Device("amd", "gpu", 0, "0000:43:00.0", nodes, "0000:43:00.0"),),
+                           (Node("/dev/kfd", "b", 235, 3, 0o600, 0, 0),))
+    e = plan(Inventory("/", (amd1,)), req())
+    by_path = {n.path: n for n in e.device_nodes}
+    assert by_path["/dev/dri/card1"] == DeviceNode("/dev/dri/card1", "c", 226, 1, "rwm", 0o660, 0, 44)
+    assert by_path["/dev/dri/renderD128"] == DeviceNode("/dev/dri/renderD128", "c", 226, 128, "rwm", 0o666, 7, 109)
+    assert by_path["/dev/kfd"] == DeviceNode("/dev/kfd", "b", 235, 3, "rwm", 0o600, 0, 0)
+    assert e.additional_gids == (44,)  # 0666 needs no group, 0600 gives the group nothing
+
+
+@pytest.mark.parametrize("mode, needs_group", [
+    (0o660, True), (0o664, True), (0o620, True), (0o666, False), (0o667, False), (0o600, False), (0o606, False),
+])
+def test_a_node_brings_its_group_only_when_only_its_group_may_open_it(mode, needs_group):
+    node = Node("/dev/dri/renderD128", "c", 226, 128, mode, 0, 44)
+    amd1 = VendorInventory("amd", (Device("amd", "gpu", 0, "0000:43:00.0", (node,), "0000:43:00.0"),))
+    assert plan(Inventory("/", (amd1,)), req()).additional_gids == ((44,) if needs_group else ())
+
+
+@pytest.mark.parametrize("root", ["/srv/nodeX", "/srv/nodeX/"])
+def test_a_host_root_is_joined_to_node_paths_cleanly(root):
+    """A fake host root (dry runs, tests), with or without a trailing '/': the runtime gets
+    the libraries under it, each path written plainly."""
+    e = plan(Inventory(root, (nv(1),)), req())
+    assert f"/srv/nodeX{CUDA.path}" in {m.host_path for m in e.mounts}
+    assert all("//" not in m.host_path for m in e.mounts)
+
+
+@pytest.mark.parametrize("value", ["void", "VOID", " void ", "", "/var/run/nvidia-container-devices"])
+@pytest.mark.parametrize("plugin", [False, True])
+def test_visible_void_is_nothing_and_no_warning(value, plugin):
+    """Empty, void, or the volume-mounts strategy with no device mounted: nothing at all from
+    NVIDIA, not even driver files for a GPU a device plugin put in the spec, and no warning
+    (not even when the node's NVIDIA userspace is missing: the container asked for nothing)."""
+    spec_devices = {"/dev/nvidia0": ("c", 195, 0)} if plugin else None
+    for inv in (Inventory("/", (nv(2),)), Inventory("/", (nv(2)._replace(libraries=()),))):
+        warnings: list = []
+        e = plan(inv, req(env={"NVIDIA_VISIBLE_DEVICES": value}, spec_devices=spec_devices), warnings=warnings)
+        assert not e and warnings == []
+
+
+@pytest.mark.parametrize("value, want", [
+    ("all", None), (" ALL ", None), ("All", None), ("0,1", {0, 1}), ("3, 0 ,x,٣,1234567,123456,", {0, 3, 123456}),
+    ("0 1", set()), ("", set()),
+])
+def test_imex_channels_are_all_or_the_numbers_given(value, want):
+    """NVIDIA_IMEX_CHANNELS: "all" (any case) is every channel; else the plain ASCII numbers
+    listed (up to 6 digits), the rest ignored."""
+    got = policy.imex_channels({"NVIDIA_IMEX_CHANNELS": value})
+    assert (got if got is None else set(got)) == want
+    assert policy.imex_channels({}) is None
+
+
+def test_every_vendors_share_is_kept_whichever_comes_first(tmp_path):
+    """A node with AMD and NVIDIA GPUs: the container gets both vendors' nodes and driver
+    files, in whichever order the probe lists the vendors."""
+    amd_libs = amd(1)._replace(libraries=(Library("/opt/rocm/lib/libhsa-runtime64.so.1", "libhsa-runtime64.so.1", "compute"),),
+                               binaries=("/opt/rocm/bin/rocminfo",))
+    for vendors_ in ((amd_libs, nv(1)), (nv(1), amd_libs)):
+        e = plan(Inventory("/srv/node", vendors_), req(rootfs=str(tmp_path)), ldconfig="/opt/node/ldconfig")
+        paths = {n.path for n in e.device_nodes}
+        assert {"/dev/nvidia0", "/dev/nvidiactl", "/dev/dri/card1", "/dev/kfd"} <= paths
+        mounts = {m.container_path: m.host_path for m in e.mounts}
+        assert mounts["/opt/rocm/lib/libhsa-runtime64.so.1"] == "/srv/node/opt/rocm/lib/libhsa-runtime64.so.1"
+        assert mounts["/opt/rocm/bin/rocminfo"] == "/srv/node/opt/rocm/bin/rocminfo"
+        assert mounts[CUDA.path] == "/srv/node" + CUDA.path
+        (ld,) = [h for h in e.hooks if "/opt/node/ldconfig" in h.args]  # the node's ldconfig, as given
+        assert any(a == "/opt/rocm/lib" for a in ld.args) and not any(a == "/opt/rocm/bin" for a in ld.args)

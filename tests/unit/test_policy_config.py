@@ -187,3 +187,57 @@ def test_both_readers_accept_the_same_files_with_the_same_values(data):
     assert (errors == []) == (problems == []), (text, errors, problems)
     if not errors:
         assert conf._asdict() == ConfigModel(**data).model_dump(), text
+
+
+# -- where the node config and the real runtime are ------------------------------------------
+
+def test_the_config_path_is_the_environments_or_the_default(monkeypatch, tmp_path):
+    monkeypatch.delenv("GPUHOOK_CONFIG", raising=False)
+    assert cfg.config_path() == cfg.DEFAULT_PATH
+    assert cfg.node_config_path("/") == cfg.DEFAULT_PATH
+    # the DaemonSet: the node's / under /host, its config file there (links resolved inside it)
+    host = tmp_path / "host"
+    (host / cfg.DEFAULT_PATH.lstrip("/")).parent.mkdir(parents=True)
+    assert cfg.node_config_path(str(host)) == str(host) + cfg.DEFAULT_PATH
+    monkeypatch.setenv("GPUHOOK_CONFIG", str(tmp_path / "mine.toml"))
+    assert cfg.config_path() == str(tmp_path / "mine.toml")
+    assert cfg.node_config_path(str(host)) == str(tmp_path / "mine.toml")
+    monkeypatch.setenv("GPUHOOK_CONFIG", "")
+    assert cfg.config_path() == cfg.DEFAULT_PATH
+
+
+def _exe(path, body="#!/bin/sh\n"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(body)
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_find_runtime_takes_the_named_one_then_runc_then_crun(monkeypatch, tmp_path):
+    """runtime = a path (used when it is an executable file) or a name looked up on PATH;
+    unset: runc, else crun. A directory or a file that cannot be run is skipped."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    crun = _exe(b / "crun")
+    (a / "runc").mkdir(parents=True)  # a directory named runc: not a runtime
+    (b / "runc").write_text("not executable")
+    monkeypatch.setenv("PATH", f"{a}:{b}")
+    assert cfg.find_runtime(None) == crun
+    runc = _exe(tmp_path / "c" / "runc")
+    monkeypatch.setenv("PATH", f"{a}:{b}:{tmp_path / 'c'}")
+    assert cfg.find_runtime(None) == runc  # runc before crun, wherever on PATH
+    assert cfg.find_runtime("crun") == crun
+    assert cfg.find_runtime(str(tmp_path / "c" / "runc")) == runc
+    assert cfg.find_runtime(str(a / "runc")) is None  # the directory
+    assert cfg.find_runtime(str(b / "runc")) is None  # not executable
+    assert cfg.find_runtime(str(tmp_path / "none")) is None
+    assert cfg.find_runtime("youki") is None
+
+
+def test_find_runtime_empty_path_entries_are_the_working_directory(monkeypatch, tmp_path):
+    runc = _exe(tmp_path / "runc")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", ":/nonexistent")
+    assert cfg.find_runtime(None) == os.path.join(".", "runc") and os.path.samefile(cfg.find_runtime(None), runc)
+    monkeypatch.delenv("PATH")
+    found = cfg.find_runtime(None)
+    assert found is None or (os.path.dirname(found) in ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"))

@@ -4,6 +4,7 @@ everything it does not know; refuses wrong types without touching the input."""
 from __future__ import annotations
 
 import copy
+import os
 import json
 
 import pytest
@@ -199,3 +200,276 @@ def test_an_item_key_of_another_type_is_refused_not_a_crash(where, item):
                   mounts=(Mount("/usr/lib/libcuda.so.1", "/usr/lib/libcuda.so.1"),))
     with pytest.raises(SpecError):
         apply(spec, edits)
+
+
+# -- cases a tenant's spec or a node can bring ------------------------------------------
+
+def test_an_env_value_holding_equals_signs_is_replaced_by_its_key():
+    """The key is what comes before the first '=': a value with '=' in it (JAVA_OPTS=-Da=b)
+    is replaced, never kept beside the new one; two edits of one key leave the last."""
+    spec = {"process": {"env": ["PATH=/bin", "JAVA_OPTS=-Da=b", "EMPTY="]}}
+    out = apply(spec, Edits(env=("JAVA_OPTS=-Dc=d=e", "EMPTY=1", "NEW=x=y", "NEW=z")))
+    assert out["process"]["env"] == ["PATH=/bin", "JAVA_OPTS=-Dc=d=e", "EMPTY=1", "NEW=z"]
+
+
+def test_null_fields_count_as_absent():
+    spec = {"process": None, "linux": None, "mounts": None, "hooks": None}
+    out = apply(spec, EDITS)
+    assert out["process"]["env"] == list(EDITS.env)
+    assert out["process"]["user"]["additionalGids"] == [44, 109]
+    assert [d["path"] for d in out["linux"]["devices"]] == ["/dev/nvidia0", "/dev/nvidiactl"]
+    assert len(out["linux"]["resources"]["devices"]) == 2
+    assert [m["destination"] for m in out["mounts"]] == ["/usr/lib/libcuda.so.550"]
+    assert list(out["hooks"]) == ["createContainer"]
+
+
+def test_a_path_taken_by_a_device_of_another_type_is_left_alone():
+    """A block device at the node's path (same numbers, type b): neither replaced nor allowed."""
+    spec = {"linux": {"devices": [{"path": "/dev/nvidia0", "type": "b", "major": 195, "minor": 0}]}}
+    out = apply(spec, Edits(device_nodes=(DeviceNode("/dev/nvidia0", "c", 195, 0),)))
+    assert out["linux"]["devices"] == spec["linux"]["devices"]
+    assert out["linux"]["resources"]["devices"] == []
+
+
+def test_a_device_the_spec_already_has_still_gets_its_rule_once():
+    """The runtime (or a device plugin) listed the node but no rule: the rule is added, once,
+    with the node's own permissions; one already there is not repeated."""
+    node = DeviceNode("/dev/nvidia0", "c", 195, 0, "rw")
+    spec = {"linux": {"devices": [{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}],
+                      "resources": {"devices": [{"allow": False, "access": "rwm"}]}}}
+    out = apply(spec, Edits(device_nodes=(node, node)))
+    assert out["linux"]["devices"] == spec["linux"]["devices"]
+    assert out["linux"]["resources"]["devices"] == [
+        {"allow": False, "access": "rwm"}, {"allow": True, "type": "c", "major": 195, "minor": 0, "access": "rw"}]
+    assert apply(out, Edits(device_nodes=(node,))) == out
+
+
+def test_a_node_is_written_with_only_the_fields_it_has():
+    out = apply({}, Edits(device_nodes=(DeviceNode("/dev/dri/card0", "c", 226, 0, "rwm", None, None, 44),)))
+    assert out["linux"]["devices"] == [{"path": "/dev/dri/card0", "type": "c", "major": 226, "minor": 0, "gid": 44}]
+
+
+def test_a_mount_destination_the_container_has_is_never_replaced():
+    """A tenant's own mount at a library's path stays (its source, its options), and two edits
+    for one destination give one mount, the first."""
+    mine = {"destination": "/usr/lib/libcuda.so.1", "type": "bind", "source": "/tenant/lib", "options": ["rw"]}
+    out = apply({"mounts": [mine]}, Edits(mounts=(
+        Mount("/host/libcuda.so.1", "/usr/lib/libcuda.so.1"),
+        Mount("/host/libnvidia-ml.so.1", "/usr/lib/libnvidia-ml.so.1"),
+        Mount("/other/libnvidia-ml.so.1", "/usr/lib/libnvidia-ml.so.1", options=("ro",)))))
+    assert out["mounts"] == [mine, {"destination": "/usr/lib/libnvidia-ml.so.1", "type": "bind",
+                                    "source": "/host/libnvidia-ml.so.1", "options": list(BIND_RO)}]
+
+
+def test_hooks_join_the_stage_the_spec_has_once_and_without_a_timeout_unless_given():
+    theirs = {"path": "/usr/bin/their-hook", "args": ["their-hook"]}
+    hook = Hook("prestart", "/usr/lib/gpuhook/hook", ("gpuhook-hook", "ldcache"), ("PATH=/bin",))
+    out = apply({"hooks": {"prestart": [theirs], "poststop": [theirs]}}, Edits(hooks=(hook, hook)))
+    mine = {"path": "/usr/lib/gpuhook/hook", "args": ["gpuhook-hook", "ldcache"], "env": ["PATH=/bin"]}
+    assert out["hooks"] == {"prestart": [theirs, mine], "poststop": [theirs]}
+
+
+def test_groups_the_container_has_are_not_repeated():
+    spec = {"process": {"user": {"uid": 1000, "additionalGids": [44, 5]}}}
+    out = apply(spec, Edits(additional_gids=(44, 109, 109)))
+    assert out["process"]["user"] == {"uid": 1000, "additionalGids": [44, 5, 109]}
+
+
+@pytest.mark.parametrize("spec", [
+    {"process": {"user": {"additionalGids": [True]}}},  # a bool is not a gid, though Python calls it an int
+    {"process": {"user": {"additionalGids": "44"}}},
+    {"process": {"user": []}},
+    {"process": {"env": ["A=1", 7]}},
+    {"annotations": {"a": 1}},
+    {"annotations": []},
+    {"root": "rootfs"},
+    {"hooks": {"prestart": {}}},
+    {"hooks": {"prestart": ["/bin/sh"]}},
+    {"linux": {"devices": ["/dev/nvidia0"]}},
+    {"linux": {"resources": {"devices": [["allow"]]}}},
+    {"mounts": ["/x"]},
+])
+def test_a_field_runc_would_refuse_is_refused_whichever_edits_come(spec):
+    """Whatever gpuhook would edit: the spec's shape is checked before any edit, so a spec runc
+    refuses is never half-read by gpuhook (even when the edits touch another field)."""
+    with pytest.raises(SpecError):
+        apply(spec, Edits(env=("A=1",)))
+
+
+@pytest.mark.parametrize("spec", [
+    {"annotations": {"a": "1"}, "root": {"path": "rootfs"}, "hooks": {"prestart": [{"path": "/x"}]}},
+    {"mounts": [{"destination": None}], "linux": {"devices": [{"type": "c"}]}},
+    {"process": {"user": {"additionalGids": [0, 44]}}},
+])
+def test_fields_of_the_right_shape_are_accepted(spec):
+    out = apply(spec, Edits(env=("A=1",)))
+    assert out["process"]["env"] == ["A=1"]
+
+
+def test_write_atomic_new_file_mode_and_failure_leave_nothing_half_written(tmp_path):
+    p = tmp_path / "new.json"
+    write_atomic(str(p), b"x" * 100_000, sync_dir=False)
+    assert p.read_bytes() == b"x" * 100_000 and (p.stat().st_mode & 0o7777) == 0o644
+    write_atomic(str(p), b"y", 0o600, sync=False)
+    assert p.read_bytes() == b"y" and (p.stat().st_mode & 0o7777) == 0o600
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "keep").write_text("k")
+    with pytest.raises(OSError):
+        write_atomic(str(tmp_path / "dir"), b"z")  # rename over a non-empty directory fails
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["dir", "new.json"]
+
+
+def _as_a_cdi_runtime_applies(cdi: dict, spec: dict) -> dict:
+    """What a CDI-aware runtime (containerd, podman) makes of containerEdits, by the CDI spec's
+    field names: the other way into a container, which must come out as apply() does."""
+    out = copy.deepcopy(spec)
+    proc = out.setdefault("process", {})
+    for item in cdi.get("env", []):
+        env = proc.setdefault("env", [])
+        keys = [e.partition("=")[0] for e in env]
+        k = item.partition("=")[0]
+        if k in keys:
+            env[keys.index(k)] = item
+        else:
+            env.append(item)
+    for n in cdi.get("deviceNodes", []):
+        linux = out.setdefault("linux", {})
+        dev = {"path": n["path"], "type": n["type"], "major": n["major"], "minor": n["minor"]}
+        dev.update({oci: n[key] for key, oci in (("fileMode", "fileMode"), ("uid", "uid"), ("gid", "gid")) if key in n})
+        linux.setdefault("devices", []).append(dev)
+        linux.setdefault("resources", {}).setdefault("devices", []).append(
+            {"allow": True, "type": n["type"], "major": n["major"], "minor": n["minor"], "access": n["permissions"]})
+    for m in cdi.get("mounts", []):
+        out.setdefault("mounts", []).append({"destination": m["containerPath"], "type": m["type"],
+                                             "source": m["hostPath"], "options": m["options"]})
+    for h in cdi.get("hooks", []):
+        entry = {"path": h["path"], "args": h["args"], "env": h["env"]}
+        if "timeout" in h:
+            entry["timeout"] = h["timeout"]
+        out.setdefault("hooks", {}).setdefault(h["hookName"], []).append(entry)
+    if "additionalGids" in cdi:
+        proc.setdefault("user", {}).setdefault("additionalGids", []).extend(cdi["additionalGids"])
+    return out
+
+
+@pytest.mark.parametrize("edits", [
+    EDITS,
+    Edits(device_nodes=(DeviceNode("/dev/dri/renderD128", "c", 226, 128, "rw", None, 0, 44),
+                        DeviceNode("/dev/kfd", "c", 235, 0, "rwm", 0o660))),
+    Edits(mounts=(Mount("/run/nvidia-persistenced/socket", "/run/nvidia-persistenced/socket", "bind", ("rw",)),),
+          hooks=(Hook("createContainer", "/usr/lib/gpuhook/hook", ("hook",)),)),
+    Edits(env=("A=1",)),
+    Edits(additional_gids=(44,)),
+])
+def test_cdi_and_the_spec_editor_give_a_container_the_same(edits):
+    """The same Edits reach a container through a CDI spec (edits.to_cdi) or through gpuhook's
+    own spec editor (spec.apply): both ways give the same devices, rules, mounts, hooks, env, groups."""
+    spec = {"ociVersion": "1.0.2", "process": {"env": ["PATH=/bin", "A=0"]}}
+    cdi = edits.to_cdi()
+    assert all(cdi[k] for k in cdi), "no empty keys"
+    assert _as_a_cdi_runtime_applies(cdi, spec) == apply(spec, edits)
+
+
+@pytest.mark.parametrize("spec, field, got, want", [
+    ({"process": {"env": {"A": "1"}}}, "process.env", "dict", "list"),
+    ({"process": "sh"}, "process", "str", "object"),
+    ({"linux": {"resources": []}}, "linux.resources", "list", "object"),
+])
+def test_a_refused_spec_says_which_field_is_of_which_type(spec, field, got, want):
+    """The one line the user reads names the field, the type it has and the type runc wants."""
+    with pytest.raises(SpecError) as e:
+        apply(spec, EDITS)
+    msg = str(e.value)
+    assert field in msg and got in msg and want in msg
+
+
+@pytest.mark.parametrize("spec, field, got", [
+    ({"process": {"env": ["A=1", 7]}}, "process.env", "int"),
+    ({"mounts": [{"destination": ["/x"]}]}, "mounts", "list"),
+    ({"hooks": {"prestart": ["/bin/sh"]}}, "hooks", "object"),
+])
+def test_a_refused_item_says_where_it_is(spec, field, got):
+    with pytest.raises(SpecError) as e:
+        apply(spec, EDITS)
+    assert field in str(e.value) and got in str(e.value)
+
+
+def test_the_same_node_twice_in_the_edits_is_one_device_and_one_rule():
+    n = DeviceNode("/dev/nvidia0", "c", 195, 0)
+    other = DeviceNode("/dev/nvidia0", "c", 195, 7)  # the path taken by the first: left out
+    out = apply({}, Edits(device_nodes=(n, n, other)))
+    assert out["linux"]["devices"] == [{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}]
+    assert out["linux"]["resources"]["devices"] == [
+        {"allow": True, "type": "c", "major": 195, "minor": 0, "access": "rwm"}]
+
+
+def _predictable_temp_names(monkeypatch, first: bytes):
+    """os.urandom as write_atomic's temp names see it: `first`, then fresh bytes."""
+    import os as _os
+
+    real = _os.urandom
+    calls = []
+
+    def urandom(n):
+        calls.append(n)
+        return first[:n] if len(calls) == 1 else real(n)
+
+    monkeypatch.setattr("gpuhook.spec.os.urandom", urandom)
+    return calls
+
+
+def test_write_atomic_never_writes_through_a_link_planted_at_its_temp_name(tmp_path, monkeypatch):
+    """Someone who can write the directory plants a symlink where the temp file will be: the
+    link's target is untouched, and the file is written anyway (under another temp name)."""
+    import os as _os
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    target = tmp_path / "config.json"
+    _predictable_temp_names(monkeypatch, b"\0" * 6)
+    (tmp_path / f".config.json.gpuhook-{_os.getpid()}-{'00' * 6}.tmp").symlink_to(victim)
+    write_atomic(str(target), b'{"a":1}')
+    assert victim.read_text() == "precious"
+    assert target.read_bytes() == b'{"a":1}' and not target.is_symlink()
+
+
+def test_write_atomic_gets_past_a_temp_file_left_by_a_killed_writer(tmp_path, monkeypatch):
+    """A writer killed mid-write left its temp file, and its pid is ours now: the write goes on."""
+    import os as _os
+
+    left = tmp_path / f".state.json.gpuhook-{_os.getpid()}-{'11' * 6}.tmp"
+    left.write_text("half")
+    _predictable_temp_names(monkeypatch, b"\x11" * 6)
+    write_atomic(str(tmp_path / "state.json"), b"whole", 0o600)
+    assert (tmp_path / "state.json").read_bytes() == b"whole"
+
+
+def test_write_atomic_file_is_never_more_open_than_its_mode_while_written(tmp_path, monkeypatch):
+    """A 0600 file (the round robin's state, the config cache) is not readable by others at
+    any moment, not even while its temp file is being written."""
+    import os as _os
+
+    seen = []
+    real_write = _os.write
+
+    def write(fd, data):
+        seen.append(_os.fstat(fd).st_mode & 0o777)
+        return real_write(fd, data)
+
+    monkeypatch.setattr("gpuhook.spec.os.write", write)
+    write_atomic(str(tmp_path / "private"), b"secret", 0o600)
+    assert seen and all(m & 0o077 == 0 for m in seen)
+
+
+def test_write_atomic_puts_its_temp_file_beside_the_target(tmp_path, monkeypatch):
+    """The rename is atomic only within one filesystem: the temp file is in the target's
+    directory, wherever the process's working directory is (here: another filesystem)."""
+    if os.stat("/dev/shm").st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("/dev/shm is on the same filesystem as the test's directory")
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as elsewhere:
+        monkeypatch.chdir(elsewhere)
+        write_atomic(str(tmp_path / "config.json"), b"{}")
+        assert os.listdir(elsewhere) == []
+    assert (tmp_path / "config.json").read_bytes() == b"{}"
