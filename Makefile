@@ -6,10 +6,10 @@
 PYTHON ?= $(shell for p in /usr/bin/python3 python3; do $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && { echo $$p; break; }; done)
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-APT_PACKAGES := runc crun containerd podman docker.io docker-compose busybox-static gcc libc6-dev libc-bin python3-venv
+APT_PACKAGES := runc crun containerd podman docker.io docker-compose busybox-static gcc libc6-dev libc-bin python3-venv debootstrap
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test deps venv lint bench image clean
+.PHONY: demo test test-other-release deps venv lint bench image clean
 
 # System packages the end-to-end tests and the demo use; only as root, only what is missing.
 deps:
@@ -44,6 +44,11 @@ demo: deps venv
 # the end-to-end tests (real runc, containerd, podman, dockerd) must run, not skip.
 test: deps venv lint
 	@GPUHOOK_REQUIRE_E2E=$$([ "$$(id -u)" = 0 ] && echo 1 || echo 0) $(BIN)/python -m pytest -q tests
+
+# The suite as CI runs it (CI=true bash .ci/run) in the other Debian release (12 <-> 13, or
+# RELEASE=<codename>): a debootstrapped root cached in /var/cache/gpuhook-test (tests/debroot.py).
+test-other-release:
+	@APT_PACKAGES="$(APT_PACKAGES)" $(PYTHON) tests/debroot.py suite
 
 # The DaemonSet's image (daemonset/), with no registry: FROM scratch, the host bundle built
 # here from the venv (packaging/build-image.sh); tagged as daemonset/kustomization.yaml names it.

@@ -280,7 +280,7 @@ def _own_cache_dir(tmp_path, monkeypatch):
 
 @pytest.fixture
 def dockerd(tmp_path):
-    """dockerd(config_path, env, binds) -> a Dockerd whose daemon.json the test wrote
+    """dockerd(config_path, env, binds, **kw) -> a Dockerd whose daemon.json the test wrote
     (Dockerd.settings()) before start(). Stopped and cleaned up at the end; the test fails
     when anything of it is left."""
     import tempfile
@@ -289,10 +289,10 @@ def dockerd(tmp_path):
 
     made = []
 
-    def make(config_path: str, env: dict, binds: dict) -> "docker_harness.Dockerd":
+    def make(config_path: str, env: dict, binds: dict, **kw) -> "docker_harness.Dockerd":
         # a short base: dockerd's managed containerd puts sockets under exec-root
         d = docker_harness.Dockerd(tempfile.mkdtemp(prefix="gh-dockerd-", dir="/tmp"), config_path, env=env,
-                                   binds=binds)
+                                   binds=binds, **kw)
         made.append(d)
         return d
     yield make

@@ -11,6 +11,12 @@ the shims and so the OCI runtime they call (gpuhook-runtime reads GPUHOOK_CONFIG
 shims of its socket killed, `runc --root <root>/<ns> delete -f` for what is left, the cgroup
 parents the test used removed, every mount under `base_dir` unmounted.
 
+`Containerd(..., debian_root=ROOT)` runs the containerd of another Debian root (tests/debroot.py:
+sid's containerd 2.x, runc 1.3) with ROOT as its real root and its own PID and mount
+namespaces: base_dir (and each of `visible`) is mounted at the same path inside, so sockets,
+state, logs and the node config read the same from both sides; `ctr` runs inside; stopping
+containerd (PID 1 there) takes its shims and containers with it.
+
 `build_busybox_image(path, name)` writes an OCI image layout tar (one uncompressed layer with
 a static busybox and its applet links, config, manifest, index; digests computed here), which
 `Containerd.import_image` imports with `ctr images import`.
@@ -196,7 +202,8 @@ class Containerd:
     def __init__(self, base_dir: str, *, env: dict[str, str] | None = None, cri: bool = True,
                  runtimes: dict[str, dict] | None = None, sandbox_image: str = IMAGE_NAME,
                  extra_toml: str = "", log_level: str = "info", config_path: str | None = None,
-                 binds: dict[str, str] | None = None, pid_namespace: bool = False) -> None:
+                 binds: dict[str, str] | None = None, pid_namespace: bool = False,
+                 debian_root: str | None = None, visible: tuple[str, ...] = ()) -> None:
         """runtimes: CRI handlers, name -> {"binary": path (options.BinaryName, optional),
         "pod_annotations": [...], "container_annotations": [...]} (all optional); a handler
         "runc" with plain runc is always there and is the default. extra_toml is appended
@@ -210,7 +217,9 @@ class Containerd:
         source that is gone (an uninstall removed it) leaves the target empty.
         pid_namespace: containerd runs as PID 1 of a PID namespace of its own (and a mount
         namespace, slave to this one, with its /proc): a "node" whose init the test owns,
-        for hostPID pods (no binds with it)."""
+        for hostPID pods (no binds with it).
+        debian_root: run that root's containerd, ctr and runc inside it (see the module doc);
+        config_path may then be a path in the root's own tree (its etc/containerd/config.toml)."""
         self.base = os.path.abspath(base_dir)
         self.root = os.path.join(self.base, "root")
         self.state = os.path.join(self.base, "state")
@@ -235,6 +244,8 @@ class Containerd:
         self.binds = dict(binds or {})
         self.pid_namespace = pid_namespace
         self.daemon_pid: int | None = None  # containerd's pid (here), when not self.proc's
+        self.debian_root = os.path.abspath(debian_root) if debian_root else None
+        self.visible = tuple(dict.fromkeys((self.base, *map(os.path.abspath, visible))))
 
     # -- config ------------------------------------------------------------------
     def config_toml(self) -> str:
@@ -314,13 +325,20 @@ class Containerd:
             os.makedirs(d, exist_ok=True)
         if write_config:
             self.write_config()
-        self._made_run_dir = not os.path.isdir(RUN_DIR)
+        self._made_run_dir = not self.debian_root and not os.path.isdir(RUN_DIR)
+        self.daemon_pid = None  # a restart's containerd is another process
         env = dict(os.environ)
         env.update(self.env)
         self._log_file = open(self.log_path, "ab")
         started = time.monotonic()
         cmd = [CONTAINERD, "--config", self.config_path]
-        if self.binds:
+        if self.debian_root:
+            import debroot
+
+            assert not self.binds and not self.pid_namespace, "a Debian root brings its own namespaces"
+            cmd = debroot.enter_argv(self.debian_root, "exec " + shlex.join([CONTAINERD, "--config", self.inside(self.config_path)]),
+                                     binds=tuple((d, d) for d in self.visible), env=self.env)
+        elif self.binds:
             steps = []
             for target, source in self.binds.items():
                 parent = os.path.dirname(target)
@@ -338,7 +356,9 @@ class Containerd:
         while True:
             if self.proc.poll() is not None:
                 raise ContainerdError(f"containerd exited with {self.proc.returncode} at start:\n{self.log_tail()}")
-            if os.path.exists(self.address):
+            if self.debian_root and self.daemon_pid is None:
+                self.daemon_pid = _first_child(self.proc.pid)
+            if os.path.exists(self.address) and (self.daemon_pid or not self.debian_root):
                 r = self.ctr("version", check=False, timeout=10)
                 if r.returncode == 0:
                     break
@@ -347,8 +367,21 @@ class Containerd:
             time.sleep(0.02)
         self.start_seconds = time.monotonic() - started
         if self.pid_namespace:  # unshare --fork waits for containerd and ignores SIGTERM
-            with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
-                self.daemon_pid = int(f.read().split()[0])
+            self.daemon_pid = _first_child(self.proc.pid)
+
+    def inside(self, path: str) -> str:
+        """`path` (of this machine) as the processes in the Debian root see it."""
+        path = os.path.abspath(path)
+        if self.debian_root and path.startswith(self.debian_root + "/"):
+            return path[len(self.debian_root):]
+        return path
+
+    def enter(self, pid: bool = False) -> list[str]:
+        """argv prefix that runs a command where containerd runs (its root's tools); pid: in
+        its PID namespace too (the command then dies with containerd)."""
+        if not self.debian_root:
+            return []
+        return ["nsenter", "-t", str(self.daemon_pid), "-m", *(["-p"] if pid else []), "--"]
 
     def log_tail(self, n: int = 40) -> str:
         return tail_of(self.log_path, n)
@@ -356,7 +389,7 @@ class Containerd:
     # -- ctr -----------------------------------------------------------------------
     def ctr(self, *args: str, namespace: str | None = None, check: bool = True,
             timeout: float = 60) -> subprocess.CompletedProcess:
-        cmd = [CTR, "-a", self.address]
+        cmd = [*self.enter(), CTR, "-a", self.address]
         if namespace:
             self.namespaces.add(namespace)
             cmd += ["-n", namespace]
@@ -367,6 +400,9 @@ class Containerd:
         return r
 
     def import_image(self, tar_path: str, namespace: str) -> None:
+        if self.debian_root and not any(tar_path.startswith(d + "/") for d in self.visible):
+            shutil.copy(tar_path, os.path.join(self.base, os.path.basename(tar_path)))
+            tar_path = os.path.join(self.base, os.path.basename(tar_path))
         self.ctr("images", "import", tar_path, namespace=namespace)
 
     def run(self, namespace: str, image: str, cid: str, args: list[str], *, runc_binary: str | None = None,
@@ -501,6 +537,9 @@ class Containerd:
         directory: in its own runc root, and in the shared default root (a handler with no
         options.Root, as an installer writes it)."""
         forced = []
+        if self.debian_root:  # they died with containerd's PID namespace; runc is the root's
+            shutil.rmtree(self.runc_root, ignore_errors=True)
+            return forced
         for root, cid in self.runc_containers():
             forced.append(f"runc {root} {cid}")
             subprocess.run([RUNC, "--root", root, "delete", "-f", cid], capture_output=True, timeout=20)
@@ -586,6 +625,15 @@ class Containerd:
         return [f"{RUN_DIR} kept: not empty"] if os.path.isdir(RUN_DIR) else []
 
 
+def _first_child(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            kids = f.read().split()
+    except OSError:
+        return None
+    return int(kids[0]) if kids else None
+
+
 def _cgroup_hierarchies() -> list[str]:
     """The mounted cgroup hierarchies: each v1 controller's (and the hybrid's unified and
     name=systemd), or the one root of a pure v2 host."""
@@ -629,6 +677,8 @@ def leftovers(c: Containerd) -> dict[str, list[str]]:
                 continue
             if argv and os.path.basename(argv[0]) == b"containerd" and c.config_path.encode() in argv:
                 out["processes"].append(f"containerd {entry}")
+    if c.debian_root and c.daemon_pid and os.path.exists(f"/proc/{c.daemon_pid}"):
+        out["processes"].append(f"containerd {c.daemon_pid} (in {c.debian_root})")  # argv has its inside path
     out["processes"] += [f"runc container {root} {cid}" for root, cid in c.runc_containers()]
     for h in _cgroup_hierarchies():
         for parent in dict.fromkeys(c.cgroup_parents):

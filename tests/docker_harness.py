@@ -11,6 +11,10 @@ bridge, the vfs storage driver, a cgroup parent of its own) is the file `gpuhook
   - `binds` {node path: source dir}: each source bind-mounted at its node path over a tmpfs on
     the parent (the host bundle at /opt/gpuhook, where daemon.json's runtime path points).
 
+`debian_root=ROOT`: the dockerd and docker of another Debian root (tests/debroot.py: sid's
+Docker 28) with ROOT as their real root, in PID and mount namespaces of their own; base_dir
+and each of `visible` are mounted at the same path inside.
+
 Environment given to it reaches the shims and so the runtime they call (GPUHOOK_CONFIG).
 `stop()` removes every container, stops dockerd by its pid, kills whatever is left in its
 mount namespace (only what it started), removes its cgroup parent in every hierarchy and
@@ -50,7 +54,8 @@ class DockerError(Exception):
 
 class Dockerd:
     def __init__(self, base_dir: str, config_path: str, *, env: dict[str, str] | None = None,
-                 binds: dict[str, str] | None = None) -> None:
+                 binds: dict[str, str] | None = None, debian_root: str | None = None,
+                 visible: tuple[str, ...] = ()) -> None:
         self.base = os.path.abspath(base_dir)
         self.config_path = config_path
         self.socket = os.path.join(self.base, "docker.sock")
@@ -62,6 +67,9 @@ class Dockerd:
         self.proc: subprocess.Popen | None = None
         self.mnt_ns: str | None = None
         self._log = None
+        self.debian_root = os.path.abspath(debian_root) if debian_root else None
+        self.visible = tuple(dict.fromkeys((self.base, *map(os.path.abspath, visible))))
+        self.daemon_pid: int | None = None  # dockerd's, in a Debian root (PID 1 of its namespace)
 
     def settings(self) -> dict:
         """dockerd's own keys for daemon.json: everything under base_dir."""
@@ -87,6 +95,15 @@ class Dockerd:
                       f"mount --bind {shlex.quote(source)} {shlex.quote(target)}"]
         cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-ec", "; ".join(steps) + '; exec "$@"',
                "sh", DOCKERD, "--config-file", self.config_path]
+        if self.debian_root:
+            import debroot
+
+            assert not self.binds, "a Debian root brings its own mounts"
+            inside = self.config_path
+            if inside.startswith(self.debian_root + "/"):
+                inside = inside[len(self.debian_root):]
+            cmd = debroot.enter_argv(self.debian_root, "exec " + shlex.join([DOCKERD, "--config-file", inside]),
+                                     binds=tuple((d, d) for d in self.visible), env=self.env)
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, env=dict(os.environ, **self.env), stdin=subprocess.DEVNULL,
                                      stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -95,7 +112,12 @@ class Dockerd:
             if self.proc.poll() is not None:
                 raise DockerError(f"dockerd exited with {self.proc.returncode} at start:\n{self.log_tail()}")
             self._note_namespace()
-            if os.path.exists(self.socket) and self.docker("version", check=False, timeout=10).returncode == 0:
+            if self.debian_root and self.daemon_pid is None:
+                from containerd_harness import _first_child
+
+                self.daemon_pid = _first_child(self.proc.pid)
+            if (self.daemon_pid or not self.debian_root) and os.path.exists(self.socket) and \
+                    self.docker("version", check=False, timeout=10).returncode == 0:
                 break
             if time.monotonic() > deadline:
                 raise DockerError(f"dockerd did not answer on {self.socket} within {timeout}s:\n{self.log_tail()}")
@@ -123,7 +145,8 @@ class Dockerd:
 
     def docker(self, *args: str, check: bool = True, timeout: float = 120,
                input: bytes | None = None) -> subprocess.CompletedProcess:
-        r = subprocess.run([docker_cli(), *args], env=self._client_env(), capture_output=True, timeout=timeout,
+        cli = ["nsenter", "-t", str(self.daemon_pid), "-m", "--", "docker"] if self.debian_root else [docker_cli()]
+        r = subprocess.run([*cli, *args], env=self._client_env(), capture_output=True, timeout=timeout,
                            input=input, stdin=None if input is not None else subprocess.DEVNULL)
         r.stdout = r.stdout.decode("utf-8", "replace")
         r.stderr = r.stderr.decode("utf-8", "replace")
@@ -158,12 +181,16 @@ class Dockerd:
             self._log.close()
             self._log = None
         self.mnt_ns = None
+        self.daemon_pid = None
         self.start(timeout)
 
     def _terminate(self) -> list[str]:
         if self.proc is None or self.proc.poll() is not None:
             return []
-        self.proc.send_signal(signal.SIGTERM)
+        if self.daemon_pid:  # unshare --fork waits for it and does not pass SIGTERM on
+            os.kill(self.daemon_pid, signal.SIGTERM)
+        else:
+            self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(timeout=40)
         except subprocess.TimeoutExpired:

@@ -20,6 +20,7 @@ import difflib
 import glob
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -121,6 +122,22 @@ def stock() -> str:
     return subprocess.run(["containerd", "config", "default"], capture_output=True, text=True, check=True).stdout
 
 
+def edit(text: str, pattern: str, repl: str, every: bool = False) -> str:
+    """An operator's edit of a `containerd config default` line, written as a pattern that
+    matches what every release's default holds (1.6 and 1.7 differ in values, spacing and
+    sections): exactly one match (`every`: at least one) and a change, so that an edit can
+    never silently do nothing."""
+    out, n = re.subn(pattern, repl, text, flags=re.MULTILINE)
+    assert n == 1 or (every and n > 1), f"{pattern!r} matched {n} lines of the default config"
+    assert out != text, f"{pattern!r}: the default already says {repl!r}"
+    return out
+
+
+# the sandbox image line any version 2 default has (pause:3.6 in containerd 1.6, 3.8 in 1.7)
+SANDBOX_IMAGE = r'^(\s*sandbox_image = )"[^"]*"$'
+MIRROR = r'\1"registry.example/pause:3.9"  # mirror'
+
+
 def dump(path) -> list[str]:
     r = subprocess.run(["containerd", "--config", str(path), "config", "dump"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
@@ -208,8 +225,8 @@ def test_handler_sections_out_of_order_are_handled(tmp_path, stock, fake_bundle)
 
 @needs_containerd
 def test_handler_copies_the_default_runc_options(tmp_path, stock, fake_bundle):
-    systemd = stock.replace("SystemdCgroup = false", "SystemdCgroup = true")
-    systemd = systemd.replace('            Root = ""', '            Root = "/run/runc-k8s"')
+    systemd = edit(stock, r"^(\s*SystemdCgroup = )false$", r"\1true")
+    systemd = edit(systemd, r'^(\s*Root = )""$', r'\1"/run/runc-k8s"')
     node = make_node(tmp_path, systemd)
     ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))
     runtimes = v2_runtimes(dump(node / CONFIG))
@@ -239,15 +256,13 @@ def test_operator_edit_between_install_and_uninstall_is_kept(tmp_path, stock, fa
     node = make_node(tmp_path, stock)
     ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))
     cfg = node / CONFIG
-    cfg.write_text(cfg.read_text().replace('sandbox_image = "registry.k8s.io/pause:3.6"',
-                                           'sandbox_image = "registry.example/pause:3.9"  # mirror'))
+    cfg.write_text(edit(cfg.read_text(), SANDBOX_IMAGE, MIRROR))
     out = ok(gpuhook("uninstall", "--host-root", node))
     assert "changed since install, so only the gpu-optional handler was removed" in out
     assert "gpu-optional" not in cfg.read_text()
     assert "# mirror" in cfg.read_text()
     result = dump(cfg)
-    cfg.write_text(stock.replace('sandbox_image = "registry.k8s.io/pause:3.6"',
-                                 'sandbox_image = "registry.example/pause:3.9"  # mirror'))
+    cfg.write_text(edit(stock, SANDBOX_IMAGE, MIRROR))
     assert result == dump(cfg)  # exactly the operator's config, without ours
 
 
@@ -258,7 +273,7 @@ def test_reinstall_after_operator_rewrote_the_file(tmp_path, stock, fake_bundle)
     node = make_node(tmp_path, stock)
     ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))
     cfg = node / CONFIG
-    theirs = stock.replace("max_concurrent_downloads = 3", "max_concurrent_downloads = 8")
+    theirs = edit(stock, r"^(\s*max_concurrent_downloads = )\d+$", r"\g<1>8", every=True)  # 1.7: CRI and transfer
     cfg.write_text(theirs)
     assert "handler gpu-optional added" in ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))
     assert (node / BACKUP).read_text() == stock  # the first backup stays
@@ -323,7 +338,7 @@ def test_version_1_is_refused_and_nothing_is_written(tmp_path, fake_bundle):
 
 
 def test_drop_in_that_replaces_the_cri_section_is_refused(tmp_path, stock, fake_bundle):
-    node = make_node(tmp_path, stock.replace("imports = []", 'imports = ["/etc/containerd/conf.d/*.toml"]'))
+    node = make_node(tmp_path, edit(stock, r"^imports = \[\]$", 'imports = ["/etc/containerd/conf.d/*.toml"]'))
     (node / "etc/containerd/conf.d").mkdir()
     (node / "etc/containerd/conf.d/10-mirror.toml").write_text(
         'version = 2\n[plugins."io.containerd.grpc.v1.cri".registry]\n  config_path = "/etc/containerd/certs.d"\n')
@@ -578,12 +593,15 @@ def test_restart_signal_says_so_when_nothing_brings_containerd_back(tmp_path, fa
 
 @needs_root_containerd
 def test_containerd_sighup_is_not_a_reload(tmp_path):
-    """Why --restart signal sends SIGTERM: containerd 1.6 dies on SIGHUP, without a clean stop."""
+    """Why --restart signal sends SIGTERM: containerd dies on SIGHUP, without a clean stop
+    (checked with 1.6, 1.7 and 2.1)."""
     cfg = tmp_path / "config.toml"
     cfg.write_text(containerd_config(tmp_path / "ctd"))
     log = tmp_path / "log"
     with open(log, "wb") as f:
-        p = subprocess.Popen(["containerd", "--config", str(cfg)], stdout=f, stderr=subprocess.STDOUT)
+        # as its service starts it: SIGHUP not ignored (a suite run under nohup would pass that on)
+        p = subprocess.Popen(["containerd", "--config", str(cfg)], stdout=f, stderr=subprocess.STDOUT,
+                             preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 20
         while "successfully booted" not in log.read_text(errors="replace"):
