@@ -19,6 +19,9 @@ MPS_PIPE_DIR = "/tmp/nvidia-mps"  # CUDA's default MPS pipe directory: where a c
 # the scheduling label users already write (nodeAffinity on gpu.type In [nvidia, amd, intel]): the
 # agent sets it to gpuhook.dev/accelerator's vendor (the node config's vendor_label; "" turns it off)
 VENDOR_LABEL = "gpu.type"
+# the runtime handler (a pod's runtimeClassName's handler) of gpu-optional pods: the one the NRI
+# plugin adjusts (the node config's nri_runtime_handler)
+RUNTIME_HANDLER = "gpu-optional"
 # the bundle's runtime entry, as its front runs it: `python -I -S -c RUNTIME_MAIN <site-packages>
 # ARGS...` (gpuhook/startup.py; the C front's STARTUP is the same string: tests/unit/test_front.py)
 RUNTIME_MAIN = "import sys; sys.path.insert(0, sys.argv.pop(1)); import gpuhook.startup"
