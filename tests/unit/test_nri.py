@@ -139,6 +139,7 @@ def connected(node):
 
     t = threading.Thread(target=serve, daemon=True)
     t.start()
+    b.settimeout(10)  # a plugin that stops answering fails the test, never hangs it
     rt = Runtime(b)
     reg = rt.expect_registration()
     assert (reg.plugin_name, reg.plugin_idx) == ("gpuhook", "10")
