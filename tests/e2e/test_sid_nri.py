@@ -75,11 +75,13 @@ class NRIPlugin:
 
 
 @pytest.fixture
-def nri_node(node, tmp_path,  # noqa: F811 (test_sid_runtimes' fixture)
-              busybox_image_tar, cri_stubs, make_host, runtime):
-    """(ctd, client, kubelet, rt, plugin, host): containerd 2.x on the NRI config, the plugin connected."""
+def nri_node(request, node, tmp_path,  # noqa: F811 (test_sid_runtimes' fixture)
+             busybox_image_tar, cri_stubs, make_host, runtime):
+    """(ctd, client, kubelet, rt, plugin, host): containerd 2.x on the NRI config, the plugin
+    connected. A test that asks for real_bundle also gets gpuhook's CDI specs in the root."""
     import cri_client
     from test_e2e_cri import Kubelet
+    from test_sid_runtimes import cdi_spec_for
 
     ctd = Containerd(str(tmp_path / "ctd"), cri=True, debian_root=node, visible=(str(tmp_path), REPO),
                      config_path=os.path.join(node, "etc/containerd/config.toml"))
@@ -88,6 +90,10 @@ def nri_node(node, tmp_path,  # noqa: F811 (test_sid_runtimes' fixture)
     with open(ctd.config_path, "wb") as f:
         f.write(nri_config(node, ctd, sock))
     host = make_host("nvidia", mknod=True)
+    if "real_bundle" in request.fixturenames:
+        bundle = request.getfixturevalue("real_bundle")
+        cdi_spec_for(node, host, bundle)
+        ctd.visible += (bundle,)  # the spec's hook
     rt = runtime(host, ldconfig="/sbin/ldconfig")
     plugin = NRIPlugin({k: v for k, v in rt.env.items()}, sock,
                        os.path.join(ctd.state, "io.containerd.runtime.v2.task", "k8s.io", "{id}", "rootfs"),
@@ -192,3 +198,51 @@ def test_pods_start_without_the_plugin_and_it_serves_again_after_restarts(nri_no
     assert status.exit_code == 0, out
     assert nodes_of(out)["/dev/nvidia7"] == (195, 7) and "accel=nvidia" in out, out
     assert [r["front"] for r in nri_records(rt, status.id)] == ["nri"]
+
+
+# a second NRI plugin: it adds an env variable and an annotation of its own to every container
+OTHER_PLUGIN = """
+import sys
+from gpuhook.nri import plugin
+
+class Other(plugin.Plugin):
+    def create_container(self, payload):
+        pb = self.pb
+        adj = pb.ContainerAdjustment(env=[pb.KeyValue(key="OTHER_PLUGIN", value="was-here")])
+        return pb.CreateContainerResponse(adjust=adj)
+
+Other(sys.argv[1], "other", "20", "").run_forever(retry=0.2)
+"""
+
+
+def test_a_cdi_pod_and_a_second_plugin_coexist_with_gpuhooks(nri_node, real_bundle, tmp_path):
+    """A container that already has the GPUs from CDI (a device plugin's way) is not adjusted
+    again and starts; another NRI plugin's adjustment lands beside gpuhook's."""
+    from test_e2e_cri import SHOW
+
+    ctd, client, k, rt, plugin, _host = nri_node
+    other = NRIPlugin(plugin.env, plugin.argv[plugin.argv.index("--socket") + 1], "", str(tmp_path / "other.out"))
+    other.argv = [sys.executable, "-c", OTHER_PLUGIN, other.argv[other.argv.index("--socket") + 1]]
+    other.start()
+    try:
+        other.wait_registered()
+        pod_id, pod_config = k.run_pod("nri-cdi")
+        cid = client.create_container(pod_id, pod_config, "app", IMAGE_NAME,
+                                      command=["sh", "-c", SHOW + "; echo other=$OTHER_PLUGIN"],
+                                      log_path="app/0.log", annotations={"cdi.k8s.io/gpuhook": "gpuhook.dev/gpu=all"})
+        client.start_container(cid)
+        status = client.wait_exited(cid, 30)
+        out = k.read_log(status.log_path)
+        assert status.exit_code == 0, out
+        nodes = nodes_of(out)
+        assert {p: nodes[p] for p in nodes if p[len("/dev/nvidia"):].isdigit()} == \
+            {f"/dev/nvidia{m}": (195, m) for m in range(8)}, out
+        assert "accel=nvidia" in out and "other=was-here" in out, out
+        (rec,) = nri_records(rt, cid)
+        assert rec["front"] == "nri" and not [n for n in rec.get("nodes", []) if n[len("/dev/nvidia"):].isdigit()], rec
+        # a pod with no CDI: both plugins' adjustments
+        status, out = k.run_to_completion(pod_id, pod_config, "both", SHOW + "; echo other=$OTHER_PLUGIN")
+        assert status.exit_code == 0, out
+        assert nodes_of(out)["/dev/nvidia7"] == (195, 7) and "accel=nvidia" in out and "other=was-here" in out, out
+    finally:
+        other.kill()

@@ -301,3 +301,25 @@ def test_the_cli_refuses_bad_arguments_in_one_line(capsys):
     assert capsys.readouterr().err.strip() == "gpuhook: --index must be two digits, got '1'"
     assert main(["nri", "--rootfs-template", "relative/{id}"]) == 2
     assert "--rootfs-template" in capsys.readouterr().err
+
+
+def test_what_an_adjustment_cannot_carry_is_said_and_hooks_keep_their_stage_and_timeout():
+    from gpuhook.edits import DeviceNode, Edits, Hook
+
+    edits = Edits(env=("A=1",), device_nodes=(DeviceNode("/dev/dri/renderD128", "c", 226, 128, file_mode=0o20660,
+                                                         gid=44),),
+                  hooks=(Hook("createContainer", "/h", ("h", "x"), ("PATH=/bin",), 30),), additional_gids=(44,))
+    adj, left_out = nri.adjustment(edits, pb.Container(), pb)
+    assert left_out == ["additional gids 44"]  # NRI 0.8 has no field for them
+    (d,) = adj.linux.devices
+    assert (d.path, d.major, d.minor, d.file_mode.value, d.gid.value) == ("/dev/dri/renderD128", 226, 128, 0o20660, 44)
+    (h,) = adj.hooks.create_container
+    assert (h.path, list(h.args), list(h.env), h.timeout.value) == ("/h", ["h", "x"], ["PATH=/bin"], 30)
+
+
+def test_no_rootfs_template_means_no_hook_and_the_rest_all_the_same(node):
+    req = create_request()
+    with_hook = nri.Plugin(log=lambda m: None).create_container(req.SerializeToString()).adjust
+    without = nri.Plugin(rootfs_template="", log=lambda m: None).create_container(req.SerializeToString()).adjust
+    assert with_hook.hooks.create_container and not without.hooks.create_container
+    assert without.linux.devices == with_hook.linux.devices and without.mounts == with_hook.mounts
