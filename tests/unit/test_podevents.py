@@ -415,3 +415,10 @@ def test_the_agent_posts_only_gpuhooks_own_reasons():
         client.post_pod_event("ml", "p", "u", "c", "BackOff", "x")
     with pytest.raises(ValueError, match="not one of gpuhook's"):
         client.post_event("GPUsInjected", "a pod's reason on the Node")
+
+
+def test_an_event_says_when_the_nri_plugin_made_the_create():
+    reason, _type, msg, label = podevents.event_for(create(front="nri"))
+    assert reason == "GPUsInjected" and msg.startswith("container app (through NRI) got 2 GPU device(s)") and label
+    assert "NRI" not in podevents.event_for(create())[2]
+    assert podevents.event_for(create("no-gpu", front="nri"))[2].startswith("container app (through NRI)")
