@@ -10,8 +10,8 @@ CreateContainer with an error (an error reply fails the create): any fault is an
 adjustment and one node log line with "front": "nri". When the connection ends (the
 runtime restarted, or closed the plugin after a timeout) it connects again.
 
-Protobuf modules api_pb2 and ttrpc_pb2 are generated from api.proto (NRI 0.8's own) and
-ttrpc.proto beside this file (regen.py); wire.py is the framing.
+Protobuf modules nri_api_pb2 and nri_ttrpc_pb2 are generated from nri_api.proto (NRI 0.8's
+api.proto) and nri_ttrpc.proto beside this file (regen.py); wire.py is the framing.
 """
 
 from __future__ import annotations
@@ -127,10 +127,10 @@ class Plugin:
         rootfs_template: str = ROOTFS_TEMPLATE,
         log=None,
     ) -> None:
-        from . import api_pb2, ttrpc_pb2
+        from . import nri_api_pb2, nri_ttrpc_pb2
 
-        self.pb: Any = api_pb2  # protoc's modules: their classes are made at import
-        self.tt: Any = ttrpc_pb2
+        self.pb: Any = nri_api_pb2  # protoc's modules: their classes are made at import
+        self.tt: Any = nri_ttrpc_pb2
         self.socket_path, self.name, self.index = socket_path, name, index
         self.rootfs_template = rootfs_template
         self.say = log or (lambda msg: print(f"gpuhook nri: {msg}", file=sys.stderr, flush=True))

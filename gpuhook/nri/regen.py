@@ -9,7 +9,8 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PROTOS = ("api.proto", "ttrpc.proto")  # -> api_pb2.py, ttrpc_pb2.py
+PROTOS = ("nri_api.proto", "nri_ttrpc.proto")  # -> nri_api_pb2.py, nri_ttrpc_pb2.py
+# (file names unique in a process: protobuf's default pool holds one "api.proto", and CRI's is one)
 
 
 def generated_names() -> list[str]:
