@@ -11,10 +11,10 @@ import threading
 
 import pytest
 
-from gpuhook.nri import api_pb2 as pb
+from gpuhook.nri import nri_api_pb2 as pb
 from gpuhook.nri import plugin as nri
 from gpuhook.nri import regen, wire
-from gpuhook.nri import ttrpc_pb2 as tt
+from gpuhook.nri import nri_ttrpc_pb2 as tt
 from gpuhook.testing import fakehost
 
 
