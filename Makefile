@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 APT_PACKAGES := runc crun containerd podman docker.io docker-compose busybox-static gcc libc6-dev libc-bin python3-venv debootstrap
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-other-release deps venv lint bench image clean mutation
+.PHONY: demo test test-other-release deps venv lint bench image clean mutation nri-proto
 
 # System packages the end-to-end tests and the demo use; only as root, only what is missing.
 deps:
@@ -54,6 +54,10 @@ test-other-release:
 # here from the venv (packaging/build-image.sh); tagged as daemonset/kustomization.yaml names it.
 image: venv
 	@PYTHON=$(BIN)/python packaging/build-image.sh
+
+# gpuhook/nri/*_pb2.py from the .proto files beside them (tests/unit/test_nri.py holds them current)
+nri-proto: venv
+	$(BIN)/python -m gpuhook.nri.regen
 
 lint: venv
 	@$(BIN)/ruff check gpuhook

@@ -57,7 +57,8 @@ class Config(Record):
     Operator's /run/nvidia/driver, GKE's /home/kubernetes/bin/nvidia) or one node path.
     vendor_label: the node label the agent sets to the primary vendor, as
     gpuhook.dev/accelerator (default gpu.type; "" turns it off): a label key, not under
-    gpuhook.dev/, kubernetes.io or k8s.io (valid_vendor_label)."""
+    gpuhook.dev/, kubernetes.io or k8s.io (valid_vendor_label).
+    nri_runtime_handler: the runtime handler whose pods `gpuhook nri` adjusts (default gpu-optional)."""
 
     runtime: "str | None" = None
     host_root: str = "/"
@@ -69,6 +70,7 @@ class Config(Record):
     mps_pipe_dir: str = MPS_PIPE_DIR
     nvidia_driver_root: str = NVIDIA_DRIVER_ROOT_AUTO
     vendor_label: str = defaults.VENDOR_LABEL
+    nri_runtime_handler: str = defaults.RUNTIME_HANDLER
 
     __slots__ = ()
 
@@ -84,6 +86,7 @@ _TYPES: "dict[str, type | tuple[type, ...]]" = {
     "mps_pipe_dir": str,
     "nvidia_driver_root": str,
     "vendor_label": str,
+    "nri_runtime_handler": str,
 }
 
 
@@ -137,6 +140,9 @@ def from_dict(data: dict) -> "tuple[Config, list[str]]":
             f"vendor_label: {values.pop('vendor_label')!r} is not a label key ([prefix/]name) outside "
             f'gpuhook.dev/, kubernetes.io and k8s.io, nor ""; {defaults.VENDOR_LABEL!r} used'
         )
+    if values.get("nri_runtime_handler") == "":
+        values.pop("nri_runtime_handler")
+        errors.append(f"nri_runtime_handler: is empty; {defaults.RUNTIME_HANDLER!r} used")
     return Config(**values), errors
 
 

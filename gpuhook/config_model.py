@@ -59,6 +59,9 @@ class ConfigModel(BaseModel):
         description="the node label the agent sets to the primary vendor (as gpuhook.dev/accelerator), "
         'for the nodeAffinity users already write; "" turns it off',
     )
+    nri_runtime_handler: StrictStr = Field(
+        _D["nri_runtime_handler"], min_length=1, description="the runtime handler whose pods `gpuhook nri` adjusts"
+    )
 
     @field_validator("*")
     @classmethod

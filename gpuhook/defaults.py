@@ -23,6 +23,9 @@ VENDOR_LABEL = "gpu.type"
 # the agent's name in the API: its field manager (the API server records under it which fields the
 # agent's patches set, metadata.managedFields: the agent changes or removes only those) and its Events' source
 AGENT_NAME = "gpuhook-agent"
+# the runtime handler (a pod's runtimeClassName's handler) of gpu-optional pods: the one the NRI
+# plugin adjusts (the node config's nri_runtime_handler)
+RUNTIME_HANDLER = "gpu-optional"
 # the bundle's runtime entry, as its front runs it: `python -I -S -c RUNTIME_MAIN <site-packages>
 # ARGS...` (gpuhook/startup.py; the C front's STARTUP is the same string: tests/unit/test_front.py)
 RUNTIME_MAIN = "import sys; sys.path.insert(0, sys.argv.pop(1)); import gpuhook.startup"

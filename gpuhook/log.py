@@ -4,6 +4,8 @@ Every record is one JSON object per line with `time` (ISO-8601 UTC, milliseconds
 `event` (the event's name) first, then the event's own keys. The keys are shared:
 
     container_id, bundle, decision, vendors, nodes, mounts, hooks   (runtime: event "create")
+    front                                                          (create: "nri" from `gpuhook nri`;
+                                                                    none from the runtime wrapper)
     container_id, kind, outcome, error                             (gpuhook-hook: event "hook",
                                                                     only when it could not work)
     pod_namespace, pod_name, pod_uid, container_name               (create, when the CRI says)
@@ -157,11 +159,18 @@ def pod_column(r: dict) -> str:
     return f"{ns or '?'}/{name}" + (f":{ctr}" if ctr else "")
 
 
+def front_of(record: dict) -> str:
+    """Which front made a create: its "front" (the NRI plugin's lines say "nri"), else the
+    runtime wrapper's (its lines have no such key)."""
+    front = record.get("front")
+    return front if isinstance(front, str) and front else "wrapper"
+
+
 def format_records(records: list[dict], wide: bool = False) -> str:
     """A readable table of the runtime's create records."""
     if not records:
         return "No container creates in the log."
-    rows = [("TIME", "CONTAINER", "POD", "DECISION", "VENDORS", "NODES", "MOUNTS", "MS", "ERROR")]
+    rows = [("TIME", "CONTAINER", "POD", "FRONT", "DECISION", "VENDORS", "NODES", "MOUNTS", "MS", "ERROR")]
     for r in records:
         vendors = r.get("vendors")
         nodes, mounts = r.get("nodes"), r.get("mounts")
@@ -178,6 +187,7 @@ def format_records(records: list[dict], wide: bool = False) -> str:
                 str(r.get("time") or "-"),
                 cid if wide else _short(cid, 16),
                 pod if wide else _short(pod, 48),
+                front_of(r),
                 decision,
                 ",".join(map(str, vendors)) if isinstance(vendors, list) and vendors else "-",
                 str(len(nodes)) if isinstance(nodes, list) else "-",

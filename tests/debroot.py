@@ -172,7 +172,21 @@ def ensure(release: str, include: tuple[str, ...], *, apt: tuple[str, ...] = (),
            exclusive: bool = False, log=lambda msg: print(f"debroot: {msg}", file=sys.stderr, flush=True)):
     """The cached root of `release` with `include` (debootstrap's --include) and `apt`
     (apt-get install inside, with Recommends) installed, (re)built when stale; held (shared,
-    or exclusive when the caller changes the root) until the block ends."""
+    or exclusive when the caller changes the root) until the block ends. Blocks of one process
+    share its one shared hold (flock locks belong to an open file: a second lock of the same
+    process on another would wait for the first forever), closed when the last ends."""
+    held = _HELD.get(release)
+    if held and not exclusive:
+        why = stale_reason(release, include, must_have, apt)
+        if why:
+            raise RootUnavailable(f"the Debian {release} root is held by this process and {why}: "
+                                  "it cannot be rebuilt under itself")
+        held[1] += 1
+        try:
+            yield path_of(release)
+        finally:
+            _release(release)
+        return
     fd = _lock(release, fcntl.LOCK_EX)
     try:
         why = stale_reason(release, include, must_have, apt)
@@ -182,11 +196,33 @@ def ensure(release: str, include: tuple[str, ...], *, apt: tuple[str, ...] = (),
             why = stale_reason(release, include, must_have, apt)
             if why:
                 raise RootUnavailable(f"the Debian {release} root is still unusable after a build: {why}")
-        if not exclusive:
-            fcntl.flock(fd, fcntl.LOCK_SH)
+    except BaseException:
+        os.close(fd)
+        raise
+    if exclusive:
+        try:
+            yield path_of(release)
+        finally:
+            os.close(fd)
+        return
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    _HELD[release] = [fd, 1]
+    try:
         yield path_of(release)
     finally:
-        os.close(fd)
+        _release(release)
+
+
+# release -> [fd, blocks]: the shared holds of this process (ensure)
+_HELD: dict[str, list[int]] = {}
+
+
+def _release(release: str) -> None:
+    held = _HELD[release]
+    held[1] -= 1
+    if held[1] == 0:
+        del _HELD[release]
+        os.close(held[0])
 
 
 def copy_host_files(root: str) -> None:

@@ -4,7 +4,8 @@ Off unless asked for. The runtime's creates come from its log (podevents.CreateF
 the runtime itself never serves or counts anything); the rest is read from the agent's state
 when Prometheus scrapes:
 
-    gpuhook_container_creates_total{decision,vendor}   creates seen in the runtime's log
+    gpuhook_container_creates_total{decision,vendor,front}   creates seen in the runtime's log
+                                                       (front: nri, or wrapper: gpuhook.log.front_of)
     gpuhook_create_duration_seconds{decision}          histogram of the runtime's own time per create
     gpuhook_devices{vendor}                            devices the last probe found
     gpuhook_vendor_unusable{vendor}                    1: devices there, userspace missing
@@ -43,7 +44,7 @@ class Metrics:
         self.creates = Counter(
             "gpuhook_container_creates",
             "Container creates gpuhook-runtime logged",
-            ["decision", "vendor"],
+            ["decision", "vendor", "front"],
             registry=self.registry,
         )
         self.duration = Histogram(
@@ -58,10 +59,12 @@ class Metrics:
         self.address = None
 
     def handle(self, rec: dict) -> None:
+        from ..log import front_of
+
         decision = str(rec.get("decision") or "unknown")[:32]
         vendors: list = rec["vendors"] if isinstance(rec.get("vendors"), list) else []
         vendor = ",".join(str(v)[:16] for v in vendors[:5]) or "none"
-        self.creates.labels(decision, vendor).inc()
+        self.creates.labels(decision, vendor, front_of(rec)).inc()
         ms = rec.get("duration_ms")
         if isinstance(ms, (int, float)) and not isinstance(ms, bool) and 0 <= ms < 3.6e6:
             self.duration.labels(decision).observe(ms / 1000)

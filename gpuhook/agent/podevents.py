@@ -78,6 +78,8 @@ def event_for(rec: dict) -> tuple[str, str, str, str | None] | None:
         return None
     ctr = rec.get("container_name")
     where = f"container {ctr}" if isinstance(ctr, str) and ctr else "a container"
+    if rec.get("front") == "nri":  # the NRI plugin's create (gpuhook nri); the wrapper's say nothing
+        where += " (through NRI)"
     if decision == HOOK_DECISION:  # the label stays as the create set it
         from ..hook import DESCRIPTION, LDCACHE
 

@@ -326,6 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     for group in (install, config, cdi, agent, log):
         group.add_commands(sub)
+    from ..nri import plugin as nri_plugin
+
+    nri_plugin.add_command(sub)
     return p
 
 

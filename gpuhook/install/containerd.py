@@ -21,6 +21,8 @@ none, the stock `runc` handler is written next to ours so the node keeps its def
 
 from __future__ import annotations
 
+from ..defaults import RUNTIME_HANDLER
+
 import copy
 import glob
 import os
@@ -30,7 +32,7 @@ from tomlkit.exceptions import TOMLKitError
 
 from . import InstallError
 
-HANDLER = "gpu-optional"
+HANDLER = RUNTIME_HANDLER
 ANNOTATIONS = ["gpuhook.dev/*"]
 RUNC_V2 = "io.containerd.runc.v2"
 CRI_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}

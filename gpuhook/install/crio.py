@@ -15,7 +15,9 @@ is one unlink.
 
 from __future__ import annotations
 
-HANDLER = "gpu-optional"
+from ..defaults import RUNTIME_HANDLER
+
+HANDLER = RUNTIME_HANDLER
 DROPIN = "/etc/crio/crio.conf.d/99-gpuhook.toml"
 RUNTIME_ROOT = "/run/gpuhook-runc"
 MARK = "# Written by `gpuhook install`"

@@ -140,8 +140,9 @@ def test_log_command(tmp_path):
     r = gpuhook("log", "--file", str(p), "-n", "3")
     assert r.returncode == 0, r.stderr
     rows = r.stdout.splitlines()
-    assert rows[0].split() == ["TIME", "CONTAINER", "POD", "DECISION", "VENDORS", "NODES", "MOUNTS", "MS", "ERROR"]
-    assert [row.split()[3] for row in rows[1:]] == ["sandbox", "error", "injected"]
+    assert rows[0].split() == ["TIME", "CONTAINER", "POD", "FRONT", "DECISION", "VENDORS", "NODES", "MOUNTS", "MS",
+                               "ERROR"]
+    assert [row.split()[4] for row in rows[1:]] == ["sandbox", "error", "injected"]
     assert [row.split()[2] for row in rows[1:]] == ["-", "-", "ml/trainer-0:worker"]
     assert cid[:15] + "…" in r.stdout and cid not in r.stdout  # long ids shortened
     assert r.stderr == ""  # the garbage is further back than the last 3
@@ -211,3 +212,12 @@ def test_a_pod_cannot_bloat_the_node_log(tmp_path):
     assert len(line["error"]) == 1000
     assert len(line["warnings"]) == 20 and all(len(w) == 500 for w in line["warnings"])
     assert line["warnings"][0].startswith("w0:") and len(lines[0]) < 16_000
+
+
+def test_the_table_says_which_front_made_each_create(tmp_path):
+    p = tmp_path / "gpuhook.log"
+    nri_line = json.dumps({**json.loads(rec(2)), "front": "nri"})
+    p.write_text("\n".join([rec(1), nri_line]) + "\n")
+    records, _ = log.tail_records(str(p), 10)
+    header, wrapper, nri = (line.split() for line in log.format_records(records, wide=True).splitlines())
+    assert header[3] == "FRONT" and (wrapper[3], nri[3]) == ("wrapper", "nri")

@@ -276,9 +276,9 @@ def test_cri_creates_become_pod_events_and_metrics(make_host, runtime, container
         # the sandboxes went through the handler too: counted, but no Event (on the CPU-only
         # host the front logs the sandbox as no-gpu: it reads no spec)
         after = urllib.request.urlopen(url, timeout=5).read().decode()
-        assert 'gpuhook_container_creates_total{decision="injected",vendor="nvidia"} 1.0' in after
-        assert 'gpuhook_container_creates_total{decision="no-gpu",vendor="none"} 2.0' in after
-        assert 'gpuhook_container_creates_total{decision="sandbox",vendor="none"} 1.0' in after
+        assert 'gpuhook_container_creates_total{decision="injected",front="wrapper",vendor="nvidia"} 1.0' in after
+        assert 'gpuhook_container_creates_total{decision="no-gpu",front="wrapper",vendor="none"} 2.0' in after
+        assert 'gpuhook_container_creates_total{decision="sandbox",front="wrapper",vendor="none"} 1.0' in after
         assert len(api.pod_events()) == 2
         assert 'gpuhook_create_duration_seconds_count{decision="injected"} 1.0' in after
         assert "gpuhook_runtime_installed 1.0" in after and "gpuhook_last_probe_timestamp_seconds" in after
@@ -323,12 +323,12 @@ def test_metrics_endpoint_counts_creates(tmp_path, make_host):
             for i in range(3):
                 f.write(json.dumps(create(duration_ms=30 + i)) + "\n")
             f.write(json.dumps(create("no-gpu")) + "\n")
-        want = 'gpuhook_container_creates_total{decision="injected",vendor="nvidia"} 3.0'
+        want = 'gpuhook_container_creates_total{decision="injected",front="wrapper",vendor="nvidia"} 3.0'
         while want not in scrape():
             assert time.monotonic() < deadline, scrape()
             time.sleep(0.1)
         out = scrape()
-        assert 'gpuhook_container_creates_total{decision="no-gpu",vendor="none"} 1.0' in out
+        assert 'gpuhook_container_creates_total{decision="no-gpu",front="wrapper",vendor="none"} 1.0' in out
         assert 'gpuhook_create_duration_seconds_bucket{decision="injected",le="0.05"} 3.0' in out
         assert "gpuhook_probe_errors_total 0.0" in out
     finally:
@@ -415,3 +415,20 @@ def test_the_agent_posts_only_gpuhooks_own_reasons():
         client.post_pod_event("ml", "p", "u", "c", "BackOff", "x")
     with pytest.raises(ValueError, match="not one of gpuhook's"):
         client.post_event("GPUsInjected", "a pod's reason on the Node")
+
+
+def test_an_event_says_when_the_nri_plugin_made_the_create():
+    reason, _type, msg, label = podevents.event_for(create(front="nri"))
+    assert reason == "GPUsInjected" and msg.startswith("container app (through NRI) got 2 GPU device(s)") and label
+    assert "NRI" not in podevents.event_for(create())[2]
+    assert podevents.event_for(create("no-gpu", front="nri"))[2].startswith("container app (through NRI)")
+
+
+def test_the_creates_metric_says_which_front_made_each_create():
+    from gpuhook.agent.metrics import Metrics
+
+    m = Metrics(agent=None)
+    m.handle(create(front="nri"))
+    m.handle(create())
+    value = m.creates.labels("injected", "nvidia", "nri")._value.get()
+    assert (value, m.creates.labels("injected", "nvidia", "wrapper")._value.get()) == (1.0, 1.0)

@@ -1,0 +1,324 @@
+"""`gpuhook nri`: gpuhook as an NRI plugin (containerd 2.x, CRI-O), beside the runtime wrapper.
+
+It connects to the runtime's NRI socket, registers (RegisterPlugin), subscribes to
+CreateContainer alone (Configure), answers Synchronize with no updates, and for each
+container of a pod whose runtime handler is the node config's `nri_runtime_handler` returns
+the adjustment of exactly the edits the wrapper would write into config.json: the same
+request (request_from_nri, as request_from_spec reads a spec), the same planner, one
+conversion (adjustment). Other pods get an empty adjustment. It never answers a
+CreateContainer with an error (an error reply fails the create): any fault is an empty
+adjustment and one node log line with "front": "nri". When the connection ends (the
+runtime restarted, or closed the plugin after a timeout) it connects again.
+
+Protobuf modules nri_api_pb2 and nri_ttrpc_pb2 are generated from nri_api.proto (NRI 0.8's
+api.proto) and nri_ttrpc.proto beside this file (regen.py); wire.py is the framing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+import time
+from typing import Any
+
+from . import wire
+
+DEFAULT_SOCKET = "/var/run/nri/nri.sock"  # NRI's api.DefaultSocketPath
+DEFAULT_NAME = "gpuhook"
+DEFAULT_INDEX = "10"  # plugins run in index order; two digits (api.CheckPluginIndex)
+# The container's rootfs as containerd's runc shim mounts it (containerd's default state dir,
+# CRI's namespace): NRI does not say where the rootfs will be, and the ld-cache hook needs it.
+ROOTFS_TEMPLATE = "/run/containerd/io.containerd.runtime.v2.task/k8s.io/{id}/rootfs"
+SERVICE = "nri.pkg.api.v1alpha1.Plugin"
+RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
+CREATE_CONTAINER = 4  # api.Event CREATE_CONTAINER
+UNIMPLEMENTED = 12  # gRPC code
+FRONT = "nri"  # the node log's "front" of a create made here
+
+
+def event_mask(*events: int) -> int:
+    """NRI's EventMask: bit (event - 1) for each event (api/event.go)."""
+    mask = 0
+    for e in events:
+        mask |= 1 << (e - 1)
+    return mask
+
+
+# -- from NRI's messages to gpuhook's ------------------------------------------------------
+
+
+def request_from_nri(container, rootfs: str | None):
+    """The planner's Request for an NRI Container, field for field as request_from_spec
+    reads config.json: env, annotations, the device nodes and mount destinations it already
+    has, whether it has a user namespace of its own."""
+    from ..plan import Request
+
+    env = {}
+    for item in container.env:
+        k, _, v = item.partition("=")
+        env[k] = v
+    devices = {}
+    for d in container.linux.devices:
+        devices[d.path] = (d.type if d.type in ("c", "b", "u") else "c", d.major, d.minor)
+    mounts = tuple(m.destination for m in container.mounts)
+    userns = any(n.type == "user" for n in container.linux.namespaces)
+    return Request(env, dict(container.annotations), rootfs, devices, mounts, userns)
+
+
+def adjustment(edits, container, pb):
+    """The ContainerAdjustment of `edits`, less what `container` already has (a device path,
+    a mount destination, the same KEY=value): NRI fails a create when two plugins adjust the
+    same thing, and a device plugin's CDI devices come as the container's own. Returns
+    (adjustment, what was left out for lack of an NRI field)."""
+    adj = pb.ContainerAdjustment()
+    have_env = set(container.env)
+    for item in edits.env:
+        if item not in have_env:
+            key, _, value = item.partition("=")
+            adj.env.append(pb.KeyValue(key=key, value=value))
+    have_dev = {d.path for d in container.linux.devices}
+    for n in edits.device_nodes:
+        if n.path in have_dev:
+            continue
+        dev = adj.linux.devices.add(path=n.path, type=n.type, major=n.major, minor=n.minor)
+        if n.file_mode is not None:
+            dev.file_mode.value = n.file_mode
+        if n.uid is not None:
+            dev.uid.value = n.uid
+        if n.gid is not None:
+            dev.gid.value = n.gid
+    have_mnt = {m.destination for m in container.mounts}
+    for m in edits.mounts:
+        if m.container_path not in have_mnt:
+            adj.mounts.add(destination=m.container_path, type=m.type, source=m.host_path, options=list(m.options))
+            have_mnt.add(m.container_path)
+    stages = {
+        "createContainer": adj.hooks.create_container,
+        "prestart": adj.hooks.prestart,
+        "createRuntime": adj.hooks.create_runtime,
+        "startContainer": adj.hooks.start_container,
+        "poststart": adj.hooks.poststart,
+        "poststop": adj.hooks.poststop,
+    }
+    left_out = []
+    for h in edits.hooks:
+        stage = stages.get(h.hook_name)
+        if stage is None:
+            left_out.append(f"hook {h.hook_name}")
+            continue
+        hook = stage.add(path=h.path, args=list(h.args), env=list(h.env))
+        if h.timeout is not None:
+            hook.timeout.value = h.timeout
+    if edits.additional_gids:  # NRI 0.8's adjustment has no additionalGids
+        left_out.append("additional gids " + ",".join(map(str, edits.additional_gids)))
+    return adj, left_out
+
+
+# -- the plugin -----------------------------------------------------------------------------
+
+
+class Plugin:
+    def __init__(
+        self,
+        socket_path: str = DEFAULT_SOCKET,
+        name: str = DEFAULT_NAME,
+        index: str = DEFAULT_INDEX,
+        rootfs_template: str = ROOTFS_TEMPLATE,
+        log=None,
+    ) -> None:
+        from . import nri_api_pb2, nri_ttrpc_pb2
+
+        self.pb: Any = nri_api_pb2  # protoc's modules: their classes are made at import
+        self.tt: Any = nri_ttrpc_pb2
+        self.socket_path, self.name, self.index = socket_path, name, index
+        self.rootfs_template = rootfs_template
+        self.say = log or (lambda msg: print(f"gpuhook nri: {msg}", file=sys.stderr, flush=True))
+        self.runtime = ""
+        self.sock: socket.socket | None = None
+
+    # -- the connection ----------------------------------------------------------------------
+    def run_forever(self, retry: float = 1.0) -> None:
+        """Connect, serve until the connection ends, connect again."""
+        while True:
+            try:
+                self.serve_once()
+            except (OSError, wire.WireError) as e:
+                self.say(f"connection to {self.socket_path} ended: {e}; connecting again in {retry:g}s")
+            time.sleep(retry)
+
+    def serve_once(self) -> None:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            s.connect(self.socket_path)
+            self.sock = s
+            self.serve(s)
+        finally:
+            self.sock = None
+            s.close()
+
+    def serve(self, s: socket.socket) -> None:
+        """Register, then answer the runtime's requests until it closes the connection."""
+        register = self.pb.RegisterPluginRequest(plugin_name=self.name, plugin_idx=self.index)
+        req = self.tt.Request(service=RUNTIME_SERVICE, method="RegisterPlugin", payload=register.SerializeToString())
+        s.sendall(wire.encode(wire.RUNTIME_CONN, 1, wire.REQUEST, wire.FLAG_REMOTE_CLOSED, req.SerializeToString()))
+        decoder = wire.Decoder()
+        while True:
+            data = s.recv(1 << 16)
+            if not data:
+                raise OSError("closed by the runtime")
+            for msg in decoder.feed(data):
+                if msg.conn == wire.RUNTIME_CONN and msg.type == wire.RESPONSE:
+                    resp = self.tt.Response.FromString(msg.payload)
+                    if resp.status.code:
+                        raise OSError(f"RegisterPlugin refused: {resp.status.message} (code {resp.status.code})")
+                    self.say(f"registered as {self.index}-{self.name} on {self.socket_path}")
+                elif msg.conn == wire.PLUGIN_CONN and msg.type == wire.REQUEST:
+                    reply, done = self.dispatch(msg.payload)
+                    s.sendall(wire.encode(wire.PLUGIN_CONN, msg.stream, wire.RESPONSE, 0, reply))
+                    if done:
+                        return
+
+    def dispatch(self, payload: bytes) -> tuple[bytes, bool]:
+        """One request of the runtime's: (the serialized ttrpc.Response, whether to close)."""
+        pb, tt = self.pb, self.tt
+        req = tt.Request.FromString(payload)
+        done = False
+        if req.service != SERVICE:
+            out = tt.Response(status=tt.Status(code=UNIMPLEMENTED, message=f"no service {req.service}"))
+        elif req.method == "Configure":
+            conf = pb.ConfigureRequest.FromString(req.payload)
+            self.runtime = conf.runtime_name
+            self.say(f"configured by {conf.runtime_name} {conf.runtime_version}")
+            out = tt.Response(payload=pb.ConfigureResponse(events=event_mask(CREATE_CONTAINER)).SerializeToString())
+        elif req.method == "Synchronize":
+            sync = pb.SynchronizeRequest.FromString(req.payload)
+            out = tt.Response(payload=pb.SynchronizeResponse(more=sync.more).SerializeToString())
+        elif req.method == "CreateContainer":
+            out = tt.Response(payload=self.create_container(req.payload).SerializeToString())
+        elif req.method in ("Shutdown", "StateChange"):
+            out = tt.Response(payload=pb.Empty().SerializeToString())
+            done = req.method == "Shutdown"
+        else:  # not subscribed to: never sent
+            out = tt.Response(status=tt.Status(code=UNIMPLEMENTED, message=f"{req.method} not handled"))
+        return out.SerializeToString(), done
+
+    # -- CreateContainer -----------------------------------------------------------------------
+    def create_container(self, payload: bytes):
+        """The CreateContainerResponse: never an error, whatever happens."""
+        pb = self.pb
+        started = time.monotonic()
+        record: dict = {"front": FRONT}
+        config = None
+        try:
+            from ..config import load
+
+            config, _errors = load()
+            req = pb.CreateContainerRequest.FromString(payload)
+            record["container_id"] = req.container.id
+            if req.pod.runtime_handler != config.nri_runtime_handler:
+                return pb.CreateContainerResponse()  # another handler's pod: no line, as no wrapper ran
+            adj = self.adjust(req, config, record)
+            return pb.CreateContainerResponse(adjust=adj)
+        except Exception as e:  # fail open, always: an error reply would fail the create
+            record["decision"] = "error"
+            record["error"] = f"{type(e).__name__}: {e}"[:1000]
+            return pb.CreateContainerResponse()
+        finally:
+            if "decision" in record:
+                self.log(config, record, started)
+
+    def adjust(self, req, config, record: dict):
+        from ..config import cache_dir
+        from ..plan import find_ldconfig, plan
+        from ..plan.policy import pod_of
+        from ..probe.cache import probe_cached
+
+        pb = self.pb
+        rootfs = self.rootfs_template.format(id=req.container.id) if self.rootfs_template else None
+        request = request_from_nri(req.container, rootfs)
+        record.update(pod_of(request.annotations))
+        if request.is_sandbox:
+            record["decision"] = "sandbox"
+            return pb.ContainerAdjustment()
+        inventory = probe_cached(config.host_root, cache_dir(), config.probe_cache_ttl, config.nvidia_driver_root)
+        warnings = list(inventory.warnings)
+        explain: dict = {}
+        edits = plan(
+            inventory, request, config.ldconfig or find_ldconfig(), config, cache_dir(), warnings, explain=explain
+        )
+        if not edits:
+            record["decision"] = "no-gpu" if not inventory.vendors else "declined"
+            if explain.get("reason"):
+                record["reason"] = explain["reason"]
+            if warnings:
+                record["warnings"] = [str(w)[:500] for w in warnings[:20]]
+            return pb.ContainerAdjustment()
+        adj, left_out = adjustment(edits, req.container, pb)
+        warnings += [f"not adjustable through NRI: {x}" for x in left_out]
+        record.update(
+            decision="injected",
+            vendors=list(explain.get("vendors", ())),
+            nodes=[d.path for d in adj.linux.devices],
+            mounts=[m.destination for m in adj.mounts],
+            hooks=len(adj.hooks.create_container),
+            env=[f"{kv.key}={kv.value}" for kv in adj.env],
+        )
+        if explain.get("devices"):
+            record["devices"] = explain["devices"][:256]
+        if warnings:
+            record["warnings"] = [str(w)[:500] for w in warnings[:20]]
+        return adj
+
+    def log(self, config, record: dict, started: float) -> None:
+        """One node log line per create this front decided on (the wrapper's line, with "front")."""
+        try:
+            from .. import fastjson
+            from ..runtime import append_line, utc_now
+
+            log_file = config.log_file if config is not None else None
+            if config is None:
+                from ..config import Config
+
+                log_file = Config().log_file
+            line = {
+                "time": utc_now(),
+                "event": "create",
+                **record,
+                "duration_ms": round((time.monotonic() - started) * 1000, 2),
+            }
+            if log_file:
+                append_line(log_file, fastjson.dumps(line))
+        except Exception as e:  # the log is best effort; the answer is not
+            self.say(f"cannot write the node log: {type(e).__name__}: {e}")
+
+
+def add_command(sub) -> None:
+    sp = sub.add_parser("nri", help="run as an NRI plugin (containerd 2.x, CRI-O): no runtime wrapper")
+    sp.add_argument("--socket", default=DEFAULT_SOCKET, help=f"the runtime's NRI socket (default {DEFAULT_SOCKET})")
+    sp.add_argument("--name", default=DEFAULT_NAME, help=f"the plugin's name (default {DEFAULT_NAME})")
+    sp.add_argument("--index", default=DEFAULT_INDEX, help=f"its two-digit index (default {DEFAULT_INDEX})")
+    sp.add_argument(
+        "--rootfs-template",
+        default=ROOTFS_TEMPLATE,
+        help="where the runtime mounts a container's rootfs, {id} its id, for the ld-cache hook "
+        f"(default: containerd's, {ROOTFS_TEMPLATE}; '' for no hook)",
+    )
+    sp.set_defaults(func=cmd_nri)
+
+
+def cmd_nri(args: argparse.Namespace) -> int:
+    from ..cli.args import UsageError
+
+    if len(args.index) != 2 or not args.index.isdigit():
+        raise UsageError(f"--index must be two digits, got {args.index!r}")
+    if not args.name or "/" in args.name:
+        raise UsageError(f"--name must be a non-empty name without '/', got {args.name!r}")
+    if args.rootfs_template and ("{id}" not in args.rootfs_template or not args.rootfs_template.startswith("/")):
+        raise UsageError("--rootfs-template must be an absolute path with {id} in it, or ''")
+    plugin = Plugin(args.socket, args.name, args.index, args.rootfs_template)
+    try:
+        plugin.run_forever()
+    except KeyboardInterrupt:
+        return 0
+    return 0

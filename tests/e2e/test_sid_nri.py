@@ -1,0 +1,248 @@
+"""`gpuhook nri` against the real containerd 2.x of the Debian sid root (NRI on by default
+there): the gpu-optional handler a plain runc handler (no BinaryName, no wrapper anywhere),
+the plugin the only thing that gives its pods their GPUs.
+
+The plugin runs on this machine from the checkout; containerd's NRI socket is put in the
+test's tmp dir (visible at the same path inside the root), so that the plugin reaches the
+containerd of a restart too (each start of the root's containerd has a mount namespace, and
+a /run, of its own). Its ld-cache hook and the fake GPU host are under paths visible inside.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, is_root, nodes_of, requires
+from containerd_harness import IMAGE_NAME, Containerd, leftovers
+from test_sid_runtimes import HANDLER, operator_config
+from test_sid_runtimes import node, sid_root  # noqa: F401 (fixtures)
+
+pytestmark = requires(is_root(), "needs root (debootstrap, mounts, pivot_root)")
+
+
+def nri_config(root: str, ctd: Containerd, socket_path: str) -> bytes:
+    """The operator config with gpu-optional as a plain runc handler (runc's own entry,
+    copied: no BinaryName) and NRI's socket at `socket_path` (NRI itself is on by default)."""
+    import tomlkit
+
+    doc = tomlkit.parse(operator_config(root, ctd).decode())
+    runtimes = doc["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]
+    runtimes[HANDLER] = tomlkit.parse(tomlkit.dumps({"x": runtimes["runc"]}))["x"]
+    assert runtimes[HANDLER].get("options", {}).get("BinaryName", "") == ""  # runc itself
+    nri = doc["plugins"]["io.containerd.nri.v1.nri"]
+    assert nri["disable"] is False, "containerd 2.x has NRI on by default"
+    nri["socket_path"] = socket_path
+    return tomlkit.dumps(doc).encode()
+
+
+class NRIPlugin:
+    """`python -m gpuhook nri` from the checkout, with the test's node config."""
+
+    def __init__(self, env: dict, socket_path: str, rootfs_template: str, log: str) -> None:
+        self.argv = [sys.executable, "-m", "gpuhook", "nri", "--socket", socket_path,
+                     "--rootfs-template", rootfs_template]
+        self.env = {**env, "PYTHONPATH": REPO}
+        self.log = log
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.out = open(self.log, "ab")
+        self.proc = subprocess.Popen(self.argv, env=self.env, stdin=subprocess.DEVNULL, stdout=self.out,
+                                     stderr=subprocess.STDOUT, cwd=REPO)
+
+    def said(self) -> str:
+        with open(self.log, errors="replace") as f:
+            return f.read()
+
+    def wait_registered(self, count: int = 1, timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        while self.said().count("configured by containerd") < count:
+            assert self.proc and self.proc.poll() is None, self.said()
+            assert time.monotonic() < deadline, "the plugin was not configured:\n" + self.said()
+            time.sleep(0.1)
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+
+@pytest.fixture
+def nri_node(request, node, tmp_path,  # noqa: F811 (test_sid_runtimes' fixture)
+             busybox_image_tar, cri_stubs, make_host, runtime):
+    """(ctd, client, kubelet, rt, plugin, host): containerd 2.x on the NRI config, the plugin
+    connected. A test that asks for real_bundle also gets gpuhook's CDI specs in the root."""
+    import cri_client
+    from test_e2e_cri import Kubelet
+    from test_sid_runtimes import cdi_spec_for
+
+    ctd = Containerd(str(tmp_path / "ctd"), cri=True, debian_root=node, visible=(str(tmp_path), REPO),
+                     config_path=os.path.join(node, "etc/containerd/config.toml"))
+    sock = str(tmp_path / "nri" / "nri.sock")
+    os.makedirs(os.path.dirname(ctd.config_path), exist_ok=True)
+    with open(ctd.config_path, "wb") as f:
+        f.write(nri_config(node, ctd, sock))
+    host = make_host("nvidia", mknod=True)
+    if "real_bundle" in request.fixturenames:
+        bundle = request.getfixturevalue("real_bundle")
+        cdi_spec_for(node, host, bundle)
+        ctd.visible += (bundle,)  # the spec's hook
+    rt = runtime(host, ldconfig="/sbin/ldconfig")
+    plugin = NRIPlugin({k: v for k, v in rt.env.items()}, sock,
+                       os.path.join(ctd.state, "io.containerd.runtime.v2.task", "k8s.io", "{id}", "rootfs"),
+                       str(tmp_path / "plugin.out"))
+    ctd.start(write_config=False)
+    try:
+        ctd.import_image(busybox_image_tar, "k8s.io")
+        client = cri_client.CRIClient(ctd.address, cri_stubs)
+        ctd.before_stop(client.close)
+        ctd.before_stop(client.remove_all)
+        client.wait_image(IMAGE_NAME)
+        plugin.start()
+        plugin.wait_registered()
+        yield ctd, client, Kubelet(ctd, client, tmp_path), rt, plugin, host
+    finally:
+        plugin.kill()
+        forced = ctd.cleanup()
+        assert not leftovers(ctd), leftovers(ctd)
+        assert not [f for f in forced if not f.startswith("shim ")], forced
+
+
+def nri_records(rt, cid: str) -> list[dict]:
+    return [r for r in rt.log_records() if r.get("container_id") == cid]
+
+
+def test_a_gpu_optional_pod_gets_its_gpus_through_nri_and_a_runc_pod_nothing(nri_node):
+    from test_e2e_cri import SHOW
+
+    ctd, client, k, rt, plugin, _host = nri_node
+    assert client.version().runtime_version.lstrip("v").startswith("2."), client.version()
+    pod_id, pod_config = k.run_pod("nri-gpu")
+    status, out = k.run_to_completion(pod_id, pod_config, "app", SHOW)
+    assert status.exit_code == 0, out
+    nodes = nodes_of(out)
+    assert {p: nodes[p] for p in nodes if p[len("/dev/nvidia"):].isdigit()} == \
+        {f"/dev/nvidia{m}": (195, m) for m in range(8)}, out
+    assert nodes["/dev/nvidiactl"] == (195, 255)
+    assert "open: cat: can't open '/dev/nvidia0': No such device or address" in out  # the cgroup rule
+    assert "accel=nvidia" in out
+    assert "ldcache-none" not in out and int(out.strip().splitlines()[-1]) >= 1, out  # libcuda in its ld cache
+    rec = nri_records(rt, status.id)
+    assert [(r["decision"], r["front"]) for r in rec] == [("injected", "nri")], rec
+    assert nri_records(rt, pod_id) == []  # NRI never creates the pause container through CreateContainer
+
+    # ExecSync: NRI edited the spec containerd keeps, so exec sees the env with no record
+    sleeper = client.create_container(pod_id, pod_config, "sleeper", IMAGE_NAME, command=["sleep", "600"],
+                                      log_path="sleeper/0.log")
+    client.start_container(sleeper)
+    r = client.exec_sync(sleeper, ["sh", "-c", "env | grep ^GPUHOOK_ | sort"])
+    assert r.exit_code == 0, r
+    env = r.stdout.decode().split()
+    assert "GPUHOOK_ACCELERATOR=nvidia" in env and any(e.startswith("GPUHOOK_DEVICES=nvidia:GPU-") for e in env), env
+
+    # a plain runc pod on the same containerd is left alone
+    plain_id, plain_config = k.run_pod("nri-plain", handler="runc")
+    status, out = k.run_to_completion(plain_id, plain_config, "app", SHOW)
+    assert status.exit_code == 0, out
+    assert nodes_of(out) == {} and "accel=none" in out and "GPUHOOK_" not in out, out
+    assert nri_records(rt, status.id) == []
+
+
+def test_a_cpu_only_node_gives_nothing_through_nri(nri_node, make_host, tmp_path):
+    from test_e2e_cri import SHOW
+
+    ctd, client, k, rt, plugin, _host = nri_node
+    cpu = make_host("cpu", mknod=True)  # the node config now points at a host without GPUs
+    text = open(rt.config).read().replace(_host, cpu)
+    with open(rt.config, "w") as f:
+        f.write(text)
+    pod_id, pod_config = k.run_pod("nri-cpu")
+    status, out = k.run_to_completion(pod_id, pod_config, "app", SHOW)
+    assert status.exit_code == 0, out
+    assert nodes_of(out) == {} and "accel=none" in out and "GPUHOOK_" not in out, out
+    assert [(r["decision"], r["front"]) for r in nri_records(rt, status.id)] == [("no-gpu", "nri")]
+
+
+def test_pods_start_without_the_plugin_and_it_serves_again_after_restarts(nri_node):
+    from test_e2e_cri import SHOW
+
+    ctd, client, k, rt, plugin, _host = nri_node
+    pod_id, pod_config = k.run_pod("nri-restarts")
+    plugin.kill()
+    status, out = k.run_to_completion(pod_id, pod_config, "down", SHOW)
+    assert status.exit_code == 0, out  # the plugin down: the pod starts, without its GPUs
+    assert nodes_of(out) == {} and "accel=none" in out, out
+
+    plugin.start()  # restarted: it serves again
+    plugin.wait_registered(2)
+    status, out = k.run_to_completion(pod_id, pod_config, "again", SHOW)
+    assert status.exit_code == 0, out
+    assert nodes_of(out)["/dev/nvidia7"] == (195, 7) and "accel=nvidia" in out, out
+
+    pid = plugin.proc.pid if plugin.proc else None
+    ctd.restart()  # containerd restarted: the same plugin process connects to the new one by itself
+    client.wait_image(IMAGE_NAME)
+    plugin.wait_registered(3, timeout=30)
+    assert plugin.proc is not None and plugin.proc.poll() is None and plugin.proc.pid == pid
+    assert "ended: closed by the runtime; connecting again" in plugin.said()
+    # the pod's sandbox died with the old containerd's PID namespace (the harness's): a new pod
+    pod_id, pod_config = k.run_pod("nri-after-restart")
+    status, out = k.run_to_completion(pod_id, pod_config, "reconnected", SHOW)
+    assert status.exit_code == 0, out
+    assert nodes_of(out)["/dev/nvidia7"] == (195, 7) and "accel=nvidia" in out, out
+    assert [r["front"] for r in nri_records(rt, status.id)] == ["nri"]
+
+
+# a second NRI plugin: it adds an env variable and an annotation of its own to every container
+OTHER_PLUGIN = """
+import sys
+from gpuhook.nri import plugin
+
+class Other(plugin.Plugin):
+    def create_container(self, payload):
+        pb = self.pb
+        adj = pb.ContainerAdjustment(env=[pb.KeyValue(key="OTHER_PLUGIN", value="was-here")])
+        return pb.CreateContainerResponse(adjust=adj)
+
+Other(sys.argv[1], "other", "20", "").run_forever(retry=0.2)
+"""
+
+
+def test_a_cdi_pod_and_a_second_plugin_coexist_with_gpuhooks(nri_node, real_bundle, tmp_path):
+    """A container that already has the GPUs from CDI (a device plugin's way) is not adjusted
+    again and starts; another NRI plugin's adjustment lands beside gpuhook's."""
+    from test_e2e_cri import SHOW
+
+    ctd, client, k, rt, plugin, _host = nri_node
+    other = NRIPlugin(plugin.env, plugin.argv[plugin.argv.index("--socket") + 1], "", str(tmp_path / "other.out"))
+    other.argv = [sys.executable, "-c", OTHER_PLUGIN, other.argv[other.argv.index("--socket") + 1]]
+    other.start()
+    try:
+        other.wait_registered()
+        pod_id, pod_config = k.run_pod("nri-cdi")
+        cid = client.create_container(pod_id, pod_config, "app", IMAGE_NAME,
+                                      command=["sh", "-c", SHOW + "; echo other=$OTHER_PLUGIN"],
+                                      log_path="app/0.log", annotations={"cdi.k8s.io/gpuhook": "gpuhook.dev/gpu=all"})
+        client.start_container(cid)
+        status = client.wait_exited(cid, 30)
+        out = k.read_log(status.log_path)
+        assert status.exit_code == 0, out
+        nodes = nodes_of(out)
+        assert {p: nodes[p] for p in nodes if p[len("/dev/nvidia"):].isdigit()} == \
+            {f"/dev/nvidia{m}": (195, m) for m in range(8)}, out
+        assert "accel=nvidia" in out and "other=was-here" in out, out
+        (rec,) = nri_records(rt, cid)
+        assert rec["front"] == "nri" and not [n for n in rec.get("nodes", []) if n[len("/dev/nvidia"):].isdigit()], rec
+        # a pod with no CDI: both plugins' adjustments
+        status, out = k.run_to_completion(pod_id, pod_config, "both", SHOW + "; echo other=$OTHER_PLUGIN")
+        assert status.exit_code == 0, out
+        assert nodes_of(out)["/dev/nvidia7"] == (195, 7) and "accel=nvidia" in out and "other=was-here" in out, out
+    finally:
+        other.kill()

@@ -1,0 +1,325 @@
+"""gpuhook/nri: the checked-in protobuf modules are current, the framing (wire.py) over
+socketpairs, and the plugin's answers to a runtime side written here from NRI's protocol
+(the real containerd 2.x: tests/e2e/test_sid_nri.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+
+import pytest
+
+from gpuhook.nri import nri_api_pb2 as pb
+from gpuhook.nri import plugin as nri
+from gpuhook.nri import regen, wire
+from gpuhook.nri import nri_ttrpc_pb2 as tt
+from gpuhook.testing import fakehost
+
+
+def test_the_checked_in_protobuf_modules_are_what_protoc_makes_of_the_protos(tmp_path):
+    pytest.importorskip("grpc_tools")
+    regen.generate(str(tmp_path))
+    for name in regen.generated_names():
+        with open(os.path.join(regen.HERE, name), "rb") as have, open(tmp_path / name, "rb") as made:
+            assert have.read() == made.read(), f"gpuhook/nri/{name} is stale: run make nri-proto"
+
+
+# -- wire --------------------------------------------------------------------------------------
+
+
+def recv_messages(s: socket.socket, decoder: wire.Decoder, count: int) -> list[wire.Message]:
+    out: list[wire.Message] = []
+    while len(out) < count:
+        data = s.recv(1 << 16)
+        assert data, "closed early"
+        out += decoder.feed(data)
+    return out
+
+
+def test_messages_cross_a_socketpair_whole_on_their_connection():
+    a, b = socket.socketpair()
+    with a, b:
+        big = os.urandom(300_000)
+        data = (wire.encode(wire.PLUGIN_CONN, 1, wire.REQUEST, wire.FLAG_REMOTE_CLOSED, b"hello")
+                + wire.encode(wire.RUNTIME_CONN, 3, wire.RESPONSE, 0, big))
+        t = threading.Thread(target=a.sendall, args=(data,))  # more than a socketpair buffers
+        t.start()
+        got = recv_messages(b, wire.Decoder(), 2)
+        t.join()
+        assert [(m.conn, m.stream, m.type, m.flags, m.payload) for m in got] == [
+            (1, 1, wire.REQUEST, wire.FLAG_REMOTE_CLOSED, b"hello"), (2, 3, wire.RESPONSE, 0, big)]
+
+
+def test_a_message_fed_a_byte_at_a_time_and_split_over_frames_comes_out_once():
+    ttrpc = wire.TTRPC_HEADER.pack(6, 5, wire.RESPONSE, 0) + b"abcdef"
+    # the multiplexer may cut one logical write anywhere (a ttrpc header over two frames)
+    frames = b"".join(wire.MUX_HEADER.pack(wire.RUNTIME_CONN, len(c)) + c for c in (ttrpc[:4], ttrpc[4:12], ttrpc[12:]))
+    d = wire.Decoder()
+    out = []
+    for i in range(len(frames)):
+        out += d.feed(frames[i : i + 1])
+    assert [(m.conn, m.stream, m.payload) for m in out] == [(2, 5, b"abcdef")]
+
+
+def test_frames_of_a_connection_nobody_opened_are_dropped():
+    d = wire.Decoder()
+    stray = wire.encode(7, 1, wire.REQUEST, 0, b"x")
+    assert d.feed(stray + wire.encode(1, 1, wire.REQUEST, 0, b"y"))[0].payload == b"y"
+
+
+def test_oversized_frames_and_messages_are_protocol_errors():
+    with pytest.raises(wire.WireError, match="multiplexer frame"):
+        wire.Decoder().feed(wire.MUX_HEADER.pack(1, wire.MUX_MAX + 1))
+    with pytest.raises(wire.WireError, match="ttrpc message"):
+        wire.Decoder().feed(wire.MUX_HEADER.pack(1, 10) + wire.TTRPC_HEADER.pack(wire.TTRPC_MAX + 1, 1, 1, 0))
+    with pytest.raises(wire.WireError):
+        wire.encode(1, 1, wire.REQUEST, 0, bytes(wire.TTRPC_MAX + 1))
+
+
+def test_the_largest_message_goes_in_one_frame_of_the_multiplexers_largest_size():
+    data = wire.encode(1, 1, wire.REQUEST, 0, bytes(wire.TTRPC_MAX))
+    assert wire.MUX_HEADER.unpack_from(data) == (1, wire.MUX_MAX) and len(data) == wire.MUX_HEADER.size + wire.MUX_MAX
+    assert wire.Decoder().feed(data)[0].payload == bytes(wire.TTRPC_MAX)
+
+
+# -- the plugin, against a runtime side over a socketpair ------------------------------------
+
+
+class Runtime:
+    """The runtime's end of the plugin's socket: answers RegisterPlugin, calls the plugin."""
+
+    def __init__(self, s: socket.socket) -> None:
+        self.s, self.d, self.stream = s, wire.Decoder(), 1
+
+    def expect_registration(self) -> pb.RegisterPluginRequest:
+        (msg,) = recv_messages(self.s, self.d, 1)
+        assert (msg.conn, msg.type, msg.stream % 2, msg.flags) == (wire.RUNTIME_CONN, wire.REQUEST, 1,
+                                                                   wire.FLAG_REMOTE_CLOSED)
+        req = tt.Request.FromString(msg.payload)
+        assert (req.service, req.method) == (nri.RUNTIME_SERVICE, "RegisterPlugin")
+        self.s.sendall(wire.encode(wire.RUNTIME_CONN, msg.stream, wire.RESPONSE, 0,
+                                   tt.Response(payload=pb.Empty().SerializeToString()).SerializeToString()))
+        return pb.RegisterPluginRequest.FromString(req.payload)
+
+    def call(self, method: str, request, reply_type):
+        req = tt.Request(service=nri.SERVICE, method=method, payload=request.SerializeToString())
+        self.s.sendall(wire.encode(wire.PLUGIN_CONN, self.stream, wire.REQUEST, wire.FLAG_REMOTE_CLOSED,
+                                   req.SerializeToString()))
+        (msg,) = recv_messages(self.s, self.d, 1)
+        assert (msg.conn, msg.stream, msg.type) == (wire.PLUGIN_CONN, self.stream, wire.RESPONSE)
+        self.stream += 2
+        resp = tt.Response.FromString(msg.payload)
+        assert resp.status.code == 0, resp.status
+        return reply_type.FromString(resp.payload)
+
+
+@pytest.fixture
+def node(tmp_path, monkeypatch):
+    host = str(tmp_path / "host")
+    fakehost.build(host, "nvidia", mknod=False)
+    log = tmp_path / "gpuhook.log"
+    conf = tmp_path / "gpuhook.toml"
+    conf.write_text(f'host_root = "{host}"\nlog_file = "{log}"\nldconfig = "/sbin/ldconfig"\n')
+    monkeypatch.setenv("GPUHOOK_CONFIG", str(conf))
+    monkeypatch.setenv("GPUHOOK_CACHE_DIR", str(tmp_path / "cache"))
+    return conf, log
+
+
+@pytest.fixture
+def connected(node):
+    """(Runtime, the plugin's thread, its messages): registered and configured."""
+    a, b = socket.socketpair()
+    said: list[str] = []
+    plugin = nri.Plugin("unused", "gpuhook", "10", "/run/c/{id}/rootfs", log=said.append)
+    def serve():
+        with contextlib.suppress(OSError):  # the end of each test closes the socket
+            plugin.serve(a)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    b.settimeout(10)  # a plugin that stops answering fails the test, never hangs it
+    rt = Runtime(b)
+    reg = rt.expect_registration()
+    assert (reg.plugin_name, reg.plugin_idx) == ("gpuhook", "10")
+    conf = rt.call("Configure", pb.ConfigureRequest(runtime_name="containerd", runtime_version="v2.1.9",
+                                                    request_timeout=2000), pb.ConfigureResponse)
+    assert conf.events == 1 << (pb.CREATE_CONTAINER - 1) == nri.event_mask(nri.CREATE_CONTAINER)  # CreateContainer only
+    yield rt, t, said
+    a.close()
+    b.close()
+
+
+def create_request(handler: str = "gpu-optional", **container) -> pb.CreateContainerRequest:
+    ann = {"io.kubernetes.cri.container-type": "container", "io.kubernetes.cri.sandbox-namespace": "default",
+           "io.kubernetes.cri.sandbox-name": "p", "io.kubernetes.cri.container-name": "app",
+           "io.kubernetes.cri.sandbox-uid": "u-1"}
+    return pb.CreateContainerRequest(pod=pb.PodSandbox(id="pod1", name="p", namespace="default",
+                                                       runtime_handler=handler),
+                                     container=pb.Container(id="c1", pod_sandbox_id="pod1", name="app",
+                                                            annotations=ann, env=["PATH=/bin"], **container))
+
+
+def planned(req: pb.CreateContainerRequest):
+    """What the planner gives the container of `req` (the wrapper's edits for it)."""
+    from gpuhook.config import load
+    from gpuhook.plan import plan
+    from gpuhook.probe import probe
+
+    config, _ = load()
+    return plan(probe(config.host_root), nri.request_from_nri(req.container, "/run/c/c1/rootfs"), "/sbin/ldconfig",
+                config, os.environ["GPUHOOK_CACHE_DIR"], [])
+
+
+def records(log) -> list[dict]:
+    import json
+
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_registration_configure_and_synchronize(connected):
+    rt, _t, said = connected
+    sync = rt.call("Synchronize", pb.SynchronizeRequest(pods=[pb.PodSandbox(id="x")], more=True),
+                   pb.SynchronizeResponse)
+    assert sync.more and not sync.update
+    sync = rt.call("Synchronize", pb.SynchronizeRequest(more=False), pb.SynchronizeResponse)
+    assert not sync.more and not sync.update
+    assert any("configured by containerd v2.1.9" in s for s in said), said
+
+
+def test_a_gpu_optional_container_gets_the_planners_edits_as_its_adjustment(connected, node):
+    rt, _t, _said = connected
+    _conf, log = node
+    req = create_request()
+    adj = rt.call("CreateContainer", req, pb.CreateContainerResponse).adjust
+    edits = planned(req)
+    assert [d.path for d in adj.linux.devices] == [n.path for n in edits.device_nodes] and len(adj.linux.devices) > 8
+    assert [(d.major, d.minor) for d in adj.linux.devices] == [(n.major, n.minor) for n in edits.device_nodes]
+    assert [f"{e.key}={e.value}" for e in adj.env] == list(edits.env)
+    assert [m.destination for m in adj.mounts] == [m.container_path for m in edits.mounts]
+    assert [(h.path, list(h.args)) for h in adj.hooks.create_container] == \
+        [(h.path, list(h.args)) for h in edits.hooks] and "/run/c/c1/rootfs" in adj.hooks.create_container[0].args
+    (rec,) = records(log)
+    assert (rec["front"], rec["decision"], rec["container_id"], rec["pod_name"]) == ("nri", "injected", "c1", "p")
+
+
+def test_what_the_container_already_has_is_not_adjusted_again(connected):
+    rt, _t, _said = connected
+    full = rt.call("CreateContainer", create_request(), pb.CreateContainerResponse).adjust
+    dev0 = full.linux.devices[0]
+    mnt0 = full.mounts[0]
+    env0 = f"{full.env[0].key}={full.env[0].value}"
+    req = create_request(
+        linux=pb.LinuxContainer(devices=[pb.LinuxDevice(path=dev0.path, type="c", major=dev0.major, minor=dev0.minor)]),
+        mounts=[pb.Mount(destination=mnt0.destination, type="bind", source="/elsewhere")])
+    req.container.env.append(env0)
+    adj = rt.call("CreateContainer", req, pb.CreateContainerResponse).adjust
+    edits = planned(req)
+    assert dev0.path in [n.path for n in edits.device_nodes] and env0 in edits.env
+    assert mnt0.destination in [m.container_path for m in edits.mounts]
+    # the planner's edits, less what the container has
+    assert [d.path for d in adj.linux.devices] == [n.path for n in edits.device_nodes if n.path != dev0.path]
+    assert [m.destination for m in adj.mounts] == [m.container_path for m in edits.mounts
+                                                   if m.container_path != mnt0.destination]
+    assert [f"{e.key}={e.value}" for e in adj.env] == [e for e in edits.env if e != env0]
+
+
+def test_other_handlers_and_sandboxes_get_an_empty_adjustment(connected, node):
+    rt, _t, _said = connected
+    _conf, log = node
+    resp = rt.call("CreateContainer", create_request("runc"), pb.CreateContainerResponse)
+    assert resp == pb.CreateContainerResponse()
+    assert records(log) == []
+    req = create_request()
+    req.container.annotations["io.kubernetes.cri.container-type"] = "sandbox"
+    assert rt.call("CreateContainer", req, pb.CreateContainerResponse).adjust == pb.ContainerAdjustment()
+    assert [r["decision"] for r in records(log)] == ["sandbox"]
+
+
+def test_the_node_configs_handler_is_the_one_adjusted(connected, node):
+    rt, _t, _said = connected
+    conf, _log = node
+    with open(conf, "a") as f:
+        f.write('nri_runtime_handler = "gpu"\n')
+    assert rt.call("CreateContainer", create_request(), pb.CreateContainerResponse) == pb.CreateContainerResponse()
+    assert rt.call("CreateContainer", create_request("gpu"), pb.CreateContainerResponse).adjust.linux.devices
+
+
+def test_any_fault_is_an_empty_adjustment_and_one_log_line_never_an_error_reply(connected, node, monkeypatch):
+    import gpuhook.plan
+
+    rt, _t, _said = connected
+    _conf, log = node
+
+    def broken(*a, **k):
+        raise RuntimeError("the planner broke")
+
+    monkeypatch.setattr(gpuhook.plan, "plan", broken)
+    resp = rt.call("CreateContainer", create_request(), pb.CreateContainerResponse)  # status 0 (asserted by call)
+    assert resp == pb.CreateContainerResponse()
+    (rec,) = records(log)
+    assert (rec["front"], rec["decision"], rec["error"]) == ("nri", "error", "RuntimeError: the planner broke")
+    # a request that does not even parse: still an empty answer, not an error
+    req = tt.Request(service=nri.SERVICE, method="CreateContainer", payload=b"\xff\xff\xff")
+    out, done = nri.Plugin(log=lambda m: None).dispatch(req.SerializeToString())
+    assert tt.Response.FromString(out).status.code == 0 and not done
+    assert records(log)[-1]["decision"] == "error"
+
+
+def test_shutdown_ends_the_session_and_a_closed_socket_ends_it_too(connected):
+    rt, t, _said = connected
+    rt.call("Shutdown", pb.Empty(), pb.Empty)
+    t.join(5)
+    assert not t.is_alive()
+
+
+def test_the_plugin_connects_again_when_the_runtime_goes(tmp_path, node):
+    path = str(tmp_path / "nri.sock")
+    said: list[str] = []
+    plugin = nri.Plugin(path, log=said.append)
+    t = threading.Thread(target=plugin.run_forever, kwargs={"retry": 0.05}, daemon=True)
+    t.start()
+    for _round in range(2):  # a runtime, then the next one on the same path
+        srv = socket.socket(socket.AF_UNIX)
+        if os.path.exists(path):
+            os.unlink(path)
+        srv.bind(path)
+        srv.listen(1)
+        srv.settimeout(10)
+        conn, _ = srv.accept()
+        with conn:
+            assert Runtime(conn).expect_registration().plugin_name == "gpuhook"
+        srv.close()
+    assert any("connection to" in s and "ended" in s for s in said), said
+
+
+def test_the_cli_refuses_bad_arguments_in_one_line(capsys):
+    from gpuhook.cli import main
+
+    assert main(["nri", "--index", "1"]) == 2
+    assert capsys.readouterr().err.strip() == "gpuhook: --index must be two digits, got '1'"
+    assert main(["nri", "--rootfs-template", "relative/{id}"]) == 2
+    assert "--rootfs-template" in capsys.readouterr().err
+
+
+def test_what_an_adjustment_cannot_carry_is_said_and_hooks_keep_their_stage_and_timeout():
+    from gpuhook.edits import DeviceNode, Edits, Hook
+
+    edits = Edits(env=("A=1",), device_nodes=(DeviceNode("/dev/dri/renderD128", "c", 226, 128, file_mode=0o20660,
+                                                         gid=44),),
+                  hooks=(Hook("createContainer", "/h", ("h", "x"), ("PATH=/bin",), 30),), additional_gids=(44,))
+    adj, left_out = nri.adjustment(edits, pb.Container(), pb)
+    assert left_out == ["additional gids 44"]  # NRI 0.8 has no field for them
+    (d,) = adj.linux.devices
+    assert (d.path, d.major, d.minor, d.file_mode.value, d.gid.value) == ("/dev/dri/renderD128", 226, 128, 0o20660, 44)
+    (h,) = adj.hooks.create_container
+    assert (h.path, list(h.args), list(h.env), h.timeout.value) == ("/h", ["h", "x"], ["PATH=/bin"], 30)
+
+
+def test_no_rootfs_template_means_no_hook_and_the_rest_all_the_same(node):
+    req = create_request()
+    with_hook = nri.Plugin(log=lambda m: None).create_container(req.SerializeToString()).adjust
+    without = nri.Plugin(rootfs_template="", log=lambda m: None).create_container(req.SerializeToString()).adjust
+    assert with_hook.hooks.create_container and not without.hooks.create_container
+    assert without.linux.devices == with_hook.linux.devices and without.mounts == with_hook.mounts
