@@ -175,7 +175,8 @@ def ensure(release: str, include: tuple[str, ...], *, apt: tuple[str, ...] = (),
     or exclusive when the caller changes the root) until the block ends. Blocks of one process
     share its one shared hold (flock locks belong to an open file: a second lock of the same
     process on another would wait for the first forever), closed when the last ends."""
-    held = _HELD.get(release)
+    key = path_of(release)  # the root's place (a test may point CACHE elsewhere), not its name
+    held = _HELD.get(key)
     if held and not exclusive:
         why = stale_reason(release, include, must_have, apt)
         if why:
@@ -183,9 +184,9 @@ def ensure(release: str, include: tuple[str, ...], *, apt: tuple[str, ...] = (),
                                   "it cannot be rebuilt under itself")
         held[1] += 1
         try:
-            yield path_of(release)
+            yield key
         finally:
-            _release(release)
+            _release(key)
         return
     fd = _lock(release, fcntl.LOCK_EX)
     try:
@@ -206,22 +207,22 @@ def ensure(release: str, include: tuple[str, ...], *, apt: tuple[str, ...] = (),
             os.close(fd)
         return
     fcntl.flock(fd, fcntl.LOCK_SH)
-    _HELD[release] = [fd, 1]
+    _HELD[key] = [fd, 1]
     try:
-        yield path_of(release)
+        yield key
     finally:
-        _release(release)
+        _release(key)
 
 
 # release -> [fd, blocks]: the shared holds of this process (ensure)
-_HELD: dict[str, list[int]] = {}
+_HELD: dict[str, list[int]] = {}  # a root's path -> [the open file of its shared lock, holders]
 
 
-def _release(release: str) -> None:
-    held = _HELD[release]
+def _release(key: str) -> None:
+    held = _HELD[key]
     held[1] -= 1
     if held[1] == 0:
-        del _HELD[release]
+        del _HELD[key]
         os.close(held[0])
 
 
