@@ -72,6 +72,62 @@ def wrapper_path() -> str | None:
 REQUIRE_E2E = os.environ.get("GPUHOOK_REQUIRE_E2E") == "1"
 
 
+# a bundle's config.json for the runtime server's tests (a container with nothing of its own)
+SERVER_SPEC = {"ociVersion": "1.0.2", "root": {"path": "rootfs"}, "process": {"args": ["true"], "env": ["PATH=/bin"]},
+               "linux": {}}
+
+
+class ServerNode:
+    """For the runtime server's tests: a cache dir, a fake 8-GPU host, a node config whose
+    runtime records its argv (and fail_mode, unless None), a bundle; the front's Python is a
+    stand-in that leaves a mark."""
+
+    def __init__(self, tmp_path, make_host, fail_mode: str | None = None):
+        import json
+
+        self.tmp = tmp_path
+        self.cache = str(tmp_path / "cache")
+        self.host = make_host("nvidia", gpus=8)
+        self.log = str(tmp_path / "gpuhook.log")
+        self.argv_file = tmp_path / "runtime-argv"
+        rt = tmp_path / "runc"
+        rt.write_text(f'#!/bin/sh\nprintf "%s\\n" "$0" "$@" > {self.argv_file}\n')
+        rt.chmod(0o755)
+        self.config = tmp_path / "config.toml"
+        self.config.write_text(f'runtime = "{rt}"\nhost_root = "{self.host}"\nlog_file = "{self.log}"\n'
+                               + (f'fail_mode = "{fail_mode}"\n' if fail_mode is not None else ""))
+        self.mark = tmp_path / "python-ran"
+        py = tmp_path / "fake-python"
+        py.write_text(f'#!/bin/sh\necho "$@" > {self.mark}\n')
+        py.chmod(0o755)
+        self.fake_python = str(py)
+        self.bundle = tmp_path / "bundle"
+        self.bundle.mkdir()
+        (self.bundle / "config.json").write_text(json.dumps(SERVER_SPEC))
+        self.proc: subprocess.Popen | None = None
+
+    def env(self, **extra) -> dict:
+        return {"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(self.config), "GPUHOOK_CACHE_DIR": self.cache,
+                "GPUHOOK_PYTHON": self.fake_python, **extra}
+
+    def start_server(self, argv=None, **popen) -> subprocess.Popen:
+        """The server (`gpuhook runtime-server`, or argv) with the node's environment, but the
+        real Python: returned once its socket is there."""
+        from gpuhook.testing import runtime_server
+
+        env = self.env()
+        env.pop("GPUHOOK_PYTHON")
+        self.proc = runtime_server.start(argv or [sys.executable, "-m", "gpuhook", "runtime-server"], env,
+                                         cwd=self.tmp, **popen)
+        return self.proc
+
+    def front(self, *argv, binary=None, prefix=(), **env) -> subprocess.CompletedProcess:
+        """The installed front (or binary), after prefix, with the node's environment and env."""
+        if self.mark.exists():
+            self.mark.unlink()
+        return subprocess.run([*prefix, binary or wrapper_path(), *argv], env=self.env(**env), cwd=self.tmp,
+                              capture_output=True, text=True, timeout=30)
+
 def requires(ok: bool, reason: str):
     """skipif for end-to-end tests, except where they are required."""
     return pytest.mark.skipif(not ok and not REQUIRE_E2E, reason=reason)

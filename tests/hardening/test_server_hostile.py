@@ -22,13 +22,11 @@ import time
 
 import pytest
 
-from conftest import is_root, log_records, requires, wrapper_path
+from conftest import SERVER_SPEC, ServerNode, is_root, log_records, requires, wrapper_path
 from gpuhook.runtime import server
-from gpuhook.testing import runtime_server
 
 pytestmark = pytest.mark.skipif(wrapper_path() is None, reason="no installed gpuhook-runtime (make venv)")
-SPEC = {"ociVersion": "1.0.2", "root": {"path": "rootfs"}, "process": {"args": ["true"], "env": ["PATH=/bin"]},
-        "linux": {}}
+SPEC = SERVER_SPEC
 # the server, with a patch of the test's run first (argv[1])
 LAUNCH = ("import sys; exec(sys.argv.pop(1)); from gpuhook.cli import main; sys.exit(main(['runtime-server']))")
 # the fresh interpreter's create path, with a patch first
@@ -47,48 +45,15 @@ def _pause_at(name, test):
 """
 
 
-class Node:
-    """A cache dir, a fake host, a node config whose runtime records its argv, a bundle; the
-    front's Python is a stand-in that leaves a mark unless real_python."""
+class Node(ServerNode):
+    """ServerNode whose server runs a patch of the test's first (LAUNCH), paused or killed at will."""
 
     def __init__(self, tmp_path, make_host):
-        self.tmp = tmp_path
-        self.cache = str(tmp_path / "cache")
-        self.host = make_host("nvidia", gpus=8)
-        self.log = str(tmp_path / "gpuhook.log")
-        self.argv_file = tmp_path / "runtime-argv"
-        rt = tmp_path / "runc"
-        rt.write_text(f'#!/bin/sh\nprintf "%s\\n" "$0" "$@" > {self.argv_file}\n')
-        rt.chmod(0o755)
-        self.config = tmp_path / "config.toml"
-        self.config.write_text(f'runtime = "{rt}"\nhost_root = "{self.host}"\nlog_file = "{self.log}"\n')
-        self.mark = tmp_path / "python-ran"
-        py = tmp_path / "fake-python"
-        py.write_text(f'#!/bin/sh\necho "$@" > {self.mark}\n')
-        py.chmod(0o755)
-        self.fake_python = str(py)
-        self.bundle = tmp_path / "bundle"
-        self.bundle.mkdir()
-        (self.bundle / "config.json").write_text(json.dumps(SPEC))
+        super().__init__(tmp_path, make_host)
         self.paused = tmp_path / "paused"
-        self.proc: subprocess.Popen | None = None
 
-    def env(self, **extra) -> dict:
-        return {"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(self.config), "GPUHOOK_CACHE_DIR": self.cache,
-                "GPUHOOK_PYTHON": self.fake_python, **extra}
-
-    def start_server(self, patch: str = "") -> subprocess.Popen:
-        env = self.env()
-        env.pop("GPUHOOK_PYTHON")
-        self.proc = runtime_server.start([sys.executable, "-c", LAUNCH, patch], env, cwd=self.tmp,
-                                         stderr=subprocess.DEVNULL)
-        return self.proc
-
-    def front(self, *argv, prefix=(), **env) -> subprocess.CompletedProcess:
-        if self.mark.exists():
-            self.mark.unlink()
-        return subprocess.run([*prefix, wrapper_path(), *argv], env=self.env(**env), cwd=self.tmp,
-                              capture_output=True, text=True, timeout=30)
+    def start_server(self, patch: str = "") -> subprocess.Popen:  # type: ignore[override]
+        return super().start_server([sys.executable, "-c", LAUNCH, patch], stderr=subprocess.DEVNULL)
 
     def create(self, cid: str, prefix=(), **env) -> subprocess.CompletedProcess:
         return self.front("create", "--bundle", str(self.bundle), cid, prefix=prefix, **env)

@@ -21,57 +21,22 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FRONT, REPO, is_root, log_records, wrapper_path
+from conftest import FRONT, REPO, SERVER_SPEC, ServerNode, is_root, log_records, wrapper_path
 from gpuhook import defaults
 from gpuhook.runtime import server
-from gpuhook.testing import runtime_server
 
 pytestmark = pytest.mark.skipif(wrapper_path() is None, reason="no installed gpuhook-runtime (make venv)")
-SPEC = {"ociVersion": "1.0.2", "root": {"path": "rootfs"}, "process": {"args": ["true"], "env": ["PATH=/bin"]},
-        "linux": {}}
+SPEC = SERVER_SPEC
 
 
-class Node:
-    """A cache dir, a fake host, a node config whose runtime records its argv, a bundle."""
+class Node(ServerNode):
+    """ServerNode with the node config's fail_mode written out, stopped as systemd stops it."""
 
     def __init__(self, tmp_path, make_host, fail_mode: str = "open"):
-        self.tmp = tmp_path
-        self.cache = str(tmp_path / "cache")
-        self.host = make_host("nvidia", gpus=8)
-        self.log = str(tmp_path / "gpuhook.log")
-        self.argv_file = tmp_path / "runtime-argv"
-        rt = tmp_path / "runc"
-        rt.write_text(f'#!/bin/sh\nprintf "%s\\n" "$0" "$@" > {self.argv_file}\n')
-        rt.chmod(0o755)
-        self.config = tmp_path / "config.toml"
-        self.config.write_text(f'runtime = "{rt}"\nhost_root = "{self.host}"\nlog_file = "{self.log}"\n'
-                               f'fail_mode = "{fail_mode}"\n')
-        self.mark = tmp_path / "python-ran"
-        py = tmp_path / "fake-python"
-        py.write_text(f'#!/bin/sh\necho "$@" > {self.mark}\n')
-        py.chmod(0o755)
-        self.fake_python = str(py)
-        self.bundle = tmp_path / "bundle"
-        self.bundle.mkdir()
-        (self.bundle / "config.json").write_text(json.dumps(SPEC))
-        self.proc: subprocess.Popen | None = None
-
-    def env(self, **extra) -> dict:
-        return {"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(self.config), "GPUHOOK_CACHE_DIR": self.cache,
-                "GPUHOOK_PYTHON": self.fake_python, **extra}
+        super().__init__(tmp_path, make_host, fail_mode)
 
     def start_server(self, argv=None, **popen) -> subprocess.Popen:
-        env = self.env()
-        env.pop("GPUHOOK_PYTHON")
-        self.proc = runtime_server.start(argv or [sys.executable, "-m", "gpuhook", "runtime-server"], env,
-                                         cwd=self.tmp, stderr=subprocess.PIPE, text=True, **popen)
-        return self.proc
-
-    def front(self, *argv, binary=None) -> subprocess.CompletedProcess:
-        if self.mark.exists():
-            self.mark.unlink()
-        return subprocess.run([binary or wrapper_path(), *argv], env=self.env(), cwd=self.tmp, capture_output=True,
-                              text=True, timeout=30)
+        return super().start_server(argv, stderr=subprocess.PIPE, text=True, **popen)
 
     def stop(self):
         if self.proc and self.proc.poll() is None:
