@@ -34,6 +34,18 @@ def nodes_of(out: str) -> dict[str, tuple[int, int]]:
     return found
 
 
+def assert_8_nvidia_gpus(out: str) -> None:
+    """What SHOW (test_e2e_cri) printed in a container that got a fake 8-GPU NVIDIA host: its
+    eight GPU nodes, the cgroup rule that lets it open one (ENXIO: no driver behind it, not
+    EPERM), GPUHOOK_ACCELERATOR, and libcuda in its ld cache."""
+    nodes = nodes_of(out)
+    assert {p: nodes[p] for p in nodes if p[len("/dev/nvidia"):].isdigit()} == \
+        {f"/dev/nvidia{m}": (195, m) for m in range(8)}, out
+    assert "open: cat: can't open '/dev/nvidia0': No such device or address" in out, out  # the cgroup rule
+    assert "accel=nvidia" in out, out
+    assert "ldcache-none" not in out and int(out.strip().splitlines()[-1]) >= 1, out  # libcuda in its ld cache
+
+
 def request(*, env: dict | None = None, annotations: dict | None = None, rootfs: str | None = "/run/b/rootfs",
             spec_devices: dict | None = None, mounts: tuple = (), userns: bool = False):
     """The one builder of plan.Request for tests: what a container brings (its env, annotations,
