@@ -704,11 +704,12 @@ static int same_content(int a, int b) {
 static int is_front(const char *rt) {
     const char *base = strrchr(rt, '/');
     if (!strcmp(base ? base + 1 : rt, "gpuhook-runtime")) return 1;
-    struct stat a, b;
+    struct stat a, b; /* two stats on every call; the files are opened only for a same-size copy */
+    if (stat(rt, &a) || stat("/proc/self/exe", &b)) return 0;
+    if (a.st_dev == b.st_dev && a.st_ino == b.st_ino) return 1;
+    if (!S_ISREG(a.st_mode) || a.st_size != b.st_size) return 0;
     int fa = open(rt, O_RDONLY | O_CLOEXEC | O_NONBLOCK), fb = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
-    int same = fa >= 0 && fb >= 0 && !fstat(fa, &a) && !fstat(fb, &b) &&
-               ((a.st_dev == b.st_dev && a.st_ino == b.st_ino) ||
-                (S_ISREG(a.st_mode) && a.st_size == b.st_size && same_content(fa, fb)));
+    int same = fa >= 0 && fb >= 0 && same_content(fa, fb);
     if (fa >= 0) close(fa);
     if (fb >= 0) close(fb);
     return same;
