@@ -27,6 +27,10 @@ FAIL_MODES = ("open", "closed")
 # one: from_dict refuses them); FRONT_KEYS are the config's keys the front acts on
 FRONT_MAGIC = "gpuhook-front 1"
 FRONT_KEYS = ("runtime", "host_root", "log_file", "fail_mode")
+FRONT_IDENTITY = "config"  # the field of the config file's identity
+FRONT_ERRORS = "errors"  # the field that says whether the file had errors ("1") or not ("0")
+# the real runtime when the node config names none: the first of these found on PATH
+DEFAULT_RUNTIMES = ("runc", "crun")
 MAX_FRONT_BYTES = 16 << 10
 
 
@@ -288,10 +292,10 @@ def front_text(st: os.stat_result, config: "Config", errors: "list[str]") -> byt
     """What the front may act on: the config file's identity as the front stats it, Python's
     value of each FRONT_KEYS key ("" for none), and whether the file had errors (then the
     front sends creates to Python, whose log line says why)."""
-    fields = {"config": f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"}
+    fields = {FRONT_IDENTITY: f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"}
     for k in FRONT_KEYS:
         fields[k] = getattr(config, k) or ""
-    fields["errors"] = "1" if errors else "0"
+    fields[FRONT_ERRORS] = "1" if errors else "0"
     return (FRONT_MAGIC + "\0" + "".join(f"{k}={v}\0" for k, v in fields.items())).encode()
 
 
@@ -324,13 +328,13 @@ def _front_put(key: list, st: os.stat_result, config: "Config", errors: "list[st
 
 def find_runtime(name: "str | None") -> "str | None":
     """The real runtime's path: `name` (a path, or a name on PATH), else runc, else crun."""
-    candidates = [name] if name else ["runc", "crun"]
+    candidates = [name] if name else DEFAULT_RUNTIMES
     for c in candidates:
         if "/" in c:
             if os.access(c, os.X_OK) and not os.path.isdir(c):
                 return c
             continue
-        for d in (os.environ.get("PATH") or "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin").split(":"):
+        for d in (os.environ.get("PATH") or defaults.SEARCH_PATH).split(":"):
             p = os.path.join(d or ".", c)
             if os.access(p, os.X_OK) and not os.path.isdir(p):
                 return p

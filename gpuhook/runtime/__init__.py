@@ -21,8 +21,8 @@ import sys
 import time
 
 # runc's and crun's global flags that take a value (both "--flag value" and "--flag=value";
-# Go's flag parsing also accepts a single dash). The C front's GLOBAL_VALUE_FLAGS and the two
-# lists below it say these again, in C: tests/unit/test_front.py holds them equal.
+# Go's flag parsing also accepts a single dash). The C front's header has these and the two
+# lists below (gen_header.py).
 GLOBAL_VALUE_FLAGS = frozenset({"root", "log", "log-format", "criu", "rootless", "cgroup-manager"})
 # create/run flags that take a value
 CREATE_VALUE_FLAGS = frozenset({"bundle", "b", "console-socket", "pid-file", "preserve-fds", "pidfd-socket"})
@@ -320,6 +320,7 @@ def record_exec_env(inv: Invocation, out: Outcome, real: str) -> None:
         # so no record (it would outlive the container)
         if out.decision == "injected" and out.env and (inv.command == "create" or inv.detach):
             execenv.write_record(path, out.env, inv.bundle, execenv.config_identity(inv.bundle))
+            execenv.sweep(path, inv.root, real)  # those of containers gone: `delete` is the runtime's alone
         else:
             execenv.remove_record(path)
     except (OSError, ValueError) as e:
@@ -351,27 +352,6 @@ def exec_env(inv: Invocation, args: list[str], real: str, config) -> list[str]:
             ),
         )
     return args
-
-
-def delete_and_forget(inv: Invocation, args: list[str], real: str) -> None:
-    """`delete` of a container with an exec record: the runtime first, then the record once
-    the runtime has no state for the container any more. Exits with the runtime's status."""
-    from . import execenv
-    from ..config import cache_dir
-
-    path = execenv.record_path(cache_dir(), inv.root, inv.container_id, real)
-    if path is None or not execenv.record_exists(path):
-        return
-    try:
-        pid = os.posix_spawn(real, [real] + args, os.environ)
-        _, status = os.waitpid(pid, 0)
-        rc = os.waitstatus_to_exitcode(status)
-    except OSError as e:
-        _runtime_error(inv, f"cannot run the real OCI runtime {real}: {e.strerror or e}")
-        sys.exit(127)
-    if not execenv.state_exists(inv.root, inv.container_id, real):
-        execenv.remove_record(path)
-    sys.exit(rc if rc >= 0 else 128 - rc)
 
 
 def utc_now(ms: bool = True, t: float | None = None) -> str:
@@ -416,8 +396,8 @@ def _runtime_error(inv: Invocation, msg: str) -> None:
 
 def prepare(args: list[str]) -> list[str]:
     """Everything before the real runtime runs: the argv to exec (its [0] the runtime's path).
-    Raises SystemExit where the call ends here (no runtime, fail_mode closed, a delete's exit
-    status). Run by main() and, for a node's resident server, by server.py."""
+    Raises SystemExit where the call ends here (no runtime, fail_mode closed). Run by main() and, for a node's resident server, by server.py. `delete` is the
+    runtime's alone: the exec records of containers gone are swept at create (execenv.sweep)."""
     global STAGES
     started = time.monotonic()
     STAGES = [("start", time.perf_counter())] if "GPUHOOK_STAGES" in os.environ else None
@@ -453,8 +433,6 @@ def prepare(args: list[str]) -> list[str]:
             sys.exit(1)
     elif inv.command == "exec":
         args = exec_env(inv, args, real, config)
-    elif inv.command == "delete":
-        delete_and_forget(inv, args, real)
     return [real] + args
 
 
