@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 # Where a GPU can show up: for each vendor, the signs (paths under the host root, a name may
 # end in `*` or `[0-9]*` as in sh) that it may be present. This one list gates both the C
 # front (gpuhook/runtime/gpuhook-runtime.c, which starts Python only when a sign is there;
-# tests/unit/test_front.py holds its copy equal) and probe(), which imports and runs a
+# its header is generated from this: runtime/gen_header.py) and probe(), which imports and runs a
 # vendor module only when one of its signs is there (this runs on every GPU container start).
 # probe/cache.py watches the directories they are in. Order matters only for display; a new
 # vendor is one new module and one line here.

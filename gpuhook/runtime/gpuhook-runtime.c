@@ -10,7 +10,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <glob.h>
 #include <limits.h>
 #include <poll.h>
 #include <stdarg.h>
@@ -191,10 +190,8 @@ static void read_config(struct config *c) {
     if (stat(c->path, &st)) return (void)(c->slow = errno != ENOENT); /* not to be read: Python says why */
     c->slow = 1; /* a path not as Python keys it (config.load: abspath) names a front file it never writes */
     if (!S_ISREG(st.st_mode)) return;
-    char *file = fmt("%s/%s%s%s", cache_dir(), FRONT_FILE_PREFIX, escape(c->path), FRONT_FILE_SUFFIX);
-    char *name = strrchr(file, '/');
-    *name++ = 0;
-    int fd = open_checked(open_checked(AT_FDCWD, file, 1), name, 0);
+    char *name = fmt("%s%s%s", FRONT_FILE_PREFIX, escape(c->path), FRONT_FILE_SUFFIX);
+    int fd = open_checked(open_checked(AT_FDCWD, cache_dir(), 1), name, 0);
     size_t len = 0;
     for (ssize_t r; fd >= 0 && len <= MAX_FRONT && (r = read(fd, text + len, MAX_FRONT + 1 - len)) != 0;)
         len = r > 0 ? len + (size_t)r : errno == EINTR ? len : MAX_FRONT + 1;
@@ -316,7 +313,8 @@ static int reply_log(const char *text, const char *file, const char *line) {
 
 /* ask_server: the call through the resident server (server.py), which runs what Python would:
  * exec the argv it answers ("exec", text, log file, log line, argv) or exit as it says ("exit",
- * status, text, log file, log line). Anything else ("fallback", "stale", a timeout): returns. */
+ * status, text, log file, log line). Anything else ("fallback", "stale", a timeout): returns
+ * (its socket is close-on-exec: Python's start closes it). */
 static void ask_server(int argc, char **argv) {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     char *req, *reply, *fields[MAX_REPLY_FIELDS + 1];
@@ -329,7 +327,7 @@ static void ask_server(int argc, char **argv) {
     if (fd < 0 || (connect(fd, (struct sockaddr *)&addr, sizeof addr) &&
                    (errno != EINPROGRESS || poll(&p, 1, SERVER_TIMEOUT_S * 1000) != 1)) ||
         getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) || (cred.uid != 0 && cred.uid != geteuid()))
-        goto out;
+        return;
     size_t size = 0, got = 0;
     FILE *m = open_memstream(&req, &size); /* NUL-ended fields; who this is, the server asks the kernel */
     mode_t mask = umask(0);
@@ -343,26 +341,22 @@ static void ask_server(int argc, char **argv) {
     for (int i = 1; i < argc; i++) fprintf(m, "%s%c", argv[i], 0);
     if (fclose(m)) _exit(127);
     for (ssize_t w, off = 0; off < (ssize_t)size; off += w)
-        if ((w = io(fd, 1, req + off, size - (size_t)off, deadline)) <= 0) goto out;
+        if ((w = io(fd, 1, req + off, size - (size_t)off, deadline)) <= 0) return;
     shutdown(fd, SHUT_WR);
     if (!(reply = malloc(MAX_REPLY + 1))) _exit(127);
     for (ssize_t r; (r = io(fd, 0, reply + got, MAX_REPLY - got, deadline)) != 0; got += (size_t)r)
-        if (r < 0 || got + (size_t)r >= MAX_REPLY) goto out; /* the deadline passed, or too big to trust */
-    if (!got || reply[got - 1]) goto out;                       /* not whole */
+        if (r < 0 || got + (size_t)r >= MAX_REPLY) return; /* the deadline passed, or too big to trust */
+    if (!got || reply[got - 1]) return;                       /* not whole */
     for (char *f = reply; f < reply + got; f += strlen(f) + 1)
-        if (k == MAX_REPLY_FIELDS) goto out;
+        if (k == MAX_REPLY_FIELDS) return;
         else fields[k++] = f;
     fields[k] = NULL;
-    if (k >= 5 && !strcmp(fields[0], "exec") && strchr(fields[4], '/') && reply_log(fields[1], fields[2], fields[3])) {
-        close(fd);
-        exec_runtime(fields[4], fields + 4);
-    }
+    if (k >= 5 && !strcmp(fields[0], "exec") && strchr(fields[4], '/') && reply_log(fields[1], fields[2], fields[3]))
+        exec_runtime(fields[4], fields + 4); /* the socket is close-on-exec, as every fd here */
     size_t n = k == 5 ? strlen(fields[1]) : 0; /* the status: "0" to "255", no sign, no 0 first */
     if (n >= 1 && n <= 3 && !fields[1][strspn(fields[1], "0123456789")] && (n == 1 || fields[1][0] != '0') &&
         atoi(fields[1]) <= 255 && !strcmp(fields[0], "exit") && reply_log(fields[2], fields[3], fields[4]))
         _exit(atoi(fields[1]));
-out:
-    if (fd >= 0) close(fd);
 }
 
 /* here: this binary's directory, every link resolved (bin/ is a link to the version installed:
@@ -375,12 +369,16 @@ static char *here(const char *argv0) {
     return exe;
 }
 
-/* site_packages: <dir>/../lib/python3.../<kind> holding gpuhook, the first in name order */
+static int python_dir(const struct dirent *e) { return !strncmp(e->d_name, "python3", 7); }
+
+/* site_packages: <dir>/../lib/python3.../<kind> holding gpuhook, the first in name order (C locale) */
 static char *site_packages(const char *dir, const char *kind) {
-    glob_t g;
-    if (glob(fmt("%s/../lib/python3*/%s/gpuhook/", dir, kind), 0, NULL, &g)) return NULL;
-    char *found = g.gl_pathv[0]; /* sorted, and a directory: the pattern ends in "/" */
-    found[strlen(found) - strlen("/gpuhook/")] = 0;
+    char *lib = fmt("%s/../lib", dir), *found = NULL;
+    struct dirent **names;
+    struct stat st;
+    for (int i = 0, n = scandir(lib, &names, python_dir, alphasort); i < n && !found; i++)
+        if (!stat(fmt("%s/%s/%s/gpuhook", lib, names[i]->d_name, kind), &st) && S_ISDIR(st.st_mode))
+            found = fmt("%s/%s/%s", lib, names[i]->d_name, kind);
     return found;
 }
 
