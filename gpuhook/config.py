@@ -22,6 +22,8 @@ from . import defaults
 from .record import Record
 
 DEFAULT_PATH = defaults.CONFIG_FILE
+CONFIG_ENV = "GPUHOOK_CONFIG"  # the node config's path, when set
+CACHE_DIR_ENV = "GPUHOOK_CACHE_DIR"  # the cache dir, when set
 FAIL_MODES = ("open", "closed")
 # the front file: its first field, then NAME=VALUE fields, each ended by a NUL (no value holds
 # one: from_dict refuses them); FRONT_KEYS are the config's keys the front acts on
@@ -95,7 +97,7 @@ _TYPES: "dict[str, type | tuple[type, ...]]" = {
 
 
 def config_path() -> str:
-    return os.environ.get("GPUHOOK_CONFIG") or DEFAULT_PATH
+    return os.environ.get(CONFIG_ENV) or DEFAULT_PATH
 
 
 def parse(text: str) -> "tuple[Config, list[str]]":
@@ -190,7 +192,7 @@ def valid_driver_root(value: str) -> bool:
 def node_config_path(root: str) -> str:
     """The node config of the node whose / is `root` (/host in the DaemonSet), as seen from
     here: GPUHOOK_CONFIG when set, else DEFAULT_PATH inside root."""
-    if os.environ.get("GPUHOOK_CONFIG") or root == "/":
+    if os.environ.get(CONFIG_ENV) or root == "/":
         return config_path()
     from .probe.host import Host
 
@@ -208,7 +210,7 @@ def is_clean_abspath(path: str) -> bool:
 
 
 def cache_dir() -> str:
-    return os.environ.get("GPUHOOK_CACHE_DIR") or defaults.CACHE_DIR
+    return os.environ.get(CACHE_DIR_ENV) or defaults.CACHE_DIR
 
 
 def load(path: "str | None" = None) -> "tuple[Config, list[str]]":

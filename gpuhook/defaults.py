@@ -36,5 +36,6 @@ RUNTIME_MAIN = (
 # where the front looks for an interpreter when GPUHOOK_PYTHON names none and its bundle has none of
 # its own: the first of these, a name beside the front itself, a path as it is
 FRONT_PYTHONS = ("python3", "python", "/usr/local/bin/python3", "/usr/bin/python3")
+PYTHON_ENV = "GPUHOOK_PYTHON"  # the interpreter the front starts, before all of these (tests, odd nodes)
 # where a runtime named without a path is looked for when there is no $PATH (execvp's own list)
 SEARCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

@@ -65,15 +65,7 @@ def _front_file() -> str:
     # with no config file: what front_text says of the defaults (the identity aside)
     fields = dict(f.split("=", 1) for f in _fields(config.front_text(os.stat("/"), config.Config(), [])))
     defaults = "".join(f"    [FRONT_{k.upper()}] = {_c(fields[k])},\n" for k in keys[1:])
-    saved = os.environ.get("GPUHOOK_CACHE_DIR")
-    os.environ["GPUHOOK_CACHE_DIR"] = "/cache"
-    try:
-        prefix, _, suffix = os.path.basename(config.front_file("/@")).partition("%2F@")
-    finally:
-        if saved is None:
-            del os.environ["GPUHOOK_CACHE_DIR"]
-        else:
-            os.environ["GPUHOOK_CACHE_DIR"] = saved
+    prefix, _, suffix = os.path.basename(config.front_file("/@")).partition("%2F@")
     return (
         _define("FRONT_MAGIC", config.FRONT_MAGIC, "config.FRONT_MAGIC: the front file's first field")
         + _define("MAX_FRONT", config.MAX_FRONT_BYTES, "config.MAX_FRONT_BYTES")
@@ -116,6 +108,9 @@ def render() -> str:
         _signs(),
         _define("CONFIG_FILE", defaults.CONFIG_FILE, "defaults.CONFIG_FILE"),
         _define("CACHE_DIR", defaults.CACHE_DIR, "defaults.CACHE_DIR"),
+        _define("CONFIG_ENV", config.CONFIG_ENV, "config.CONFIG_ENV: the node config's path, when set"),
+        _define("CACHE_DIR_ENV", config.CACHE_DIR_ENV, "config.CACHE_DIR_ENV: the cache dir, when set"),
+        _define("PYTHON_ENV", defaults.PYTHON_ENV, "defaults.PYTHON_ENV: the interpreter to start, when set"),
         _define("SEARCH_PATH", defaults.SEARCH_PATH, "defaults.SEARCH_PATH: where runtimes are without $PATH"),
         _strings("DEFAULT_RUNTIMES", config.DEFAULT_RUNTIMES, "config.DEFAULT_RUNTIMES, in order"),
         _define("DEFAULT_RUNTIMES_TEXT", " or ".join(config.DEFAULT_RUNTIMES), "for the messages"),

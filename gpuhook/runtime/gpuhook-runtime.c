@@ -150,7 +150,7 @@ static char *real_runtime(const char *configured, const char *config_path) {
 }
 
 static const char *cache_dir(void) {
-    const char *env = getenv("GPUHOOK_CACHE_DIR");
+    const char *env = getenv(CACHE_DIR_ENV);
     return env && *env ? env : CACHE_DIR;
 }
 
@@ -183,7 +183,7 @@ static char *escape(const char *path) {
  * ctime: one stat). Anything else: slow, Python decides. */
 static void read_config(struct config *c) {
     static char text[MAX_FRONT + 1]; /* the values point into it: they live as long as the process */
-    const char *env = getenv("GPUHOOK_CONFIG"), *got[FRONT_NKEYS] = {0};
+    const char *env = getenv(CONFIG_ENV), *got[FRONT_NKEYS] = {0};
     struct stat st;
     c->path = env && *env ? env : CONFIG_FILE;
     memcpy(c->value, FRONT_DEFAULTS, sizeof c->value);
@@ -394,7 +394,7 @@ static int append(char **args, int k, ...) {
 /* exec_python: Python decides and execs the runtime itself (-I: no environment, no user site, not
  * the bundle on sys.path); the host bundle's loader runs its interpreter. Returns if none ran. */
 static void exec_python(int argc, char **argv, const char *dir) {
-    char **args = calloc((size_t)argc + 10, sizeof *args), *py = getenv("GPUHOOK_PYTHON"), *p, *loader, *interpreter;
+    char **args = calloc((size_t)argc + 10, sizeof *args), *py = getenv(PYTHON_ENV), *p, *loader, *interpreter;
     char *sp = site_packages(dir, "site-packages");
     int k = 0;
     if (!args) _exit(127);
@@ -405,7 +405,7 @@ static void exec_python(int argc, char **argv, const char *dir) {
         for (const char *const *n = PYTHONS; (!py || !*py) && *n; n++) /* a name: beside the front */
             if (is_executable(p = **n == '/' ? fmt("%s", *n) : fmt("%s/%s", dir, *n))) py = p;
         if (!py || !*py) {
-            fprintf(stderr, "gpuhook-runtime: no Python to inject GPUs with (set GPUHOOK_PYTHON)\n");
+            fprintf(stderr, "gpuhook-runtime: no Python to inject GPUs with (set " PYTHON_ENV ")\n");
             return;
         }
         args[k++] = py;

@@ -40,6 +40,12 @@ static const struct sign {
 
 #define CACHE_DIR "/run/gpuhook" /* defaults.CACHE_DIR */
 
+#define CONFIG_ENV "GPUHOOK_CONFIG" /* config.CONFIG_ENV: the node config's path, when set */
+
+#define CACHE_DIR_ENV "GPUHOOK_CACHE_DIR" /* config.CACHE_DIR_ENV: the cache dir, when set */
+
+#define PYTHON_ENV "GPUHOOK_PYTHON" /* defaults.PYTHON_ENV: the interpreter to start, when set */
+
 #define SEARCH_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" /* defaults.SEARCH_PATH: where runtimes are without $PATH */
 
 /* config.DEFAULT_RUNTIMES, in order */
