@@ -336,6 +336,89 @@ def run_as_pod(argv: list[str], pid1_ns_file, env=None, timeout: float = 120) ->
                           stdin=subprocess.DEVNULL)
 
 
+# -- the Kubernetes API (gpuhook.testing.kubeapi) and the inventories the label tests share ---
+
+@pytest.fixture
+def fake_api():
+    """fake_api(**kw) -> a started gpuhook.testing.kubeapi.FakeAPI; all closed at the end."""
+    from gpuhook.testing.kubeapi import FakeAPI
+
+    made = []
+
+    def make(**kw) -> FakeAPI:
+        api = FakeAPI(**kw)
+        made.append(api)
+        return api
+    yield make
+    for api in made:
+        api.close()
+
+
+def _label_inventories():
+    from gpuhook.inventory import Device, Library, Node, VendorInventory
+
+    nv = VendorInventory("nvidia", tuple(Device("nvidia", "gpu", i, f"GPU-{i}", (Node(f"/dev/nvidia{i}", "c", 195, i),),
+                                                model="NVIDIA H100 80GB HBM3") for i in range(2)),
+                         libraries=(Library("/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.14", "libcuda.so.1",
+                                            "compute"),),
+                         driver_version="550.54.14")
+    intel = VendorInventory("intel", (Device("intel", "gpu", 0, "0000:00:02.0", (), model="Intel UHD 770"),))
+    return nv, intel
+
+
+# two H100s with a driver version, an Intel iGPU: what the node-label tests label
+NV, INTEL = _label_inventories()
+
+
+# -- the node agent (tests/unit/test_agent.py and the tests of what it writes) ---------------
+
+def make_agent(tmp_path, root, **kw):
+    """An agent (gpuhook.agent.core.Agent) on the host root `root`, writing its CDI specs to
+    tmp_path/cdi and its NFD file to tmp_path/nfd, without udev, install or an API unless
+    given: opts={...} over those Options, the rest to Agent."""
+    from gpuhook import log
+    from gpuhook.agent import core as agent_mod
+
+    opts = dict(root=root, spec_root=root, interval=60.0, debounce=0.3, cdi_dir=str(tmp_path / "cdi"),
+                nfd_dir=str(tmp_path / "nfd"), install=False, udev=False, ready_file=str(tmp_path / "ready"),
+                ldconfig="/sbin/ldconfig")
+    opts.update(kw.pop("opts", {}))
+    kw.setdefault("kube", None)
+    return agent_mod.Agent(agent_mod.Options(**opts), log=log.get(), **kw)
+
+
+def read_state(tmp_path) -> tuple[dict, dict]:
+    """What a CDI registry and NFD see now of make_agent's files: {kind: spec}, {label: value}.
+    Raises on anything that does not parse: a half-written file would."""
+    from gpuhook import cdi
+    from gpuhook.agent import labels
+    from gpuhook.testing.cdi_yaml import load_yaml
+
+    specs = {}
+    d = tmp_path / "cdi"
+    for name in sorted(os.listdir(d)) if d.is_dir() else ():
+        if name.startswith("."):
+            continue  # CDI reads *.yaml/*.json, NFD skips dotfiles: the temporary files
+        try:
+            text = (d / name).read_text()
+        except FileNotFoundError:
+            continue  # removed between listdir and open: the node lost that vendor
+        spec = load_yaml(text)
+        cdi.validate(spec)
+        specs[spec["kind"]] = spec
+    try:
+        text = (tmp_path / "nfd" / "gpuhook").read_text()
+    except FileNotFoundError:
+        return specs, {}
+    assert text.endswith("\n") and text.startswith("# Written by gpuhook")
+    found = labels.parse_nfd(text)
+    assert "gpuhook.dev/accelerator" in found, text
+    # gpuhook.dev/ labels, and gpu.type (the node config's vendor_label) = the primary vendor
+    assert all(labels.valid_key(k) or (k == "gpu.type" and v == found["gpuhook.dev/accelerator"])
+               for k, v in found.items()), text
+    return specs, found
+
+
 @pytest.fixture(autouse=True)
 def _own_cache_dir(tmp_path, monkeypatch):
     """gpuhook's caches (probe, config, exec records) in the test's own directory, unless

@@ -343,7 +343,7 @@ def test_cdi_uses_the_driver_root_and_skips_an_unusable_vendor(tmp_path):
 
 
 def test_agent_follows_the_driver_root(tmp_path):
-    from test_agent import make_agent, read_state
+    from conftest import make_agent, read_state
 
     fh = host(tmp_path, "gpu_operator", installed=False)
     events = []
@@ -363,7 +363,7 @@ def test_agent_follows_the_driver_root(tmp_path):
 
 
 def test_agent_options_carry_the_setting(tmp_path):
-    from test_agent import make_agent
+    from conftest import make_agent
 
     fh = host(tmp_path, "gpu_operator", gpus=1)
     a = make_agent(tmp_path, fh.root, opts={"nvidia_driver_root": "/"})

@@ -1,7 +1,7 @@
 """Which pods really got a GPU: the agent follows the runtime's log and posts pod Events
 (GPUsInjected / RanOnCPU, aggregated, rate-limited), sets the pod label
 gpuhook.dev/accelerator, and serves Prometheus metrics. The API is a fake one on 127.0.0.1
-(test_labels.FakeAPI); end to end, the log comes from real creates through CRI."""
+(gpuhook.testing.kubeapi.FakeAPI); end to end, the log comes from real creates through CRI."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from gpuhook.testing.front import prime
 from gpuhook.agent import core as agent_mod
 from gpuhook import log
 from gpuhook.agent import podevents
-from test_labels import fake_api  # noqa: F401 (fixture)
 
 
 @pytest.fixture

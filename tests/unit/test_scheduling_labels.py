@@ -21,7 +21,7 @@ from gpuhook.plan import Request, plan
 from gpuhook.probe import probe
 from gpuhook.testing import fakehost
 from node_affinity import eligible, preference, term_matches
-from test_labels import INTEL, NV, fake_api  # noqa: F401 (fixture)
+from conftest import INTEL, NV
 
 yaml = pytest.importorskip("yaml", reason="PyYAML (pip install kubernetes-validate brings it)")
 
