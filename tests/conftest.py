@@ -13,14 +13,54 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 # The tests by what they test: unit/ (one module's behaviour), e2e/ (real containers through a
-# runtime), hardening/ (hostile input, faults, load, fuzzing); perf/ is the benchmark. The
-# harnesses beside this file serve them all, and a test module may use another's helpers.
+# runtime), hardening/ (hostile input, faults, load, fuzzing); perf/ is the benchmark. What
+# they share is here, in the harnesses beside this file and in gpuhook/testing; a test module
+# never imports another (tests/unit/test_suite_shape.py).
 TESTS = os.path.dirname(os.path.abspath(__file__))
-sys.path[1:1] = [os.path.join(TESTS, group) for group in ("unit", "e2e", "hardening")]
+# fixtures kept beside what they serve: podman's CDI dir, the Debian sid node
+pytest_plugins = ["podman_cdi", "sid_node"]
 
 from gpuhook.testing import bundle, fakehost  # noqa: E402
 
 FIXTURES = os.path.join(REPO, "tests", "fixtures")
+
+
+# -- `gpuhook ...` from this source tree: the one runner of the CLI ------------------------------
+
+NO_CONFIG = "/nonexistent/gpuhook.toml"  # a GPUHOOK_CONFIG that is no file: the defaults, never the node's
+
+
+def gpuhook(*args, env: dict | None = None, stdin: str | bytes | None = None, config: str | None = None,
+            check: bool = False, text: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`python -m gpuhook ARGS` (each str()'d) from this source tree, its output captured.
+    env: over this process's environment; config: GPUHOOK_CONFIG (NO_CONFIG: the defaults;
+    None: as the environment has it, so a --host-root command reads that root's); stdin: its
+    input (else none); check: assert it exits 0, showing its output when not; text=False:
+    bytes in and out."""
+    full = dict(os.environ, **(env or {}))
+    if config is not None:
+        full["GPUHOOK_CONFIG"] = config
+    r = subprocess.run([sys.executable, "-m", "gpuhook", *map(str, args)], cwd=REPO, env=full, capture_output=True,
+                       text=text, timeout=timeout, input=stdin,
+                       stdin=subprocess.DEVNULL if stdin is None else None)
+    if check:
+        ok(r)
+    return r
+
+
+def ok(r: subprocess.CompletedProcess) -> str:
+    """Assert `r` exited 0 (its output in the message when not); its stdout."""
+    assert r.returncode == 0, f"{r.args}: exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
+    return r.stdout
+
+
+def refused(r: subprocess.CompletedProcess) -> str:
+    """One clear line on stderr, exit 2, no traceback; that line."""
+    assert r.returncode == 2, f"exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
+    assert "Traceback" not in r.stderr + r.stdout
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpuhook: "), r.stderr
+    return lines[0]
 
 
 def nodes_of(out: str) -> dict[str, tuple[int, int]]:
@@ -35,7 +75,7 @@ def nodes_of(out: str) -> dict[str, tuple[int, int]]:
 
 
 def assert_8_nvidia_gpus(out: str) -> None:
-    """What SHOW (test_e2e_cri) printed in a container that got a fake 8-GPU NVIDIA host: its
+    """What kubelet.SHOW printed in a container that got a fake 8-GPU NVIDIA host: its
     eight GPU nodes, the cgroup rule that lets it open one (ENXIO: no driver behind it, not
     EPERM), GPUHOOK_ACCELERATOR, and libcuda in its ld cache."""
     nodes = nodes_of(out)
@@ -64,6 +104,11 @@ def log_records(path: str) -> list[dict]:
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
 
+
+
+def records(rt, cid: str) -> list[dict]:
+    """The log records of one container (its id) of a conftest Runtime `rt`."""
+    return [rec for rec in rt.log_records() if rec.get("container_id") == cid]
 
 # the runtime's front as `make` builds it in the source tree (gpuhook/runtime/gpuhook-runtime.c)
 FRONT = os.path.join(REPO, "gpuhook", "runtime", "gpuhook-runtime")

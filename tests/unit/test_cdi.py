@@ -6,13 +6,12 @@ import json
 import os
 import re
 import subprocess
-import sys
 import threading
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from conftest import REPO
+from conftest import NO_CONFIG, gpuhook
 from gpuhook import cdi, hook
 from gpuhook.inventory import Device, Inventory, Library, Node, VendorInventory
 from gpuhook.probe import probe
@@ -286,7 +285,7 @@ def test_no_ldconfig_on_the_node_no_hook(make_host, tmp_path):
     assert "hooks" not in specs["gpuhook.dev/gpu"]["devices"][0]["containerEdits"]
     # the command looks for the node's ldconfig under --root: a fake host has none
     root = make_host("nvidia", mknod=False)
-    r = gpuhook("cdi", "generate", "--root", root, "--output", "-", "--format", "json", "--kind", "gpu")
+    r = gpuhook("cdi", "generate", "--root", root, "--output", "-", "--format", "json", "--kind", "gpu", config=NO_CONFIG)
     assert r.returncode == 0 and "hooks" not in r.stdout
 
 
@@ -368,31 +367,26 @@ def test_readers_never_see_a_partial_spec(tmp_path):
 
 # -- the command ---------------------------------------------------------------------------------
 
-def gpuhook(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpuhook", *args], capture_output=True, text=True, cwd=REPO,
-                          env=dict(os.environ, GPUHOOK_CONFIG="/nonexistent/gpuhook.toml"), timeout=60)
-
-
 def test_cdi_generate_command(make_host, tmp_path):
     root = make_host("nvidia+intel", mknod=False)
     out = tmp_path / "cdi"
-    r = gpuhook("cdi", "generate", "--root", root, "--output-dir", str(out))
+    r = gpuhook("cdi", "generate", "--root", root, "--output-dir", str(out), config=NO_CONFIG)
     assert r.returncode == 0, r.stderr
     assert sorted(os.listdir(out)) == ["gpuhook.dev-gpu.yaml", "gpuhook.dev-intel.yaml", "gpuhook.dev-nvidia.yaml"]
     assert "gpuhook.dev/nvidia (cdiVersion 0.4.0): 0, GPU-" in r.stdout
     nv = load_yaml((out / "gpuhook.dev-nvidia.yaml").read_text())
     assert nv["kind"] == "gpuhook.dev/nvidia" and len(nv["devices"]) == 5
-    r = gpuhook("cdi", "generate", "--root", root, "--output", "-", "--format", "json", "--kind", "intel")
+    r = gpuhook("cdi", "generate", "--root", root, "--output", "-", "--format", "json", "--kind", "intel", config=NO_CONFIG)
     assert r.returncode == 0 and json.loads(r.stdout)["kind"] == "gpuhook.dev/intel"
-    r = gpuhook("cdi", "generate", "--root", root, "--output", "-")
+    r = gpuhook("cdi", "generate", "--root", root, "--output", "-", config=NO_CONFIG)
     assert r.returncode == 0 and r.stdout.count("\n---\n") == 2
-    r = gpuhook("cdi", "generate", "--root", root, "--output", str(tmp_path / "one.json"))
+    r = gpuhook("cdi", "generate", "--root", root, "--output", str(tmp_path / "one.json"), config=NO_CONFIG)
     assert r.returncode == 2 and "--kind" in r.stderr and "Traceback" not in r.stderr
-    r = gpuhook("cdi", "generate", "--root", root, "--output", str(tmp_path / "one.json"), "--kind", "gpu", "--format", "json")
+    r = gpuhook("cdi", "generate", "--root", root, "--output", str(tmp_path / "one.json"), "--kind", "gpu", "--format", "json", config=NO_CONFIG)
     assert r.returncode == 0 and json.load(open(tmp_path / "one.json"))["kind"] == "gpuhook.dev/gpu"
     # the node loses its GPUs: the specs go
-    r = gpuhook("cdi", "generate", "--root", make_host("cpu"), "--output-dir", str(out))
+    r = gpuhook("cdi", "generate", "--root", make_host("cpu"), "--output-dir", str(out), config=NO_CONFIG)
     assert r.returncode == 0 and "No GPU" in r.stdout
     assert os.listdir(out) == []
-    r = gpuhook("cdi", "generate", "--root", str(tmp_path / "nope"))
+    r = gpuhook("cdi", "generate", "--root", str(tmp_path / "nope"), config=NO_CONFIG)
     assert r.returncode == 2 and "not a directory" in r.stderr

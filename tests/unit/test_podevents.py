@@ -217,7 +217,7 @@ def test_cri_creates_become_pod_events_and_metrics(make_host, runtime, container
     second, labels both, and its metrics endpoint counts the creates."""
     import cri_client
     from containerd_harness import IMAGE_NAME
-    from test_e2e_cri import HANDLER, Kubelet
+    from kubelet import HANDLER, Kubelet
 
     gpu_host, cpu_host = make_host("nvidia", mknod=True), make_host("cpu", mknod=True)
     rt = runtime(gpu_host)
