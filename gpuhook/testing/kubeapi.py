@@ -43,132 +43,92 @@ class FakeAPI:
         self.queries: list[str] = []  # the query string of each request
         self.fail_next: list[int] = []  # HTTP statuses to answer with before behaving
         self.lock = threading.Lock()
-        api = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def _reply(self, code: int, body: dict):
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _handle(self, method: str):
-                length = int(self.headers.get("Content-Length") or 0)
-                body: Any = json.loads(self.rfile.read(length)) if length else None
-                self.path, _, query = self.path.partition("?")
-                with api.lock:
-                    api.requests.append((method, self.path, body, self.headers.get("Content-Type")))
-                    api.auth.append(self.headers.get("Authorization"))
-                    api.queries.append(query)
-                    if self.headers.get("Authorization") != f"Bearer {api.token}":
-                        return self._reply(401, {"kind": "Status", "message": "Unauthorized"})
-                    if api.fail_next:
-                        return self._reply(api.fail_next.pop(0), {"kind": "Status", "message": "try later"})
-                    node_path = f"/api/v1/nodes/{api.node_name}"
-                    if method == "GET" and self.path == node_path:
-                        return self._reply(200, api.node)
-                    if method == "PATCH" and self.path == node_path:
-                        if self.headers.get("Content-Type") != "application/merge-patch+json":
-                            return self._reply(415, {"message": "unsupported patch type"})
-                        manager = dict(urllib.parse.parse_qsl(query)).get("fieldManager", "unknown")
-                        api._change_labels(manager, body.get("metadata", {}).get("labels") or {})
-                        return self._reply(200, api.node)
-                    parts = self.path.split("/")
-                    if (
-                        method == "POST"
-                        and len(parts) == 6
-                        and parts[1:4] == ["api", "v1", "namespaces"]
-                        and parts[5] == "events"
-                    ):
-                        if body["metadata"].get("namespace") != parts[4] or (
-                            body["involvedObject"].get("namespace", parts[4]) != parts[4]
-                        ):
-                            return self._reply(422, {"message": "namespace does not match"})
-                        body = dict(body, metadata=dict(body["metadata"], name=f"e{len(api.events) + 1}"))
-                        api.events.append(body)
-                        return self._reply(201, body)
-                    if len(parts) == 7 and parts[1:4] == ["api", "v1", "namespaces"] and parts[5] in ("pods", "events"):
-                        if parts[5] == "events":
-                            found = next(
-                                (
-                                    e
-                                    for e in api.events
-                                    if e["metadata"]["name"] == parts[6] and e["metadata"]["namespace"] == parts[4]
-                                ),
-                                None,
-                            )
-                            if method != "PATCH" or found is None:
-                                return self._reply(404, {"message": "no such event"})
-                            api.event_patches.append((parts[6], body))
-                            found.update(body)
-                            return self._reply(200, found)
-                        pod = api.pods.get((parts[4], parts[6]))
-                        if pod is None:
-                            return self._reply(404, {"kind": "Status", "message": f"pods {parts[6]!r} not found"})
-                        if method == "GET":
-                            return self._reply(200, pod)
-                        if method == "PATCH":
-                            have = pod["metadata"].setdefault("labels", {})
-                            for k, v in (body.get("metadata", {}).get("labels") or {}).items():
-                                if v is None:
-                                    have.pop(k, None)
-                                else:
-                                    have[k] = v
-                            return self._reply(200, pod)
-                    return self._reply(404, {"kind": "Status", "message": f"{method} {self.path}: not found"})
-
-            def do_GET(self):
-                self._handle("GET")
-
-            def do_PATCH(self):
-                self._handle("PATCH")
-
-            def do_POST(self):
-                self._handle("POST")
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)  # loopback only
+        handler = type("Handler", (_Handler,), {"api": self})
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)  # loopback only
         self.scheme = "http"
-        self.ca_file = None
+        self.ca_file: str | None = None
         if tls_dir:
-            cert, key = os.path.join(tls_dir, "tls.crt"), os.path.join(tls_dir, "tls.key")
-            subprocess.run(
-                [
-                    "openssl",
-                    "req",
-                    "-x509",
-                    "-newkey",
-                    "rsa:2048",
-                    "-nodes",
-                    "-days",
-                    "1",
-                    "-subj",
-                    "/CN=kubernetes",
-                    "-addext",
-                    "subjectAltName=IP:127.0.0.1",
-                    "-keyout",
-                    key,
-                    "-out",
-                    cert,
-                ],
-                check=True,
-                capture_output=True,
-            )
-            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            ctx.load_cert_chain(cert, key)
-            if client_ca:  # TLS client certificates signed by (or being) client_ca are required
-                ctx.load_verify_locations(client_ca)
-                ctx.verify_mode = ssl.CERT_REQUIRED
-            self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
-            self.scheme = "https"
-            self.ca_file = cert
+            self._serve_tls(tls_dir, client_ca)
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
+
+    def _serve_tls(self, tls_dir: str, client_ca: str | None) -> None:
+        """HTTPS with a fresh self-signed certificate for 127.0.0.1 (ca_file), client
+        certificates signed by (or being) client_ca required when given."""
+        cert, key = os.path.join(tls_dir, "tls.crt"), os.path.join(tls_dir, "tls.key")
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=kubernetes"]
+            + ["-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert],
+            check=True,
+            capture_output=True,
+        )
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+        if client_ca:
+            ctx.load_verify_locations(client_ca)
+            ctx.verify_mode = ssl.CERT_REQUIRED
+        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+        self.scheme = "https"
+        self.ca_file = cert
+
+    def answer(self, method: str, path: str, query: str, body: Any, content_type: str | None) -> tuple[int, dict]:
+        """(status, body) for one authorized request, under the lock."""
+        node_path = f"/api/v1/nodes/{self.node_name}"
+        if method == "GET" and path == node_path:
+            return 200, self.node
+        if method == "PATCH" and path == node_path:
+            if content_type != "application/merge-patch+json":
+                return 415, {"message": "unsupported patch type"}
+            manager = dict(urllib.parse.parse_qsl(query)).get("fieldManager", "unknown")
+            self._change_labels(manager, body.get("metadata", {}).get("labels") or {})
+            return 200, self.node
+        parts = path.split("/")
+        if len(parts) in (6, 7) and parts[1:4] == ["api", "v1", "namespaces"]:
+            ns, kind, name = parts[4], parts[5], (parts[6] if len(parts) == 7 else None)
+            if kind == "events" and name is None and method == "POST":
+                return self._post_event(ns, body)
+            if kind == "events" and name is not None:
+                return self._patch_event(method, ns, name, body)
+            if kind == "pods" and name is not None:
+                answer = self._pod(method, ns, name, body)
+                if answer is not None:
+                    return answer
+        return 404, {"kind": "Status", "message": f"{method} {path}: not found"}
+
+    def _post_event(self, ns: str, body: Any) -> tuple[int, dict]:
+        if body["metadata"].get("namespace") != ns or body["involvedObject"].get("namespace", ns) != ns:
+            return 422, {"message": "namespace does not match"}
+        body = dict(body, metadata=dict(body["metadata"], name=f"e{len(self.events) + 1}"))
+        self.events.append(body)
+        return 201, body
+
+    def _patch_event(self, method: str, ns: str, name: str, body: Any) -> tuple[int, dict]:
+        found = next(
+            (e for e in self.events if e["metadata"]["name"] == name and e["metadata"]["namespace"] == ns), None
+        )
+        if method != "PATCH" or found is None:
+            return 404, {"message": "no such event"}
+        self.event_patches.append((name, body))
+        found.update(body)
+        return 200, found
+
+    def _pod(self, method: str, ns: str, name: str, body: Any) -> tuple[int, dict] | None:
+        """GET, or a merge PATCH of the labels, of a Pod add_pod() made; None for another method."""
+        pod = self.pods.get((ns, name))
+        if pod is None:
+            return 404, {"kind": "Status", "message": f"pods {name!r} not found"}
+        if method == "GET":
+            return 200, pod
+        if method != "PATCH":
+            return None
+        have = pod["metadata"].setdefault("labels", {})
+        for k, v in (body.get("metadata", {}).get("labels") or {}).items():
+            if v is None:
+                have.pop(k, None)
+            else:
+                have[k] = v
+        return 200, pod
 
     def _change_labels(self, manager: str, patch: dict) -> None:
         """A merge patch of the Node's labels by `manager`, with the API server's field
@@ -237,6 +197,48 @@ class FakeAPI:
     def close(self):
         self.server.shutdown()
         self.server.server_close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """FakeAPI's request handler: records the request, checks the token, then answers as
+    FakeAPI.answer says (api: the FakeAPI, set on a subclass per server)."""
+
+    api: FakeAPI
+
+    def log_message(self, *a):
+        pass
+
+    def _reply(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _handle(self, method: str) -> None:
+        api = self.api
+        length = int(self.headers.get("Content-Length") or 0)
+        body: Any = json.loads(self.rfile.read(length)) if length else None
+        self.path, _, query = self.path.partition("?")
+        with api.lock:
+            api.requests.append((method, self.path, body, self.headers.get("Content-Type")))
+            api.auth.append(self.headers.get("Authorization"))
+            api.queries.append(query)
+            if self.headers.get("Authorization") != f"Bearer {api.token}":
+                return self._reply(401, {"kind": "Status", "message": "Unauthorized"})
+            if api.fail_next:
+                return self._reply(api.fail_next.pop(0), {"kind": "Status", "message": "try later"})
+            self._reply(*api.answer(method, self.path, query, body, self.headers.get("Content-Type")))
+
+    def do_GET(self):
+        self._handle("GET")
+
+    def do_PATCH(self):
+        self._handle("PATCH")
+
+    def do_POST(self):
+        self._handle("POST")
 
 
 def write_kubeconfig(path, api, *, ca: str = "file", user: dict | None = None, context: str = "test") -> str:
