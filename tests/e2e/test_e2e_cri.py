@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from conftest import needs_cri, nodes_of, records, wrapper_path
+from conftest import gpuhook, needs_cri, nodes_of, records, wrapper_path
 from containerd_harness import IMAGE_NAME
 from kubelet import HANDLER, LIBDIR, SHOW, Kubelet
 
@@ -142,24 +142,16 @@ def test_installed_handler_through_cri_then_uninstalled(make_host, runtime, cont
     by `gpuhook install --runtime containerd --restart none`, BinaryName at /opt/gpuhook (the
     host bundle, bind-mounted there for containerd only); after `gpuhook uninstall` and a
     restart, the handler is gone."""
-    import subprocess
-    import sys
-
     import cri_client
     import grpc
 
     node = tmp_path / "node"
     config = node / "etc" / "containerd" / "config.toml"
 
-    def gpuhook(*args):
-        r = subprocess.run([sys.executable, "-m", "gpuhook", *args, "--host-root", str(node)],
-                           capture_output=True, text=True, timeout=120)
-        assert r.returncode == 0, r.stderr
-        return r.stdout
-
     def install(path):
         original[0] = open(path, "rb").read()
-        gpuhook("install", "--runtime", "containerd", "--restart", "none", "--bundle-dir", real_bundle)
+        gpuhook("install", "--runtime", "containerd", "--restart", "none", "--bundle-dir", real_bundle, "--host-root", node,
+                check=True)
 
     original = [b""]
     rt = runtime(make_host("nvidia", mknod=True))
@@ -187,7 +179,7 @@ def test_installed_handler_through_cri_then_uninstalled(make_host, runtime, cont
     assert r.exit_code == 0 and r.stdout.decode().split() == ["nvidia"], r
 
     client.remove_all()
-    gpuhook("uninstall", "--runtime", "containerd", "--restart", "none")
+    gpuhook("uninstall", "--runtime", "containerd", "--restart", "none", "--host-root", node, check=True)
     assert config.read_bytes() == original[0]
     ctd.restart()  # the gRPC channel reconnects by itself
     client.wait_image(IMAGE_NAME)

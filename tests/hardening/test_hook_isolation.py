@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 
 import pytest
 
@@ -351,13 +350,11 @@ def test_a_hook_that_could_not_fill_the_ld_cache_says_so_in_the_node_log(make_ho
     assert line["kind"] == hook.LDCACHE and line["outcome"] == "timeout", line
     assert "driver libraries need LD_LIBRARY_PATH" in line["error"], line
     # gpuhook log: the create's row says the ld cache was not updated
-    shown = subprocess.run([sys.executable, "-m", "gpuhook", "log", "--file", rt.log, "--wide"],
-                           capture_output=True, text=True, timeout=30)
+    shown = gpuhook("log", "--file", rt.log, "--wide", timeout=30)
     row = [x for x in shown.stdout.splitlines() if cid in x]
     assert shown.returncode == 0 and len(row) == 1, shown.stdout + shown.stderr
     assert f"ldcache {line['outcome']}" in row[0] and "LD_LIBRARY_PATH" in row[0], row
-    js = subprocess.run([sys.executable, "-m", "gpuhook", "log", "--file", rt.log, "--json"],
-                        capture_output=True, text=True, timeout=30)
+    js = gpuhook("log", "--file", rt.log, "--json", timeout=30)
     (rec,) = [json.loads(x) for x in js.stdout.splitlines() if json.loads(x).get("container_id") == cid]
     assert rec["event"] == "create" and [h["outcome"] for h in rec["hook_errors"]] == [line["outcome"]], rec
 
