@@ -417,6 +417,20 @@ NV, INTEL = _label_inventories()
 
 # -- the node agent (tests/unit/test_agent.py and the tests of what it writes) ---------------
 
+@pytest.fixture
+def logs():
+    """gpuhook's log (gpuhook.log) as JSON lines in memory, debug and up: logs() -> its records."""
+    import io
+    import json
+
+    from gpuhook import log
+
+    out = io.StringIO()
+    log.configure(stream=out, fmt="json", level="debug")
+    yield lambda: [json.loads(line) for line in out.getvalue().splitlines()]
+    log.configure(stream=io.StringIO(), fmt="json")
+
+
 def make_agent(tmp_path, root, **kw):
     """An agent (gpuhook.agent.core.Agent) on the host root `root`, writing its CDI specs to
     tmp_path/cdi and its NFD file to tmp_path/nfd, without udev, install or an API unless

@@ -3,7 +3,6 @@ the Kubernetes API, SIGTERM."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -48,15 +47,6 @@ def remove_nvidia_gpu(fh: fakehost.FakeHost, i: int, minor: int) -> None:
     shutil.rmtree(fh.p(f"/proc/driver/nvidia/gpus/{_bdf(i)}"))
     shutil.rmtree(fh.p(f"/sys/devices/pci0000:00/{_bdf(i)}"))
     os.unlink(fh.p(f"/dev/nvidia{minor}"))
-
-
-@pytest.fixture
-def logs():
-    """Agent logs as JSON lines in memory: logs() -> list of records."""
-    out = io.StringIO()
-    log.configure(stream=out, fmt="json", level="debug")
-    yield lambda: [json.loads(line) for line in out.getvalue().splitlines()]
-    log.configure(stream=io.StringIO(), fmt="json")
 
 
 class Running:

@@ -5,7 +5,6 @@ gpuhook.dev/accelerator, and serves Prometheus metrics. The API is a fake one on
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
@@ -20,14 +19,6 @@ from gpuhook.testing.front import prime
 from gpuhook.agent import core as agent_mod
 from gpuhook import log
 from gpuhook.agent import podevents
-
-
-@pytest.fixture
-def logs():
-    out = io.StringIO()
-    log.configure(stream=out, fmt="json", level="debug")
-    yield lambda: [json.loads(line) for line in out.getvalue().splitlines()]
-    log.configure(stream=io.StringIO(), fmt="json")
 
 
 def create(decision="injected", pod="trainer-0", ns="ml", uid="uid-trainer-0", ctr="app", **kw) -> dict:
