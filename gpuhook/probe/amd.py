@@ -112,46 +112,9 @@ def probe(host: Host) -> VendorInventory | None:
     every = drm_devices(host, drm_major)
     drm = [d for d in every if d.vendor_id == VENDOR_ID and d.driver == "amdgpu"]
     xcp = [d for d in every if is_xcp(d.sysfs) and d.render is not None]
-    kfd = kfd_gpus(host)
-    devices, used = _kfd_devices(host, kfd, drm, xcp, drm_major)
-    for d in xcp:
-        if d not in used:
-            host.warn(
-                f"{d.sysfs}: compute partition render node {d.render.path if d.render else '?'} that no KFD node "
-                "names, skipped (no compute without KFD)"
-            )
-    for d in drm:
-        if d not in used:
-            devices.append(
-                Device(
-                    "amd",
-                    "gpu",
-                    len(devices),
-                    d.pci or d.sysfs,
-                    tuple(n for n in (d.card, d.render) if n is not None),
-                    d.pci,
-                    model(d.device_id),
-                    "amdgpu",
-                )
-            )
-    if not devices:
-        return None
-    kfd_dev = kfd_node(host, majors)
-    if kfd_dev is None and kfd:
-        host.warn(
-            "KFD topology lists GPUs but /dev/kfd is missing and no kfd major is known: "
-            "AMD GPUs reported without the kfd control node (no compute)"
-        )
-    return VendorInventory("amd", tuple(devices), (kfd_dev,) if kfd_dev else ())
-
-
-def _kfd_devices(
-    host: Host, kfd: list[dict[str, int]], drm: list[DrmDevice], xcp: list[DrmDevice], drm_major: int
-) -> tuple[list[Device], set[DrmDevice]]:
-    """A Device per KFD GPU node (a partition where several share a physical function), with
-    the DRM nodes that match it; and the DRM devices so used."""
     by_minor = {d.render.minor: d for d in drm + xcp if d.render is not None}
     by_pci = {d.pci: d for d in drm if d.pci}
+    kfd = kfd_gpus(host)
     addrs = [pci_address(p.get("domain", 0), p.get("location_id", 0)) for p in kfd]
     physical = [a[:-1] + "0" for a in addrs]  # the function bits masked
     devices: list[Device] = []
@@ -181,4 +144,32 @@ def _kfd_devices(
                 parent if partition else None,
             )
         )
-    return devices, used
+    for d in xcp:
+        if d not in used:
+            host.warn(
+                f"{d.sysfs}: compute partition render node {d.render.path if d.render else '?'} that no KFD node "
+                "names, skipped (no compute without KFD)"
+            )
+    for d in drm:
+        if d not in used:
+            devices.append(
+                Device(
+                    "amd",
+                    "gpu",
+                    len(devices),
+                    d.pci or d.sysfs,
+                    tuple(n for n in (d.card, d.render) if n is not None),
+                    d.pci,
+                    model(d.device_id),
+                    "amdgpu",
+                )
+            )
+    if not devices:
+        return None
+    kfd_dev = kfd_node(host, majors)
+    if kfd_dev is None and kfd:
+        host.warn(
+            "KFD topology lists GPUs but /dev/kfd is missing and no kfd major is known: "
+            "AMD GPUs reported without the kfd control node (no compute)"
+        )
+    return VendorInventory("amd", tuple(devices), (kfd_dev,) if kfd_dev else ())
