@@ -105,10 +105,10 @@ def log_records(path: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-
 def records(rt, cid: str) -> list[dict]:
     """The log records of one container (its id) of a conftest Runtime `rt`."""
     return [rec for rec in rt.log_records() if rec.get("container_id") == cid]
+
 
 # the runtime's front as `make` builds it in the source tree (gpuhook/runtime/gpuhook-runtime.c)
 FRONT = os.path.join(REPO, "gpuhook", "runtime", "gpuhook-runtime")
