@@ -74,7 +74,7 @@ class NRIPlugin:
 
 
 @pytest.fixture
-def nri_node(request, node, tmp_path,
+def nri_node(request, node, tmp_path,  # noqa: F811 (test_sid_runtimes' fixture)
              busybox_image_tar, cri_stubs, make_host, runtime):
     """(ctd, client, kubelet, rt, plugin, host): containerd 2.x on the NRI config, the plugin
     connected. A test that asks for real_bundle also gets gpuhook's CDI specs in the root."""
