@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuhook import config as cfg
-from gpuhook.runtime import parse_args
+from gpuhook.runtime.args import parse_args
 
 FRONT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "gpuhook", "runtime", "gpuhook-runtime")
 

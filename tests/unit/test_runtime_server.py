@@ -282,6 +282,7 @@ def test_a_request_past_its_deadline_writes_nothing(node, monkeypatch):
     for name, value in node.env().items():
         monkeypatch.setenv(name, value)
     own = server.Installation()
+    here = os.getcwd()
     argv = ("--root", str(node.tmp / "state"), "create", "--bundle", str(node.bundle), "c11")
     late = server.parse_request(server._reply(*request(node, time.monotonic_ns() - 1, *argv)))
     assert server.handle(late, own) == b"fallback\0"
@@ -293,7 +294,7 @@ def test_a_request_past_its_deadline_writes_nothing(node, monkeypatch):
     assert reply[0] == b"exec" and reply[2] == node.log.encode() and b'"decision":"injected"' in reply[3]
     assert "GPUHOOK_ACCELERATOR=nvidia" in (node.bundle / "config.json").read_text()
     assert log_records(node.log) == []
-    assert os.getcwd() == "/" and os.environ["GPUHOOK_CONFIG"] == str(node.config)
+    assert os.getcwd() == here and os.environ["GPUHOOK_CONFIG"] == str(node.config)
 
 
 def test_fail_closed_exits_as_python_would(tmp_path, make_host):
