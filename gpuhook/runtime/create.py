@@ -160,7 +160,7 @@ def record_exec_env(inv: Invocation, out: Outcome, real: str, call: Call) -> Non
     from ..config import cache_dir
     from . import exec as execpath
 
-    pwd = execpath.caller_pwd(call.env, call.cwd)
+    pwd = execpath.pwd_for(inv, call)
     try:
         path = execpath.record_path(cache_dir(), inv.root, inv.container_id, real, pwd)
         if path is None:

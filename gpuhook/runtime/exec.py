@@ -64,6 +64,11 @@ def caller_pwd(env, cwd: str) -> str:
     return cwd
 
 
+def pwd_for(inv, call) -> str | None:
+    """What a relative --root of this call is read against (caller_pwd), None for another root."""
+    return caller_pwd(call.env, call.cwd) if inv.root and not inv.root.startswith("/") else None
+
+
 def record_path(
     cache_dir: str, root: str | None, container_id: str | None, runtime: str, pwd: str | None = None
 ) -> str | None:
@@ -360,7 +365,7 @@ def _same_dir(a: str, b: object) -> bool:
         return False
 
 
-def _for_this_instance(path: str, record: dict, inv, runtime: str, pwd: str) -> str | None:
+def _for_this_instance(path: str, record: dict, inv, runtime: str, pwd: str | None) -> str | None:
     """None when the record was made for the container now under this id and root (its
     bundle, the config.json gpuhook wrote there, and, once bound, the runtime's creation
     time are the record's); else why not. An unbound record is bound at its first use."""
@@ -385,7 +390,7 @@ def _for_this_instance(path: str, record: dict, inv, runtime: str, pwd: str) -> 
 def on_exec(inv, argv: list[str], runtime: str, cache_dir: str, call) -> tuple[list[str], str | None]:
     """(the argv to exec the runtime with, why nothing was added or None), for the caller of
     call (args.Call: its $PWD for a relative --root, its cwd for a relative --process)."""
-    pwd = caller_pwd(call.env, call.cwd)
+    pwd = pwd_for(inv, call)
     path = record_path(cache_dir, inv.root, inv.container_id, runtime, pwd)
     record = read_record_data(path) if path else None
     if path is None or not record or not record["env"]:
@@ -430,7 +435,7 @@ def delete_call(inv, argv: list[str], real: str, call):
     from .args import Answer
     from .logline import runtime_error
 
-    pwd = caller_pwd(call.env, call.cwd)
+    pwd = pwd_for(inv, call)
     path = record_path(cache_dir(), inv.root, inv.container_id, real, pwd)
     if path is None or not record_exists(path):
         return Answer([real] + argv)
