@@ -15,6 +15,7 @@ whole, with a warning, and the container gets what the node policy gives.
 import os
 import stat as _stat
 
+from .. import vendors as _vendors
 from ..record import Record
 
 PREFIX = "gpuhook.dev/"
@@ -22,8 +23,7 @@ INJECT = "gpuhook.dev/inject"
 VENDORS = "gpuhook.dev/vendors"
 MAX_GPUS = "gpuhook.dev/max-gpus"
 KNOWN_ANNOTATIONS = (INJECT, VENDORS, MAX_GPUS)
-VENDOR_NAMES = ("nvidia", "amd", "intel", "accel", "dxg")
-VENDOR_ALIASES = {"wsl": "dxg"}
+VENDOR_NAMES = _vendors.NAMES  # an older spelling (vendors.py's aliases) is read as the name
 FALSE = ("false", "0", "no", "off")
 TRUE = ("true", "1", "yes", "on")
 MAX_VALUE_LEN = 256
@@ -107,7 +107,7 @@ def pod_policy(annotations: dict, warn) -> "PodPolicy":
             elif v not in TRUE:
                 warn(f"annotation {key}: {show(value)} is not true or false, ignored")
         elif key == VENDORS:
-            names = [VENDOR_ALIASES.get(t.strip(), t.strip()) for t in v.split(",") if t.strip()]
+            names = [_vendors.canonical(t.strip()) or t.strip() for t in v.split(",") if t.strip()]
             bad = [n for n in names if n not in VENDOR_NAMES]
             if bad or not names:
                 why = f"unknown vendor {show(bad[0])}" if bad else "no vendor named"
@@ -294,7 +294,7 @@ def least_used(keys: "list[str]", n: int, state_dir: "str | None", warn) -> "lis
 
 # Whose GPUs a device plugin's resource hands out, by the resource name's prefix. An id under
 # one of these that gpuhook cannot map to a GPU of the node holds that vendor's GPUs back.
-GPU_RESOURCES = (("nvidia.com/", "nvidia"), ("amd.com/", "amd"), ("gpu.intel.com/", "intel"))
+GPU_RESOURCES = _vendors.gpu_resources()
 NVIDIA_REPLICA = "::"  # NVIDIA's time-slicing and MPS replicas: <id>::<n>
 AMD_SLICE = "-slice-"  # ROCm's time slices: <PCI address>-slice-<n>
 INTEL_MONITORING = "_monitoring"  # gpu.intel.com/i915_monitoring "all": telemetry, takes no GPU
