@@ -23,7 +23,7 @@ INV = Inventory("/", (NV, INTEL))
 
 
 def test_all_vendors_and_the_env_contract():
-    e = plan(INV, req(), ldconfig="/sbin/ldconfig")
+    e = plan(INV, req(), ldconfig="/sbin/ldconfig").edits
     assert "GPUHOOK_ACCELERATOR=nvidia,intel" in e.env
     assert "GPUHOOK_DEVICES=nvidia:GPU-0,nvidia:GPU-1,intel:0000:00:02.0" in e.env
     assert [n.path for n in e.device_nodes] == ["/dev/nvidia7", "/dev/nvidia6", "/dev/nvidiactl",
@@ -37,7 +37,7 @@ def test_all_vendors_and_the_env_contract():
 
 
 def test_ldcache_hook_has_explicit_env_and_runs_isolated():
-    (h,) = plan(INV, req(), ldconfig="/sbin/ldconfig").hooks
+    (h,) = plan(INV, req(), ldconfig="/sbin/ldconfig").edits.hooks
     assert h.hook_name == "createContainer" and h.kind == hook.LDCACHE
     assert h.env == ("PATH=/usr/sbin:/usr/bin:/sbin:/bin",)  # never the container's env
     # the isolated helper (gpuhook/hook/), never ldconfig or sh over the rootfs directly
@@ -50,29 +50,28 @@ def test_no_hook_when_the_helper_is_missing(monkeypatch):
     """An unbuilt helper: no hook at all (runc would fail the container on a missing hook
     binary), and the warning says so; never the bare ldconfig."""
     monkeypatch.setattr(hook, "package_helper", lambda: "/nonexistent/gpuhook-hook")
-    warnings: list = []
-    e = plan(INV, req(), ldconfig="/sbin/ldconfig", warnings=warnings)
-    assert e.hooks == () and e.mounts and any("gpuhook-hook is missing" in w for w in warnings)
+    p = plan(INV, req(), ldconfig="/sbin/ldconfig")
+    assert p.edits.hooks == () and p.edits.mounts and any("gpuhook-hook is missing" in w for w in p.warnings)
 
 
 def test_no_hook_without_libraries_or_rootfs():
-    assert plan(Inventory("/", (INTEL,)), req()).hooks == ()
-    assert plan(INV, req(rootfs=None)).hooks == ()
+    assert plan(Inventory("/", (INTEL,)), req()).edits.hooks == ()
+    assert plan(INV, req(rootfs=None)).edits.hooks == ()
 
 
 def test_host_root_prefixes_mount_sources_only():
-    e = plan(Inventory("/tmp/fake", (NV,)), req(), ldconfig="/sbin/ldconfig")
+    e = plan(Inventory("/tmp/fake", (NV,)), req(), ldconfig="/sbin/ldconfig").edits
     m = e.mounts[0]
     assert m.host_path == "/tmp/fake/usr/lib/x86_64-linux-gnu/libcuda.so.550.1"
     assert m.container_path == "/usr/lib/x86_64-linux-gnu/libcuda.so.550.1"
 
 
 def test_nothing_for_cpu_nodes_sandboxes_and_opt_outs():
-    assert not plan(Inventory("/", ()), req())
-    assert not plan(INV, req(annotations={"io.kubernetes.cri.container-type": "sandbox"}))
-    assert not plan(INV, req(annotations={"io.kubernetes.cri-o.ContainerType": "sandbox"}))
-    assert not plan(INV, req(annotations={"gpuhook.dev/inject": "false"}))
-    assert plan(INV, req(annotations={"io.kubernetes.cri.container-type": "container"}))
+    assert not plan(Inventory("/", ()), req()).edits
+    assert not plan(INV, req(annotations={"io.kubernetes.cri.container-type": "sandbox"})).edits
+    assert not plan(INV, req(annotations={"io.kubernetes.cri-o.ContainerType": "sandbox"})).edits
+    assert not plan(INV, req(annotations={"gpuhook.dev/inject": "false"})).edits
+    assert plan(INV, req(annotations={"io.kubernetes.cri.container-type": "container"})).edits
 
 
 def test_request_from_spec():
@@ -93,12 +92,12 @@ def test_user_namespace_leaves_out_nodes_the_host_has_not_created():
                                                   Node("/dev/nvidia-uvm-tools", "c", 510, 1, present=False)),
                            NV.libraries, NV.binaries, NV.driver_version)
     inv = Inventory("/", (lazy,))
-    warnings = []
-    e = plan(inv, req(userns=True), ldconfig="/sbin/ldconfig", warnings=warnings)
+    p = plan(inv, req(userns=True), ldconfig="/sbin/ldconfig")
+    e, warnings = p.edits, p.warnings
     assert "/dev/nvidia-uvm-tools" not in [n.path for n in e.device_nodes]
     assert "/dev/nvidiactl" in [n.path for n in e.device_nodes]
     assert any("nvidia-uvm-tools" in w for w in warnings)
-    assert "/dev/nvidia-uvm-tools" in [n.path for n in plan(inv, req(), ldconfig="/sbin/ldconfig").device_nodes]
+    assert "/dev/nvidia-uvm-tools" in [n.path for n in plan(inv, req(), ldconfig="/sbin/ldconfig").edits.device_nodes]
     spec = {"linux": {"namespaces": [{"type": "pid"}, {"type": "user"}]}}
     assert request_from_spec(spec).userns and not request_from_spec({"linux": {"namespaces": [{"type": "pid"}]}}).userns
 
@@ -112,6 +111,6 @@ def test_the_hook_is_the_same_whatever_the_image_holds(tmp_path):
     (linked / "etc").symlink_to("/etc")
     bare.mkdir()
     for rootfs in (plain, linked, bare):
-        (h,) = plan(INV, req(rootfs=str(rootfs)), ldconfig="/sbin/ldconfig").hooks
+        (h,) = plan(INV, req(rootfs=str(rootfs)), ldconfig="/sbin/ldconfig").edits.hooks
         assert (h.path, h.args) == (hook.package_helper(), hook.argv(hook.LDCACHE, str(rootfs),
                                                                      ("/sbin/ldconfig", "/usr/lib/x86_64-linux-gnu")))
