@@ -64,10 +64,19 @@ VENDORS = (
     # WSL2's paravirtualized GPU, named after its device (/dev/dxg); "wsl" was the probe's word
     Vendor("dxg", ("/dev/dxg",), "gpuhook.probe.wsl", aliases=("wsl",)),
 )
-NAMES = tuple(v.name for v in VENDORS)
-BY_NAME = {v.name: v for v in VENDORS}
-# every spelling a user may write -> the vendor's name
-SPELLINGS = {**{a: v.name for v in VENDORS for a in v.aliases}, **{n: n for n in NAMES}}
+
+
+def _index(vendors: "tuple[Vendor, ...]") -> tuple:
+    """(names, name -> Vendor, every spelling a user may write -> the vendor's name)."""
+    names = tuple(v.name for v in vendors)
+    return (
+        names,
+        {v.name: v for v in vendors},
+        {**{a: v.name for v in vendors for a in v.aliases}, **{n: n for n in names}},
+    )
+
+
+NAMES, BY_NAME, SPELLINGS = _index(VENDORS)
 
 
 def canonical(word: str) -> "str | None":
