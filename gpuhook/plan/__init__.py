@@ -1,7 +1,8 @@
-"""Policy: (Inventory, Request) -> Edits. Every decision about what a container gets lives here.
+"""Policy: (Inventory, Request) -> Plan. Every decision about what a container gets lives here.
 
 The probe only reports and the spec editor only applies; this module decides. Its inputs
-are validated by plan/policy.py (annotations, env, state); the decisions, in order:
+are validated by plan/policy.py (annotations, the round robin's state, the kubelet's
+checkpoint) and plan/nvidia.py (NVIDIA's env); the decisions, in order:
 
 1. Nothing for a sandbox (pause) container, a CPU-only node, or `gpuhook.dev/inject: "false"`.
 2. Vendors: every vendor of the node, narrowed by `gpuhook.dev/vendors`, without those whose
@@ -46,8 +47,6 @@ SANDBOX_ANNOTATIONS = (
     ("io.kubernetes.cri-o.ContainerType", "sandbox"),  # CRI-O
 )
 LDCONFIG_CANDIDATES = ("/sbin/ldconfig.real", "/sbin/ldconfig", "/usr/sbin/ldconfig")
-# The createContainer hooks (the ld cache, Intel's /dev/dri/by-path links) run as root on the
-# host before pivot_root: each runs in gpuhook-hook, isolated from the host (gpuhook/hook/).
 DXG_NEEDS = "libdxcore.so"
 # Why a device was held back (share = "unallocated"): Held.reason
 ALLOCATED = "allocated"  # the kubelet allocated it to another pod
@@ -207,7 +206,7 @@ class Held(Record):
     def why(self) -> str:
         """The reason in words, for the log and `gpuhook plan`."""
         a = self.allocation
-        if a is None:
+        if self.reason == UNREADABLE or a is None:
             return "the kubelet's checkpoint is unreadable"
         pod, what = policy.show(a.pod, 40), f"{a.resource} {policy.show(a.id, 80)}"
         if self.reason == UNMAPPED:
@@ -424,8 +423,9 @@ def _creatable(inv: "Inventory", nodes: "list[DeviceNode]", warn) -> "list[Devic
 
 
 def _hooks(req: "Request", parts: "list[Part]", ldconfig, config, warn, helper) -> "tuple[Hook, ...]":
-    """The createContainer hooks, run by gpuhook-hook (isolated): the ld cache over the
-    directories of the libraries mounted, and Intel's /dev/dri/by-path links."""
+    """The createContainer hooks: the ld cache over the directories of the libraries mounted,
+    and Intel's /dev/dri/by-path links. They run as root on the host before pivot_root: each
+    in gpuhook-hook, isolated from the host (gpuhook/hook/)."""
     rootfs = req.rootfs
     if not rootfs:
         return ()

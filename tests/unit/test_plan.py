@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import os
+
 from gpuhook import hook
+from gpuhook.config import Config
+from gpuhook.edits import Edits
 from gpuhook.inventory import Device, Inventory, Library, Node, VendorInventory
 from conftest import request as req
-from gpuhook.plan import plan, request_from_spec
+from gpuhook.plan import UNMAPPED, UNREADABLE, Plan, plan, request_from_spec
 
 NV = VendorInventory(
     "nvidia",
@@ -114,3 +119,37 @@ def test_the_hook_is_the_same_whatever_the_image_holds(tmp_path):
         (h,) = plan(INV, req(rootfs=str(rootfs)), ldconfig="/sbin/ldconfig").edits.hooks
         assert (h.path, h.args) == (hook.package_helper(), hook.argv(hook.LDCACHE, str(rootfs),
                                                                      ("/sbin/ldconfig", "/usr/lib/x86_64-linux-gnu")))
+
+
+def _checkpoint(root, text: str) -> None:
+    path = os.path.join(root, "var/lib/kubelet/device-plugins/kubelet_internal_checkpoint")
+    os.makedirs(os.path.dirname(path))
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def test_what_was_held_back_says_why_by_name(tmp_path):
+    """share = "unallocated": each device held back carries its reason by name, and the
+    Plan's reason and warnings say it in words."""
+    unreadable, unmapped = str(tmp_path / "a"), str(tmp_path / "b")
+    _checkpoint(unreadable, "{not json")
+    p = plan(Inventory(unreadable, INV.vendors), req(rootfs=None), config=Config(share="unallocated"))
+    assert not p.edits and p.vendors == () and p.devices == ()
+    assert [(h.device, h.reason) for h in p.held_back] == [("nvidia:GPU-0", UNREADABLE), ("nvidia:GPU-1", UNREADABLE),
+                                                           ("intel:0000:00:02.0", UNREADABLE)]
+    assert p.reason.endswith("which GPUs are free is unknown (share = unallocated)")
+    assert any("no GPU is given" in w for w in p.warnings)
+    entry = {"PodUID": "pod-x", "ContainerName": "c", "ResourceName": "nvidia.com/gpu", "DeviceIDs": ["weird"]}
+    _checkpoint(unmapped, json.dumps({"Data": {"PodDeviceEntries": [entry]}, "Checksum": 0}))
+    p = plan(Inventory(unmapped, INV.vendors), req(rootfs=None), config=Config(share="unallocated"))
+    assert p.vendors == ("intel",) and p.devices == ("intel:0000:00:02.0",) and p.reason is None
+    assert [(h.device, h.reason) for h in p.held_back] == [("nvidia:GPU-0", UNMAPPED), ("nvidia:GPU-1", UNMAPPED)]
+    assert all("'weird'" in h.why and "cannot map" in h.why for h in p.held_back)
+
+
+def test_the_plan_of_an_opted_out_pod_says_why_and_warns_of_bad_annotations():
+    p = plan(INV, req(annotations={"gpuhook.dev/inject": "false", "gpuhook.dev/colour": "red"}))
+    assert not p.edits and p.reason == 'the pod says gpuhook.dev/inject: "false"'
+    (w,) = p.warnings
+    assert "gpuhook.dev/colour" in w and "not a gpuhook annotation" in w
+    assert plan(Inventory("/", ()), req()) == Plan(Edits())  # a CPU-only node: nothing to say
