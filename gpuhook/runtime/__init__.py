@@ -186,7 +186,7 @@ def parse_args(argv: list[str]) -> Invocation:
 class Outcome:
     """What one create did, for the log line."""
 
-    __slots__ = ("decision", "vendors", "nodes", "mounts", "hooks", "error", "warnings", "env", "pod", "explain")
+    __slots__ = ("decision", "vendors", "nodes", "mounts", "hooks", "error", "warnings", "env", "pod", "plan")
 
     def __init__(self):
         self.env: list[str] = []
@@ -198,7 +198,7 @@ class Outcome:
         self.error: str | None = None
         self.warnings: list[str] = []
         self.pod: dict = {}  # policy.pod_of: the pod's namespace, name, uid, container name
-        self.explain: dict = {}  # plan(explain=): GPUs held back, why none was given
+        self.plan = None  # plan()'s Plan: the devices given and held back, why none was given
 
 
 def edit_bundle(bundle: str, config, out: Outcome) -> None:
@@ -239,9 +239,9 @@ def edit_bundle(bundle: str, config, out: Outcome) -> None:
     inventory = probe_cached(config.host_root, cache_dir(), config.probe_cache_ttl, config.nvidia_driver_root)
     stage("probed")
     out.warnings = list(inventory.warnings)
-    edits = plan(
-        inventory, request, config.ldconfig or find_ldconfig(), config, cache_dir(), out.warnings, explain=out.explain
-    )
+    out.plan = plan(inventory, request, config.ldconfig or find_ldconfig(), config, cache_dir())
+    out.warnings += out.plan.warnings
+    edits = out.plan.edits
     stage("planned")
     if not edits:
         out.decision = "no-gpu" if not inventory.vendors else "declined"
@@ -253,7 +253,7 @@ def edit_bundle(bundle: str, config, out: Outcome) -> None:
     stage("written")
     out.decision = "injected"
     out.env = list(edits.env)
-    out.vendors = list(out.explain.get("vendors", ()))
+    out.vendors = list(out.plan.vendors)
     out.nodes = [n.path for n in edits.device_nodes]
     out.mounts = [m.container_path for m in edits.mounts]
     out.hooks = len(edits.hooks)
@@ -279,12 +279,12 @@ def log_line(config, inv: Invocation, out: Outcome, started: float) -> None:
     }
     if IN_SERVER:
         record["runtime_server"] = True
-    if out.explain.get("devices"):
-        record["devices"] = out.explain["devices"][:256]
-    if out.explain.get("held_back"):
-        record["held_back"] = [h["device"] for h in out.explain["held_back"][:64]]
-    if out.explain.get("reason"):
-        record["reason"] = out.explain["reason"]
+    if out.plan is not None and out.plan.devices:
+        record["devices"] = list(out.plan.devices[:256])
+    if out.plan is not None and out.plan.held_back:
+        record["held_back"] = [h.device for h in out.plan.held_back[:64]]
+    if out.plan is not None and out.plan.reason:
+        record["reason"] = out.plan.reason
     # bounded: a warning may quote a pod's annotation, which can be a megabyte
     if out.error:
         record["error"] = out.error[:1000]

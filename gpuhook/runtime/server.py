@@ -49,7 +49,7 @@ import struct
 import sys
 import time
 
-from .. import runtime
+from .. import runtime, vendors
 from ..config import cache_dir
 from ..defaults import BUNDLE_VERSIONS
 from . import EDITING_COMMANDS, parse_args, prepare
@@ -78,11 +78,7 @@ WARM = (
     "gpuhook.plan.policy",
     "gpuhook.probe.cache",
     "gpuhook.probe.host",
-    "gpuhook.probe.nvidia",
-    "gpuhook.probe.amd",
-    "gpuhook.probe.intel",
-    "gpuhook.probe.accel",
-    "gpuhook.probe.wsl",
+    *vendors.warm_up(),
     "gpuhook.spec",
     "gpuhook.fastjson",
     "gpuhook.runtime.execenv",
