@@ -21,7 +21,7 @@ MAX_SPEC_BYTES = 16 << 20
 class Outcome:
     """What one create did, for the log line."""
 
-    __slots__ = ("decision", "vendors", "nodes", "mounts", "hooks", "error", "warnings", "env", "pod", "explain")
+    __slots__ = ("decision", "vendors", "nodes", "mounts", "hooks", "error", "warnings", "env", "pod", "plan")
 
     def __init__(self):
         self.env: list[str] = []
@@ -33,7 +33,7 @@ class Outcome:
         self.error: str | None = None
         self.warnings: list[str] = []
         self.pod: dict = {}  # policy.pod_of: the pod's namespace, name, uid, container name
-        self.explain: dict = {}  # plan(explain=): GPUs held back, why none was given
+        self.plan = None  # plan()'s Plan: the devices given and held back, why none was given
 
 
 def read_spec(path: str) -> tuple[bytes, int]:
@@ -66,13 +66,12 @@ def parse_spec(raw: bytes) -> dict:
     return spec
 
 
-def planned(inventory, request, config, out: Outcome):
-    """The edits for this request on this node (plan.plan: the one call of it)."""
+def planned(inventory, request, config):
+    """The Plan for this request on this node (plan.plan: the one call of it)."""
     from ..config import cache_dir
     from ..plan import find_ldconfig, plan
 
-    ldconfig = config.ldconfig or find_ldconfig()
-    return plan(inventory, request, ldconfig, config, cache_dir(), out.warnings, explain=out.explain)
+    return plan(inventory, request, config.ldconfig or find_ldconfig(), config, cache_dir())
 
 
 def edit_bundle(bundle: str, config, out: Outcome, call: Call) -> None:
@@ -98,7 +97,9 @@ def edit_bundle(bundle: str, config, out: Outcome, call: Call) -> None:
     inventory = probe_cached(config.host_root, cache_dir(), config.probe_cache_ttl, config.nvidia_driver_root)
     call.stage("probed")
     out.warnings = list(inventory.warnings)
-    edits = planned(inventory, request, config, out)
+    out.plan = planned(inventory, request, config)
+    out.warnings += out.plan.warnings
+    edits = out.plan.edits
     call.stage("planned")
     if not edits:
         out.decision = "no-gpu" if not inventory.vendors else "declined"
@@ -110,7 +111,7 @@ def edit_bundle(bundle: str, config, out: Outcome, call: Call) -> None:
     call.stage("written")
     out.decision = "injected"
     out.env = list(edits.env)
-    out.vendors = list(out.explain.get("vendors", ()))
+    out.vendors = list(out.plan.vendors)
     out.nodes = [n.path for n in edits.device_nodes]
     out.mounts = [m.container_path for m in edits.mounts]
     out.hooks = len(edits.hooks)
@@ -137,12 +138,12 @@ def log_line(config, inv: Invocation, out: Outcome, call: Call) -> "tuple[str, b
     }
     if call.in_server:
         record["runtime_server"] = True
-    if out.explain.get("devices"):
-        record["devices"] = out.explain["devices"][:256]
-    if out.explain.get("held_back"):
-        record["held_back"] = [h["device"] for h in out.explain["held_back"][:64]]
-    if out.explain.get("reason"):
-        record["reason"] = out.explain["reason"]
+    if out.plan is not None and out.plan.devices:
+        record["devices"] = list(out.plan.devices[:256])
+    if out.plan is not None and out.plan.held_back:
+        record["held_back"] = [h.device for h in out.plan.held_back[:64]]
+    if out.plan is not None and out.plan.reason:
+        record["reason"] = out.plan.reason
     # bounded: a warning may quote a pod's annotation, which can be a megabyte
     if out.error:
         record["error"] = out.error[:1000]

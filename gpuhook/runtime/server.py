@@ -49,6 +49,7 @@ import socket
 import struct
 import time
 
+from .. import vendors
 from ..config import cache_dir
 from ..defaults import BUNDLE_VERSIONS
 from . import prepare
@@ -78,11 +79,7 @@ WARM = (
     "gpuhook.plan.policy",
     "gpuhook.probe.cache",
     "gpuhook.probe.host",
-    "gpuhook.probe.nvidia",
-    "gpuhook.probe.amd",
-    "gpuhook.probe.intel",
-    "gpuhook.probe.accel",
-    "gpuhook.probe.wsl",
+    *vendors.warm_up(),
     "gpuhook.spec",
     "gpuhook.fastjson",
     "gpuhook.runtime.create",

@@ -189,7 +189,12 @@ def test_the_create_line_names_the_pod(tmp_path):
     out = create.Outcome()
     out.pod = want
     out.decision = "declined"
-    out.explain = {"held_back": [{"device": "nvidia:GPU-1", "why": "x"}], "reason": "all 1 GPU(s) held back"}
+    from gpuhook.edits import Edits
+    from gpuhook.plan import ALLOCATED, Held, Plan
+    from gpuhook.plan.policy import Allocation
+
+    held = Held("nvidia:GPU-1", ALLOCATED, Allocation("nvidia.com/gpu", "GPU-1", "pod-2"))
+    out.plan = Plan(Edits(), held_back=(held,), reason="all 1 GPU(s) held back")
     write_log(create.log_line(Config, Invocation("create", "/b", "c1", None, None), out, Call({}, "/")))
     line = json.loads(open(Config.log_file).read())
     assert {k: line[k] for k in want} == want
