@@ -272,7 +272,7 @@ class Plugin:
         """One node log line per create this front decided on (the wrapper's line, with "front")."""
         try:
             from .. import fastjson
-            from ..runtime import append_line, utc_now
+            from ..runtime.logline import append_line, utc_now
 
             log_file = config.log_file if config is not None else None
             if config is None:
