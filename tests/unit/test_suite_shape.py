@@ -1,6 +1,7 @@
 """The suite's own shape (issue 23): a test module never imports another (what tests share
 lives in tests/conftest.py, the harness modules beside it and gpuhook/testing), and every test
-checks something: an assert, pytest.raises/fail/warns, or a call of a helper that does."""
+checks something: an assert (or a raised AssertionError), pytest.raises/fail/warns, or a call
+of a helper that does."""
 
 from __future__ import annotations
 
@@ -48,9 +49,16 @@ def test_no_test_module_imports_another():
     assert {name: found for name, found in imports.items() if found} == {}
 
 
+def _raises_assertion(node: ast.AST) -> bool:
+    if not isinstance(node, ast.Raise):
+        return False
+    exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+    return isinstance(exc, ast.Name) and exc.id == "AssertionError"
+
+
 def _checks_itself(fn: ast.AST) -> bool:
     for node in ast.walk(fn):
-        if isinstance(node, ast.Assert):
+        if isinstance(node, ast.Assert) or _raises_assertion(node):
             return True
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
                 and node.func.value.id == "pytest" and node.func.attr in ("raises", "fail", "warns")):
@@ -104,11 +112,14 @@ def test_the_checks_above_can_fail():
                                       "def helper(r):\n    assert r\n"
                                       "def test_nothing():\n    print(1)\n"
                                       "def test_through_a_helper():\n    helper(1)\n"
-                                      "def test_raises():\n    with pytest.raises(ValueError):\n        int('x')\n")
+                                      "def test_raises():\n    with pytest.raises(ValueError):\n        int('x')\n"
+                                      "def test_else():\n    for _ in ():\n        break\n"
+                                      "    else:\n        raise AssertionError('never')\n"
+                                      "def test_other_error():\n    raise ValueError('x')\n")
     MODULES["test_x_probe"] = "x.py"
     try:
         assert _imported_modules(TREES["test_x_probe"]) == {"test_labels"}
-        assert [n for n in ("test_nothing", "test_through_a_helper", "test_raises")
-                if not _checks("test_x_probe", n)] == ["test_nothing"]
+        assert [n for n in ("test_nothing", "test_through_a_helper", "test_raises", "test_else", "test_other_error")
+                if not _checks("test_x_probe", n)] == ["test_nothing", "test_other_error"]
     finally:
         del TREES["test_x_probe"], MODULES["test_x_probe"]
