@@ -20,8 +20,7 @@ import pytest
 
 from conftest import REPO, assert_8_nvidia_gpus, is_root, nodes_of, requires
 from containerd_harness import IMAGE_NAME, Containerd, leftovers
-from test_sid_runtimes import HANDLER, operator_config
-from test_sid_runtimes import node, sid_root  # noqa: F401 (fixtures)
+from sid_node import HANDLER, operator_config
 
 pytestmark = requires(is_root(), "needs root (debootstrap, mounts, pivot_root)")
 
@@ -80,8 +79,8 @@ def nri_node(request, node, tmp_path,  # noqa: F811 (test_sid_runtimes' fixture)
     """(ctd, client, kubelet, rt, plugin, host): containerd 2.x on the NRI config, the plugin
     connected. A test that asks for real_bundle also gets gpuhook's CDI specs in the root."""
     import cri_client
-    from test_e2e_cri import Kubelet
-    from test_sid_runtimes import cdi_spec_for
+    from kubelet import Kubelet
+    from sid_node import cdi_spec_for
 
     ctd = Containerd(str(tmp_path / "ctd"), cri=True, debian_root=node, visible=(str(tmp_path), REPO),
                      config_path=os.path.join(node, "etc/containerd/config.toml"))
@@ -120,7 +119,7 @@ def nri_records(rt, cid: str) -> list[dict]:
 
 
 def test_a_gpu_optional_pod_gets_its_gpus_through_nri_and_a_runc_pod_nothing(nri_node):
-    from test_e2e_cri import SHOW
+    from kubelet import SHOW
 
     ctd, client, k, rt, plugin, _host = nri_node
     assert client.version().runtime_version.lstrip("v").startswith("2."), client.version()
@@ -151,7 +150,7 @@ def test_a_gpu_optional_pod_gets_its_gpus_through_nri_and_a_runc_pod_nothing(nri
 
 
 def test_a_cpu_only_node_gives_nothing_through_nri(nri_node, make_host, tmp_path):
-    from test_e2e_cri import SHOW
+    from kubelet import SHOW
 
     ctd, client, k, rt, plugin, _host = nri_node
     cpu = make_host("cpu", mknod=True)  # the node config now points at a host without GPUs
@@ -166,7 +165,7 @@ def test_a_cpu_only_node_gives_nothing_through_nri(nri_node, make_host, tmp_path
 
 
 def test_pods_start_without_the_plugin_and_it_serves_again_after_restarts(nri_node):
-    from test_e2e_cri import SHOW
+    from kubelet import SHOW
 
     ctd, client, k, rt, plugin, _host = nri_node
     pod_id, pod_config = k.run_pod("nri-restarts")
@@ -213,7 +212,7 @@ Other(sys.argv[1], "other", "20", "").run_forever(retry=0.2)
 def test_a_cdi_pod_and_a_second_plugin_coexist_with_gpuhooks(nri_node, real_bundle, tmp_path):
     """A container that already has the GPUs from CDI (a device plugin's way) is not adjusted
     again and starts; another NRI plugin's adjustment lands beside gpuhook's."""
-    from test_e2e_cri import SHOW
+    from kubelet import SHOW
 
     ctd, client, k, rt, plugin, _host = nri_node
     other = NRIPlugin(plugin.env, plugin.argv[plugin.argv.index("--socket") + 1], "", str(tmp_path / "other.out"))

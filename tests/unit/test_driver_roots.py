@@ -8,13 +8,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import NO_CONFIG, gpuhook
 from gpuhook.agent import core as agent_mod
-from gpuhook import cdi, config as cfg, log
+from gpuhook import cdi, config as cfg
 from gpuhook.testing import fakehost
 from gpuhook.agent import labels
 from gpuhook.config_model import check
@@ -342,7 +341,7 @@ def test_cdi_uses_the_driver_root_and_skips_an_unusable_vendor(tmp_path):
 
 
 def test_agent_follows_the_driver_root(tmp_path):
-    from test_agent import make_agent, read_state
+    from conftest import make_agent, read_state
 
     fh = host(tmp_path, "gpu_operator", installed=False)
     events = []
@@ -362,7 +361,7 @@ def test_agent_follows_the_driver_root(tmp_path):
 
 
 def test_agent_options_carry_the_setting(tmp_path):
-    from test_agent import make_agent
+    from conftest import make_agent
 
     fh = host(tmp_path, "gpu_operator", gpus=1)
     a = make_agent(tmp_path, fh.root, opts={"nvidia_driver_root": "/"})
@@ -372,18 +371,13 @@ def test_agent_options_carry_the_setting(tmp_path):
 
 # -- the CLI -----------------------------------------------------------------------------------
 
-def gpuhook(*args, config: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpuhook", *args], capture_output=True, text=True, cwd=REPO,
-                          env=dict(os.environ, GPUHOOK_CONFIG=config or "/nonexistent/gpuhook.toml"))
-
-
 def test_cli_probe_says_where_the_driver_is(tmp_path):
     fh = host(tmp_path, "gpu_operator")
-    r = gpuhook("probe", "--root", fh.root)
+    r = gpuhook("probe", "--root", fh.root, config=NO_CONFIG)
     assert r.returncode == 0, r.stderr
     assert "driver userspace: from /run/nvidia/driver (mounted at: /run/nvidia/driver -> /)" in r.stdout
     assert f"/run/nvidia/driver{LIB}/libcuda.so.{V}  [compute] -> {LIB}/libcuda.so.{V}" in r.stdout
-    r = gpuhook("probe", "--root", fh.root, "--json")
+    r = gpuhook("probe", "--root", fh.root, "--json", config=NO_CONFIG)
     assert json.loads(r.stdout)["vendors"][0]["driver_root"] == "/run/nvidia/driver"
     # the node config's setting, and the flag over it
     conf = tmp_path / "gpuhook.toml"
@@ -396,14 +390,14 @@ def test_cli_probe_says_where_the_driver_is(tmp_path):
 
 def test_cli_plan_and_cdi_say_why_nothing(tmp_path):
     fh = host(tmp_path, "gpu_operator", installed="partial")
-    r = gpuhook("plan", "--root", fh.root)
+    r = gpuhook("plan", "--root", fh.root, config=NO_CONFIG)
     assert r.returncode == 0, r.stderr
     assert "Nothing to inject" in r.stdout
     assert "warning: nvidia: 2 device(s) not given: no libcuda.so.1 of driver 550.54.14" in r.stdout
     assert "warning: nvidia: no driver userspace of driver 550.54.14: " in r.stdout
-    r = gpuhook("cdi", "generate", "--root", fh.root, "--spec-root", fh.root, "--output", "-")
+    r = gpuhook("cdi", "generate", "--root", fh.root, "--spec-root", fh.root, "--output", "-", config=NO_CONFIG)
     assert r.returncode == 0 and r.stdout == "" and "no driver userspace" in r.stderr
-    r = gpuhook("plan", "--simulate", "gke", "--json")
+    r = gpuhook("plan", "--simulate", "gke", "--json", config=NO_CONFIG)
     edits = json.loads(r.stdout)["edits"]
     assert any(m["containerPath"] == f"/usr/local/nvidia/lib64/libcuda.so.{V}" for m in edits["mounts"])
 
@@ -411,7 +405,7 @@ def test_cli_plan_and_cdi_say_why_nothing(tmp_path):
 @pytest.mark.parametrize("command", [["probe"], ["plan"], ["cdi", "generate", "--output", "-"]])
 def test_cli_bad_driver_root_flag_is_one_line(tmp_path, command):
     fh = host(tmp_path, "gke", gpus=1)
-    r = gpuhook(*command, "--root", fh.root, "--nvidia-driver-root", "opt/x")
+    r = gpuhook(*command, "--root", fh.root, "--nvidia-driver-root", "opt/x", config=NO_CONFIG)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--nvidia-driver-root opt/x" in r.stderr
 
 
@@ -438,12 +432,12 @@ def test_cli_agent_once_takes_the_setting(tmp_path):
     common = ["agent", "--once", "--no-install", "--no-udev", "--root", fh.root, "--spec-root", fh.root,
               "--cdi-dir", str(tmp_path / "cdi"), "--nfd-dir", str(tmp_path / "nfd"), "--ready-file", "",
               "--log-format", "json"]
-    r = gpuhook(*common, "--nvidia-driver-root", "/")
+    r = gpuhook(*common, "--nvidia-driver-root", "/", config=NO_CONFIG)
     assert r.returncode == 0, r.stderr
     found = labels.parse_nfd((tmp_path / "nfd" / "gpuhook").read_text())
     assert found["gpuhook.dev/accelerator"] == "none" and found["gpuhook.dev/nvidia.unusable"] == "no-libcuda"
     assert not (tmp_path / "cdi" / "gpuhook.dev-nvidia.yaml").exists()
-    r = gpuhook(*common)  # auto: the Operator's root
+    r = gpuhook(*common, config=NO_CONFIG)  # auto: the Operator's root
     assert r.returncode == 0, r.stderr
     assert labels.parse_nfd((tmp_path / "nfd" / "gpuhook").read_text())["gpuhook.dev/accelerator"] == "nvidia"
     assert f"/usr/lib/x86_64-linux-gnu/libcuda.so.{V}" in (tmp_path / "cdi" / "gpuhook.dev-nvidia.yaml").read_text()

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import NO_CONFIG, gpuhook
 from gpuhook import log
 from gpuhook.runtime import create
 from gpuhook.runtime.args import Call, Invocation
@@ -129,18 +126,13 @@ def test_tail_reads_backwards_across_blocks(tmp_path):
     assert len(records) == 20000
 
 
-def gpuhook(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpuhook", *args], capture_output=True, text=True, cwd=REPO,
-                          env=dict(os.environ, GPUHOOK_CONFIG="/nonexistent/gpuhook.toml"), timeout=60)
-
-
 def test_log_command(tmp_path):
     p = tmp_path / "gpuhook.log"
     cid = "f" * 64
     p.write_text("\n".join([rec(1), "\x00\xff torn", rec(2, "no-gpu"), rec(3, "sandbox"),
                             json.dumps({**json.loads(rec(4, "error")), "container_id": cid, "error": "x" * 300}),
                             rec(5, pod_namespace="ml", pod_name="trainer-0", pod_uid="u-1", container_name="worker")]) + "\n")
-    r = gpuhook("log", "--file", str(p), "-n", "3")
+    r = gpuhook("log", "--file", str(p), "-n", "3", config=NO_CONFIG)
     assert r.returncode == 0, r.stderr
     rows = r.stdout.splitlines()
     assert rows[0].split() == ["TIME", "CONTAINER", "POD", "FRONT", "DECISION", "VENDORS", "NODES", "MOUNTS", "MS",
@@ -149,16 +141,16 @@ def test_log_command(tmp_path):
     assert [row.split()[2] for row in rows[1:]] == ["-", "-", "ml/trainer-0:worker"]
     assert cid[:15] + "…" in r.stdout and cid not in r.stdout  # long ids shortened
     assert r.stderr == ""  # the garbage is further back than the last 3
-    r = gpuhook("log", "--file", str(p))
+    r = gpuhook("log", "--file", str(p), config=NO_CONFIG)
     assert len(r.stdout.splitlines()) == 6 and "1 unreadable line(s) skipped" in r.stderr
-    r = gpuhook("log", "--file", str(p), "--decision", "injected", "--wide")
+    r = gpuhook("log", "--file", str(p), "--decision", "injected", "--wide", config=NO_CONFIG)
     assert [row.split()[1] for row in r.stdout.splitlines()[1:]] == ["c1", "c5"]
-    r = gpuhook("log", "--file", str(p), "-n", "1", "--json")
+    r = gpuhook("log", "--file", str(p), "-n", "1", "--json", config=NO_CONFIG)
     assert json.loads(r.stdout)["container_id"] == "c5"
-    r = gpuhook("log", "--file", str(tmp_path / "none.log"))
+    r = gpuhook("log", "--file", str(tmp_path / "none.log"), config=NO_CONFIG)
     assert r.returncode == 2 and "no such file" in r.stderr and "Traceback" not in r.stderr
     (tmp_path / "empty.log").write_text("")
-    r = gpuhook("log", "--file", str(tmp_path / "empty.log"))
+    r = gpuhook("log", "--file", str(tmp_path / "empty.log"), config=NO_CONFIG)
     assert r.returncode == 0 and "No container creates" in r.stdout
 
 

@@ -81,7 +81,11 @@ def test_the_callers_directory_is_the_one_given(tmp_path, monkeypatch):
 
 @given(st.lists(st.text(min_size=0, max_size=12), max_size=10))
 def test_parse_args_never_raises(argv):
-    parse_args(argv)
+    """Any argv parses; what it finds are words of argv (exec's where it stands)."""
+    inv = parse_args(argv)
+    assert inv.command is None or inv.command in argv, (argv, inv.command)
+    assert inv.exec_at is None or argv[inv.exec_at] == inv.command == "exec", (argv, inv.exec_at)
+    assert inv.container_id is None or inv.container_id in argv, (argv, inv.container_id)
 
 
 # -- the front and Python agree on the node config ------------------------------------
