@@ -20,7 +20,8 @@ import time
 from typing import Any, Callable
 
 from .. import cdi, defaults, hook
-from . import kube as kube_mod, labels as labels_mod
+from ..nri.plugin import DEFAULT_SOCKET as NRI_SOCKET
+from . import kube as kube_mod, labels as labels_mod, nri as nri_mod
 
 UDEV_SUBSYSTEMS = ("drm", "kfd", "accel", "module")
 UDEV_MODULES = frozenset({"nvidia", "nvidia_uvm", "nvidia_drm", "nvidia_modeset", "amdgpu", "i915", "xe"})
@@ -52,6 +53,8 @@ class Options:
     kube_context: str | None = None  # its context (None: current-context)
     node_name: str | None = None  # this node's name in the API (None: NODE_NAME, else the host name)
     vendor_label: str | None = None  # the label set to the primary vendor (None: the node config's, read at each probe)
+    front: str = nri_mod.DEFAULT_FRONT  # wrapper | nri | auto: whether the NRI plugin runs (nri.py)
+    nri_socket: str = NRI_SOCKET  # the runtime's NRI socket, as the node sees it
 
     def resolved_vendor_label(self) -> str:
         """vendor_label, else the node config's (gpu.type by default; "" = none): read again
@@ -257,6 +260,8 @@ class Agent:
         if ldconfig is None:  # the node's own; none there: no ld-cache hook (not the agent image's)
             ldconfig = cdi.find_ldconfig(opts.root if opts.spec_root == "/" else "/") or False
         self.ldconfig = ldconfig
+        self.nri: Any = None  # the plugin's Supervisor (nri.py), when it runs
+        self.front, self.front_why = nri_mod.choose(opts.front, opts.root, opts.nri_socket)
 
     # -- events --------------------------------------------------------------------
     def notify(self, reason: str) -> None:
@@ -616,6 +621,7 @@ class Agent:
             return 0 if ok and self.runtime_ready else 1
         self._start_watch()
         self._start_creates()
+        self._start_nri()
         if self._guarded_sync("start"):
             self._mark_ready()
         next_at = self.clock() + o.interval
@@ -639,7 +645,27 @@ class Agent:
             self.log.exception("sync.error", reason=reason, error=f"{type(e).__name__}: {e}")
             return False
 
+    def _start_nri(self) -> None:
+        """The NRI plugin in its own process (nri.py), when the front is nri."""
+        from ..probe.host import Host
+
+        o = self.opts
+        why = self.front_why if self.front != "nri" else None  # with nri, the Supervisor says it
+        there = why is not None and os.path.lexists(Host(o.root).resolve(o.nri_socket))
+        # something at the socket's path that is not the runtime's socket: a warning
+        (self.log.warning if there else self.log.info)(
+            "front", front=self.front, asked=o.front, socket=o.nri_socket, reason=why
+        )
+        if self.front != "nri":
+            return
+        self.nri = nri_mod.Supervisor(
+            nri_mod.child_argv(o.root, o.nri_socket), self.log, lambda: nri_mod.socket_fact(o.root, o.nri_socket)
+        )
+        self.nri.start()
+
     def _shutdown(self) -> None:
+        if self.nri is not None:
+            self.nri.stop()
         if self.metrics is not None:
             self.metrics.close()
         if self.opts.ready_file:
