@@ -256,10 +256,9 @@ class Agent:
         self.follower: Any = None
         self.cdi_dir = opts.resolved_cdi_dir()
         self.nfd_dir = opts.resolved_nfd_dir()
-        ldconfig: str | bool | None = opts.ldconfig
-        if ldconfig is None:  # the node's own; none there: no ld-cache hook (not the agent image's)
-            ldconfig = cdi.find_ldconfig(opts.root if opts.spec_root == "/" else "/") or False
-        self.ldconfig = ldconfig
+        # the node's own ldconfig; none there: no ld-cache hook (not the agent image's)
+        found = opts.ldconfig is None and cdi.find_ldconfig(opts.root if opts.spec_root == "/" else "/")
+        self.ldconfig: str | bool = opts.ldconfig if opts.ldconfig is not None else found or False
         self.nri: Any = None  # the plugin's Supervisor (nri.py), when it runs
         self.front, self.front_why = nri_mod.choose(opts.front, opts.root, opts.nri_socket)
 

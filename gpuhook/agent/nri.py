@@ -32,8 +32,8 @@ STOP_GRACE = 3.0  # SIGTERM, then this long, then SIGKILL
 PR_SET_PDEATHSIG = 1
 # the child's first lines: the package the agent runs, its death signal, then gpuhook's CLI
 BOOT = (
-    "import sys; sys.path.insert(0, sys.argv.pop(1)); from gpuhook.agent.nri import child_main; "
-    "sys.exit(child_main(int(sys.argv.pop(1)), sys.argv[1:]))"
+    "import sys; sys.path.insert(0, sys.argv.pop(1)); from gpuhook.agent.nri import die_with_parent; "
+    "die_with_parent(int(sys.argv.pop(1))) or sys.exit(0); from gpuhook.cli import main; sys.exit(main(sys.argv[1:]))"
 )
 
 
@@ -74,8 +74,8 @@ def child_argv(root: str, socket_path: str) -> list[str]:
             "--socket", socket_path]  # fmt: skip
 
 
-def child_main(parent: int, argv: list[str]) -> int:
-    """In the child: die with the agent, then run gpuhook's CLI."""
+def die_with_parent(parent: int) -> bool:
+    """In the child, first: SIGTERM when the agent goes. False when it is gone already."""
     import ctypes
     import signal
 
@@ -83,11 +83,7 @@ def child_main(parent: int, argv: list[str]) -> int:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     except (OSError, AttributeError):
         pass
-    if os.getppid() != parent:  # the agent went before the death signal was set
-        return 0
-    from ..cli import main
-
-    return main(argv)
+    return os.getppid() == parent  # else the agent went before the death signal was set
 
 
 class Supervisor:
