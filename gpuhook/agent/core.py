@@ -20,7 +20,7 @@ import time
 from typing import Any, Callable
 
 from .. import cdi, defaults, hook
-from ..nri.plugin import DEFAULT_SOCKET as NRI_SOCKET
+from ..nri.plugin import DEFAULT_SOCKET as NRI_SOCKET, ROOTFS_TEMPLATE
 from . import kube as kube_mod, labels as labels_mod, nri as nri_mod
 
 UDEV_SUBSYSTEMS = ("drm", "kfd", "accel", "module")
@@ -55,6 +55,7 @@ class Options:
     vendor_label: str | None = None  # the label set to the primary vendor (None: the node config's, read at each probe)
     front: str = nri_mod.DEFAULT_FRONT  # wrapper | nri | auto: whether the NRI plugin runs (nri.py)
     nri_socket: str = NRI_SOCKET  # the runtime's NRI socket, as the node sees it
+    nri_rootfs_template: str = ROOTFS_TEMPLATE  # the plugin's --rootfs-template
 
     def resolved_vendor_label(self) -> str:
         """vendor_label, else the node config's (gpu.type by default; "" = none): read again
@@ -658,7 +659,9 @@ class Agent:
         if self.front != "nri":
             return
         self.nri = nri_mod.Supervisor(
-            nri_mod.child_argv(o.root, o.nri_socket), self.log, lambda: nri_mod.socket_fact(o.root, o.nri_socket)
+            nri_mod.child_argv(o.root, o.nri_socket, o.nri_rootfs_template),
+            self.log,
+            lambda: nri_mod.socket_fact(o.root, o.nri_socket),
         )
         self.nri.start()
 

@@ -66,12 +66,12 @@ def choose(front: str, root: str, socket_path: str) -> tuple[str, str | None]:
     return "nri", why
 
 
-def child_argv(root: str, socket_path: str) -> list[str]:
+def child_argv(root: str, socket_path: str, rootfs_template: str) -> list[str]:
     """`gpuhook nri` for the node at `root`, run by the interpreter and package the agent runs."""
     flags = [f for f, on in (("-I", sys.flags.isolated), ("-S", sys.flags.no_site)) if on]
     pkg_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return [sys.executable, *flags, "-c", BOOT, pkg_parent, str(os.getpid()), "nri", "--root", root,
-            "--socket", socket_path]  # fmt: skip
+            "--socket", socket_path, "--rootfs-template", rootfs_template]  # fmt: skip
 
 
 def die_with_parent(parent: int) -> bool:

@@ -35,7 +35,7 @@ def add_commands(sub) -> None:
 def _add_node_args(sp) -> None:
     """Where the node is, how it is installed, and which front serves its creates."""
     from ..agent.nri import DEFAULT_FRONT, FRONTS
-    from ..nri.plugin import DEFAULT_SOCKET
+    from ..nri.plugin import DEFAULT_SOCKET, ROOTFS_TEMPLATE
 
     sp.add_argument(
         "--root", default="/", metavar="DIR", help="where the node's / is (default /; /host in the DaemonSet)"
@@ -67,6 +67,13 @@ def _add_node_args(sp) -> None:
         default=DEFAULT_SOCKET,
         metavar="PATH",
         help=f"the runtime's NRI socket as the node sees it (default {DEFAULT_SOCKET})",
+    )
+    sp.add_argument(
+        "--nri-rootfs-template",
+        default=ROOTFS_TEMPLATE,
+        metavar="PATH",
+        help="the plugin's --rootfs-template: where the runtime mounts a container's rootfs, {id} its id "
+        "(default containerd's; k3s: /run/k3s/containerd/io.containerd.runtime.v2.task/k8s.io/{id}/rootfs)",
     )
     sp.add_argument("--ldconfig", metavar="PATH", help="the node's ldconfig for the CDI ld-cache hook")
 
@@ -191,6 +198,7 @@ def _options(args):
     """The agent's Options from the command line, checked: a UsageError for what cannot be used."""
     from ..agent.core import Options
     from ..cdi import KNOWN_VERSIONS
+    from ..nri.plugin import rootfs_template_ok
     from .args import driver_root
 
     if not os.path.isdir(args.root):
@@ -203,6 +211,8 @@ def _options(args):
         raise usage_error("--context needs --kubeconfig")
     if not args.nri_socket.startswith("/"):
         raise usage_error(f"--nri-socket {args.nri_socket}: not an absolute path")
+    if not rootfs_template_ok(args.nri_rootfs_template):
+        raise usage_error("--nri-rootfs-template must be an absolute path with {id} in it, or ''")
     if args.metrics_address:
         from ..agent.metrics import parse_address
 
@@ -234,6 +244,7 @@ def _options(args):
         node_name=args.node,
         front=args.front,
         nri_socket=args.nri_socket,
+        nri_rootfs_template=args.nri_rootfs_template,
     )
 
 

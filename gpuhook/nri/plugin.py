@@ -316,6 +316,10 @@ def add_command(sub) -> None:
     sp.set_defaults(func=cmd_nri)
 
 
+def rootfs_template_ok(template: str) -> bool:
+    return not template or ("{id}" in template and template.startswith("/"))
+
+
 def run_in_root(args: argparse.Namespace) -> int:
     """chroot into --root and exec the node's bundle's `gpuhook nri` with the same options, its
     interpreter started by the bundle's own loader as the C front does (the node needs no shell)."""
@@ -355,7 +359,7 @@ def cmd_nri(args: argparse.Namespace) -> int:
         raise UsageError(f"--index must be two digits, got {args.index!r}")
     if not args.name or "/" in args.name:
         raise UsageError(f"--name must be a non-empty name without '/', got {args.name!r}")
-    if args.rootfs_template and ("{id}" not in args.rootfs_template or not args.rootfs_template.startswith("/")):
+    if not rootfs_template_ok(args.rootfs_template):
         raise UsageError("--rootfs-template must be an absolute path with {id} in it, or ''")
     if args.root != "/":
         return run_in_root(args)
