@@ -158,6 +158,9 @@ class CRIClient:
     def start_container(self, container_id: str) -> None:
         self.runtime.StartContainer(self.pb.StartContainerRequest(container_id=container_id), timeout=self.timeout)
 
+    def remove_container(self, container_id: str) -> None:
+        self.runtime.RemoveContainer(self.pb.RemoveContainerRequest(container_id=container_id), timeout=self.timeout)
+
     def container_status(self, container_id: str, verbose: bool = False):
         return self.runtime.ContainerStatus(self.pb.ContainerStatusRequest(container_id=container_id, verbose=verbose),
                                             timeout=self.timeout)
