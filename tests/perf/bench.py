@@ -245,7 +245,8 @@ def nri(args, tmp: str) -> int:
     print(f"\n{NRI_ROW} on containerd 2.1 (sid), {row['rounds']} rounds: runc pod, no plugin {row['ms']['runc']:.2f} ms; "
           f"gpu-optional pod through gpuhook's plugin {row['ms']['gpuhook']:.2f} ({row['added']['gpuhook']:+.2f}, "
           f"budget {budget:g} ms: {'ok' if ok else 'OVER'}); runc pod beside the plugin {row['ms']['other']:.2f} "
-          f"({row['added']['other']:+.2f})")
+          f"({row['added']['other']:+.2f}); runc pod given the plugin's devices and mounts by CRI, no plugin "
+          f"{row['ms']['same']:.2f} ({row['added']['same']:+.2f})")
     print(f"  the NRI plugin after serving, MiB: resident {mem['rss']}, peak {mem['hwm']}; "
           f"its own time per create (its log lines' duration_ms, median): {mem['plugin_ms']} ms")
     if args.json:

@@ -8,6 +8,8 @@ connected, one with none. Each round runs, in a fresh random order, each after a
   gpuhook   the same in a gpu-optional pod (a plain runc handler: no wrapper), with the plugin:
             its adjustment (8 GPUs, the driver's libraries, the ld-cache hook) and runc doing it
   other     the same in a runc pod on the plugin's containerd (the plugin's empty answer)
+  same      a runc pod with no plugin given the plugin's devices and mounts through CRI (no
+            hook, no env): what of `gpuhook` is runc's work on the GPUs themselves
 
 The figure is the median of per-round differences to `runc`. Before anything is timed a
 gpu-optional container must see /dev/nvidia7 and libcuda in its ld cache. Then the plugin's
@@ -16,6 +18,7 @@ resident memory (VmRSS) and high-water mark (VmHWM) after serving every round.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import statistics
@@ -38,12 +41,14 @@ CHECK = "ls /dev/nvidia7 && grep -c libcuda.so /etc/ld.so.cache"
 class Side:
     """One containerd, one pod of `handler` in it; create+start timed, remove not."""
 
-    def __init__(self, ctd, client, handler: str, logs: str) -> None:
+    def __init__(self, ctd, client, handler: str, logs: str, edits: dict | None = None) -> None:
         self.ctd, self.cri, self.n = ctd, client, 0
-        parent = f"/gpuhook-bench-{os.getpid()}-{handler}-{len(ctd.cgroup_parents)}"
+        self.edits = edits or {}
+        name = f"{handler}-{len(ctd.cgroup_parents)}"
+        parent = f"/gpuhook-bench-{os.getpid()}-{name}"
         ctd.cgroup_parents.append(parent)
-        os.makedirs(os.path.join(logs, handler), exist_ok=True)
-        self.config = client.sandbox_config(f"bench-{handler}", log_directory=os.path.join(logs, handler),
+        os.makedirs(os.path.join(logs, name), exist_ok=True)
+        self.config = client.sandbox_config(f"bench-{name}", log_directory=os.path.join(logs, name),
                                             cgroup_parent=parent)
         self.pod = client.run_pod_sandbox(self.config, handler)
 
@@ -53,7 +58,7 @@ class Side:
         self.n += 1
         t = time.perf_counter()
         cid = self.cri.create_container(self.pod, self.config, f"c{self.n}", IMAGE_NAME, command=command,
-                                        log_path=f"c{self.n}.log")
+                                        log_path=f"c{self.n}.log", **self.edits)
         self.cri.start_container(cid)
         return (time.perf_counter() - t) * 1000, cid
 
@@ -73,7 +78,8 @@ def nri_row(rounds: int, tmp: str) -> tuple[dict, dict]:
     import debroot
     from test_sid_runtimes import MUST_HAVE, PACKAGES, RELEASE
 
-    with debroot.ensure(RELEASE, PACKAGES, must_have=MUST_HAVE) as sid, debroot.overlay(sid, os.path.join(tmp, "sid")) as node:
+    with debroot.ensure(RELEASE, PACKAGES, must_have=MUST_HAVE) as sid, \
+            debroot.overlay(sid, os.path.join(tmp, "sid")) as node:
         made: list = []
         try:
             return _measure(rounds, tmp, node, made)
@@ -86,8 +92,8 @@ def nri_row(rounds: int, tmp: str) -> tuple[dict, dict]:
                     ctd.cleanup()
 
 
-def _node(tmp: str) -> tuple[str, dict]:
-    """The fake 8-GPU host and the plugin's node config; the plugin's env."""
+def _node(tmp: str) -> tuple[str, str, dict]:
+    """The fake 8-GPU host and the plugin's node config: (the host, the plugin's log, its env)."""
     from gpuhook.testing import fakehost
 
     host = os.path.join(tmp, "nri-host")
@@ -96,7 +102,7 @@ def _node(tmp: str) -> tuple[str, dict]:
     log = os.path.join(tmp, "nri-gpuhook.log")
     with open(config, "w") as f:
         f.write(f'host_root = "{host}"\nlog_file = "{log}"\nldconfig = "/sbin/ldconfig"\n')
-    return log, dict(os.environ, GPUHOOK_CONFIG=config, GPUHOOK_CACHE_DIR=os.path.join(tmp, "nri-cache"),
+    return host, log, dict(os.environ, GPUHOOK_CONFIG=config, GPUHOOK_CACHE_DIR=os.path.join(tmp, "nri-cache"),
                      PYTHONPATH=REPO)
 
 
@@ -125,7 +131,7 @@ def _measure(rounds: int, tmp: str, node: str, made: list) -> tuple[dict, dict]:
     image_tar = os.path.join(tmp, "busybox-oci.tar")
     build_busybox_image(image_tar)
     stubs = cri_client.generate(os.path.join(tmp, "cri-stubs"))
-    log, env = _node(tmp)
+    host, log, env = _node(tmp)
     with_plugin, client_a, sock = _containerd(tmp, node, "ctd-nri", image_tar, stubs, made)
     plain, client_b, _ = _containerd(tmp, node, "ctd-plain", image_tar, stubs, made)
     template = os.path.join(with_plugin.state, "io.containerd.runtime.v2.task", "k8s.io", "{id}", "rootfs")
@@ -141,7 +147,12 @@ def _measure(rounds: int, tmp: str, node: str, made: list) -> tuple[dict, dict]:
         logs = os.path.join(tmp, "nri-pod-logs")
         sides = {"runc": Side(plain, client_b, "runc", logs), "gpuhook": Side(with_plugin, client_a, HANDLER, logs),
                  "other": Side(with_plugin, client_a, "runc", logs)}
-        _check(sides["gpuhook"], log)
+        record = _check(sides["gpuhook"], log)
+        sides["same"] = Side(plain, client_b, "runc", logs, {
+            # CRI makes a device from a host node: the few the fake host has no file for are left out
+            "devices": [(host + n, n) for n in record["nodes"] if os.path.exists(host + n)],
+            "mounts": [{"container_path": m, "host_path": host + m, "readonly": True} for m in record["mounts"]]})
+        _check(sides["same"], None)
         times: dict[str, list[float]] = {k: [] for k in sides}
         for i in range(rounds + 2):  # two warm-up rounds
             got = {}
@@ -153,8 +164,6 @@ def _measure(rounds: int, tmp: str, node: str, made: list) -> tuple[dict, dict]:
                 for k, v in got.items():
                     times[k].append(v)
         mem = memory(plugin.pid)
-        import json
-
         own = [r["duration_ms"] for r in map(json.loads, open(log)) if r.get("decision") == "injected"]
         mem["plugin_ms"] = round(statistics.median(own), 2)  # its own time per create, as its log line says
     finally:
@@ -166,18 +175,22 @@ def _measure(rounds: int, tmp: str, node: str, made: list) -> tuple[dict, dict]:
     return row, mem
 
 
-def _check(side: Side, log: str) -> None:
-    """A gpu-optional container through the plugin sees its GPUs and libcuda in its ld cache."""
-    import json
-
-    _ms, cid = side.create_start(["sh", "-c", CHECK])
+def _check(side: Side, log: str | None) -> dict:
+    """A gpu-optional container through the plugin sees its GPUs and libcuda in its ld cache
+    (log: the plugin's; its line for the container returned). None: a container given the
+    devices by CRI, which must see them."""
+    _ms, cid = side.create_start(["sh", "-c", CHECK if log else "ls /dev/nvidia7"])
     status = side.cri.wait_exited(cid, 30)
     text = open(status.log_path).read() if os.path.exists(status.log_path) else ""
-    lines = [json.loads(x) for x in open(log) if x.strip()] if os.path.exists(log) else []
-    decided = [r.get("decision") for r in lines if r.get("container_id") == cid]
-    last = text.strip().splitlines()[-1].split(" ", 3)[-1] if text.strip() else ""
-    if status.exit_code != 0 or decided != ["injected"] or "/dev/nvidia7" not in text or not last.isdigit() \
-            or int(last) < 1:
-        raise SystemExit(f"bench: the NRI plugin's container did not get the GPUs (exit {status.exit_code}, "
-                         f"decisions {decided}): {text[-500:]}")
     side.remove(cid)
+    if log is None:
+        if status.exit_code != 0 or "/dev/nvidia7" not in text:
+            raise SystemExit(f"bench: runc given the devices by CRI did not see them: {text[-500:]}")
+        return {}
+    lines = [r for r in map(json.loads, open(log)) if r.get("container_id") == cid] if os.path.exists(log) else []
+    last = text.strip().splitlines()[-1].split(" ", 3)[-1] if text.strip() else ""
+    if status.exit_code != 0 or [r.get("decision") for r in lines] != ["injected"] or "/dev/nvidia7" not in text \
+            or not last.isdigit() or int(last) < 1:
+        raise SystemExit(f"bench: the NRI plugin's container did not get the GPUs (exit {status.exit_code}, "
+                         f"lines {lines}): {text[-500:]}")
+    return lines[0]
