@@ -22,6 +22,7 @@ import pytest
 from conftest import REPO, is_root, requires
 from gpuhook import log
 from gpuhook.agent import core as agent_mod, nri as nri_mod
+from gpuhook.nri import plugin as nri_plugin
 from gpuhook.probe import probe
 
 
@@ -250,3 +251,31 @@ def test_gpuhook_nri_root_runs_the_nodes_bundle_chrooted(tmp_path):
         return
     assert r.returncode == 1 and r.stderr.strip() == \
         f"gpuhook nri: no gpuhook installed in {tmp_path}/opt/gpuhook (gpuhook install first)", r.stderr
+
+
+@requires(is_root(), "chroot needs root")
+def test_gpuhook_nri_root_execs_the_nodes_bundle_inside_the_root(tmp_path):
+    """The node's bundle, started by its own loader inside the root (no shell of the node's):
+    a loader of the test's (a busybox script) writes down how it was run."""
+    import shutil
+
+    from gpuhook.testing.bundle import find_busybox
+
+    busybox = find_busybox()
+    if busybox is None:
+        pytest.skip("needs busybox-static")
+    root = tmp_path / "node"
+    for d in ("bin", "opt/gpuhook/libexec", "opt/gpuhook/lib/python3.99/site-packages"):
+        (root / d).mkdir(parents=True)
+    shutil.copy(busybox, root / "bin" / "busybox")
+    loader = root / "opt/gpuhook/libexec/ld.so"
+    loader.write_text('#!/bin/busybox sh\nfor a; do echo "$a"; done > /ran\necho "in $(/bin/busybox pwd)" >> /ran\n')
+    loader.chmod(0o755)
+    r = subprocess.run([sys.executable, "-m", "gpuhook", "nri", "--root", str(root), "--socket", "/run/x/nri.sock"],
+                       cwd=REPO, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    ran = (root / "ran").read_text().splitlines()
+    assert ran[:4] == ["--library-path", "/opt/gpuhook/lib", "/opt/gpuhook/libexec/python3", "-I"]
+    assert ran[ran.index("-c") + 2:] == ["/opt/gpuhook/lib/python3.99/site-packages", "nri", "--socket",
+                                         "/run/x/nri.sock", "--name", "gpuhook", "--index", "10",
+                                         "--rootfs-template", nri_plugin.ROOTFS_TEMPLATE, "in /"]
