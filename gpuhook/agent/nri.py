@@ -135,11 +135,12 @@ class Supervisor:
             said = None
             started = self.clock()
             code = self._run_once()
-            if code is None or self.stop_event.is_set():
+            if self.stop_event.is_set():
                 break
             ran = self.clock() - started
             backoff = BACKOFF_FIRST if ran >= STEADY_AFTER else backoff
-            self.log.warning("nri.exited", pid=self._last_pid, code=code, ran_s=round(ran, 1), restart_in_s=backoff)
+            if code is not None:  # None: it did not start (said already)
+                self.log.warning("nri.exited", pid=self._last_pid, code=code, ran_s=round(ran, 1), restart_in_s=backoff)
             self.stop_event.wait(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX)
 
@@ -150,7 +151,7 @@ class Supervisor:
             proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, close_fds=True)  # fmt: skip
         except OSError as e:
-            self.log.error("nri.error", error=f"cannot start the NRI plugin: {e}", argv=self.argv[:1])
+            self.log.error("nri.error", error=f"cannot start the NRI plugin: {e}", argv=self.argv[:1], retry=True)
             return None
         with self._lock:
             self.proc = proc
