@@ -279,3 +279,14 @@ def test_gpuhook_nri_root_execs_the_nodes_bundle_inside_the_root(tmp_path):
     assert ran[ran.index("-c") + 2:] == ["/opt/gpuhook/lib/python3.99/site-packages", "nri", "--socket",
                                          "/run/x/nri.sock", "--name", "gpuhook", "--index", "10",
                                          "--rootfs-template", nri_plugin.ROOTFS_TEMPLATE, "in /"]
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--nri-socket", "nri.sock"], "gpuhook: --nri-socket nri.sock: not an absolute path"),
+    (["--nri-rootfs-template", "/run/x/rootfs"],
+     "gpuhook: --nri-rootfs-template must be an absolute path with {id} in it, or ''"),
+])
+def test_bad_nri_options_are_one_line_and_exit_2(tmp_path, args, said):
+    r = subprocess.run([sys.executable, "-m", "gpuhook", "agent", "--root", str(tmp_path), "--front", "nri", *args],
+                       cwd=REPO, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and r.stderr.strip() == said, r.stderr
