@@ -246,7 +246,8 @@ def nri(args, tmp: str) -> int:
           f"gpu-optional pod through gpuhook's plugin {row['ms']['gpuhook']:.2f} ({row['added']['gpuhook']:+.2f}, "
           f"budget {budget:g} ms: {'ok' if ok else 'OVER'}); runc pod beside the plugin {row['ms']['other']:.2f} "
           f"({row['added']['other']:+.2f}); runc pod given the plugin's devices and mounts by CRI, no plugin "
-          f"{row['ms']['same']:.2f} ({row['added']['same']:+.2f})")
+          f"{row['ms']['same']:.2f} ({row['added']['same']:+.2f}); gpu-optional pod through a plugin with no ld-cache hook "
+          f"{row['ms']['no hook']:.2f} ({row['added']['no hook']:+.2f})")
     print(f"  the NRI plugin after serving, MiB: resident {mem['rss']}, peak {mem['hwm']}; "
           f"its own time per create (its log lines' duration_ms, median): {mem['plugin_ms']} ms")
     if args.json:

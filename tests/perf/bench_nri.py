@@ -10,6 +10,7 @@ connected, one with none. Each round runs, in a fresh random order, each after a
   other     the same in a runc pod on the plugin's containerd (the plugin's empty answer)
   same      a runc pod with no plugin given the plugin's devices and mounts through CRI (no
             hook, no env): what of `gpuhook` is runc's work on the GPUs themselves
+  no hook   `gpuhook` on a third containerd whose plugin has no rootfs template: no ld-cache hook
 
 The figure is the median of per-round differences to `runc`. Before anything is timed a
 gpu-optional container must see /dev/nvidia7 and libcuda in its ld cache. Then the plugin's
@@ -92,18 +93,34 @@ def nri_row(rounds: int, tmp: str) -> tuple[dict, dict]:
                     ctd.cleanup()
 
 
-def _node(tmp: str) -> tuple[str, str, dict]:
-    """The fake 8-GPU host and the plugin's node config: (the host, the plugin's log, its env)."""
+def _host(tmp: str) -> str:
+    """The fake 8-GPU host."""
     from gpuhook.testing import fakehost
 
     host = os.path.join(tmp, "nri-host")
     fakehost.nvidia(fakehost.FakeHost(host, mknod=True), gpus=8)
-    config = os.path.join(tmp, "nri-gpuhook.toml")
-    log = os.path.join(tmp, "nri-gpuhook.log")
+    return host
+
+
+def _plugin(tmp: str, host: str, name: str, sock: str, template: str) -> tuple[subprocess.Popen, str]:
+    """`gpuhook nri` on `sock` with a node config (and log) of its own, once registered; (it, its log)."""
+    config = os.path.join(tmp, f"{name}.toml")
+    log = os.path.join(tmp, f"{name}.log")
     with open(config, "w") as f:
         f.write(f'host_root = "{host}"\nlog_file = "{log}"\nldconfig = "/sbin/ldconfig"\n')
-    return host, log, dict(os.environ, GPUHOOK_CONFIG=config, GPUHOOK_CACHE_DIR=os.path.join(tmp, "nri-cache"),
-                     PYTHONPATH=REPO)
+    env = dict(os.environ, GPUHOOK_CONFIG=config, GPUHOOK_CACHE_DIR=os.path.join(tmp, f"{name}-cache"), PYTHONPATH=REPO)
+    out = os.path.join(tmp, f"{name}.out")
+    with open(out, "wb") as f:
+        plugin = subprocess.Popen([sys.executable, "-m", "gpuhook", "nri", "--socket", sock, "--rootfs-template",
+                                   template], env=env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=f,
+                                  stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while b"configured by containerd" not in open(out, "rb").read():
+        if plugin.poll() is not None or time.monotonic() > deadline:
+            plugin.kill()
+            raise SystemExit(f"bench: the NRI plugin did not register: {open(out).read()[-500:]}")
+        time.sleep(0.05)
+    return plugin, log
 
 
 def _containerd(tmp: str, node: str, name: str, image_tar: str, stubs, made: list):
@@ -131,28 +148,26 @@ def _measure(rounds: int, tmp: str, node: str, made: list) -> tuple[dict, dict]:
     image_tar = os.path.join(tmp, "busybox-oci.tar")
     build_busybox_image(image_tar)
     stubs = cri_client.generate(os.path.join(tmp, "cri-stubs"))
-    host, log, env = _node(tmp)
+    host = _host(tmp)
     with_plugin, client_a, sock = _containerd(tmp, node, "ctd-nri", image_tar, stubs, made)
     plain, client_b, _ = _containerd(tmp, node, "ctd-plain", image_tar, stubs, made)
-    template = os.path.join(with_plugin.state, "io.containerd.runtime.v2.task", "k8s.io", "{id}", "rootfs")
-    out = open(os.path.join(tmp, "nri-plugin.out"), "wb")
-    plugin = subprocess.Popen([sys.executable, "-m", "gpuhook", "nri", "--socket", sock, "--rootfs-template", template],
-                              env=env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+    no_hook, client_c, sock_c = _containerd(tmp, node, "ctd-nri-no-hook", image_tar, stubs, made)
+    plugins: list[subprocess.Popen] = []
     try:
-        deadline = time.monotonic() + 30
-        while b"configured by containerd" not in open(out.name, "rb").read():
-            if plugin.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"bench: the NRI plugin did not register: {open(out.name).read()[-500:]}")
-            time.sleep(0.05)
+        template = os.path.join(with_plugin.state, "io.containerd.runtime.v2.task", "k8s.io", "{id}", "rootfs")
+        plugin, log = _plugin(tmp, host, "nri-plugin", sock, template)
+        plugins.append(plugin)
+        plugins.append(_plugin(tmp, host, "nri-plugin-no-hook", sock_c, "")[0])  # '': no ld-cache hook
         logs = os.path.join(tmp, "nri-pod-logs")
         sides = {"runc": Side(plain, client_b, "runc", logs), "gpuhook": Side(with_plugin, client_a, HANDLER, logs),
-                 "other": Side(with_plugin, client_a, "runc", logs)}
+                 "other": Side(with_plugin, client_a, "runc", logs), "no hook": Side(no_hook, client_c, HANDLER, logs)}
         record = _check(sides["gpuhook"], log)
         sides["same"] = Side(plain, client_b, "runc", logs, {
             # CRI makes a device from a host node: the few the fake host has no file for are left out
             "devices": [(host + n, n) for n in record["nodes"] if os.path.exists(host + n)],
             "mounts": [{"container_path": m, "host_path": host + m, "readonly": True} for m in record["mounts"]]})
         _check(sides["same"], None)
+        _check(sides["no hook"], None)
         times: dict[str, list[float]] = {k: [] for k in sides}
         for i in range(rounds + 2):  # two warm-up rounds
             got = {}
@@ -167,8 +182,9 @@ def _measure(rounds: int, tmp: str, node: str, made: list) -> tuple[dict, dict]:
         own = [r["duration_ms"] for r in map(json.loads, open(log)) if r.get("decision") == "injected"]
         mem["plugin_ms"] = round(statistics.median(own), 2)  # its own time per create, as its log line says
     finally:
-        plugin.terminate()
-        plugin.wait(10)
+        for p in plugins:
+            p.terminate()
+            p.wait(10)
     row = {"base": "runc", "rounds": rounds, "ms": {k: round(statistics.median(v), 2) for k, v in times.items()},
            "added": {k: round(statistics.median(a - r for a, r in zip(v, times["runc"])), 2)
                      for k, v in times.items() if k != "runc"}}
@@ -177,15 +193,15 @@ def _measure(rounds: int, tmp: str, node: str, made: list) -> tuple[dict, dict]:
 
 def _check(side: Side, log: str | None) -> dict:
     """A gpu-optional container through the plugin sees its GPUs and libcuda in its ld cache
-    (log: the plugin's; its line for the container returned). None: a container given the
-    devices by CRI, which must see them."""
+    (log: the plugin's; its line for the container returned). None: a container that must see
+    the GPU nodes only (given by CRI, or by the plugin with no hook)."""
     _ms, cid = side.create_start(["sh", "-c", CHECK if log else "ls /dev/nvidia7"])
     status = side.cri.wait_exited(cid, 30)
     text = open(status.log_path).read() if os.path.exists(status.log_path) else ""
     side.remove(cid)
     if log is None:
         if status.exit_code != 0 or "/dev/nvidia7" not in text:
-            raise SystemExit(f"bench: runc given the devices by CRI did not see them: {text[-500:]}")
+            raise SystemExit(f"bench: a container that should have the GPU nodes has not: {text[-500:]}")
         return {}
     lines = [r for r in map(json.loads, open(log)) if r.get("container_id") == cid] if os.path.exists(log) else []
     last = text.strip().splitlines()[-1].split(" ", 3)[-1] if text.strip() else ""
