@@ -19,12 +19,12 @@ import threading
 import time
 from typing import Any, Callable
 
-from .. import cdi, defaults, hook
+from .. import cdi, defaults, hook, vendors
 from ..nri.plugin import DEFAULT_SOCKET as NRI_SOCKET, ROOTFS_TEMPLATE
 from . import kube as kube_mod, labels as labels_mod, nri as nri_mod
 
-UDEV_SUBSYSTEMS = ("drm", "kfd", "accel", "module")
-UDEV_MODULES = frozenset({"nvidia", "nvidia_uvm", "nvidia_drm", "nvidia_modeset", "amdgpu", "i915", "xe"})
+UDEV_SUBSYSTEMS = vendors.udev_subsystems()  # each vendor's (gpuhook/vendors.py)
+UDEV_MODULES = vendors.udev_modules()
 READY_FILE = defaults.READY_FILE
 
 

@@ -244,15 +244,13 @@ class Plugin:
             record["decision"] = "sandbox"
             return pb.ContainerAdjustment()
         inventory = probe_cached(config.host_root, cache_dir(), config.probe_cache_ttl, config.nvidia_driver_root)
-        warnings = list(inventory.warnings)
-        explain: dict = {}
-        edits = plan(
-            inventory, request, config.ldconfig or find_ldconfig(), config, cache_dir(), warnings, explain=explain
-        )
+        planned = plan(inventory, request, config.ldconfig or find_ldconfig(), config, cache_dir())
+        warnings = [*inventory.warnings, *planned.warnings]
+        edits = planned.edits
         if not edits:
             record["decision"] = "no-gpu" if not inventory.vendors else "declined"
-            if explain.get("reason"):
-                record["reason"] = explain["reason"]
+            if planned.reason:
+                record["reason"] = planned.reason
             if warnings:
                 record["warnings"] = [str(w)[:500] for w in warnings[:20]]
             return pb.ContainerAdjustment()
@@ -260,14 +258,14 @@ class Plugin:
         warnings += [f"not adjustable through NRI: {x}" for x in left_out]
         record.update(
             decision="injected",
-            vendors=list(explain.get("vendors", ())),
+            vendors=list(planned.vendors),
             nodes=[d.path for d in adj.linux.devices],
             mounts=[m.destination for m in adj.mounts],
             hooks=len(adj.hooks.create_container),
             env=[f"{kv.key}={kv.value}" for kv in adj.env],
         )
-        if explain.get("devices"):
-            record["devices"] = explain["devices"][:256]
+        if planned.devices:
+            record["devices"] = list(planned.devices[:256])
         if warnings:
             record["warnings"] = [str(w)[:500] for w in warnings[:20]]
         return adj
@@ -276,7 +274,7 @@ class Plugin:
         """One node log line per create this front decided on (the wrapper's line, with "front")."""
         try:
             from .. import fastjson
-            from ..runtime import append_line, utc_now
+            from ..runtime.logline import append_line, utc_now
 
             log_file = config.log_file if config is not None else None
             if config is None:

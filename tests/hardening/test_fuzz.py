@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from gpuhook.testing import bundle, fakehost
-from gpuhook import config as gconfig, fastjson, runtime  # noqa: E402
+from gpuhook import config as gconfig, fastjson  # noqa: E402
+from gpuhook.runtime import args as runtime_args, create  # noqa: E402
 from gpuhook.edits import DeviceNode, Edits, Hook, Mount  # noqa: E402
 from gpuhook.probe import amd, common, drm, ldcache, nvidia  # noqa: E402
 from gpuhook.probe.host import Host  # noqa: E402
@@ -118,7 +119,7 @@ def fake_node():
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(muts=mutations)
 def test_whole_config_json_read_on_hostile_specs(fake_node, muts, monkeypatch):
-    """The create path's own reading (runtime.edit_bundle: JSON, checks, planner, editor,
+    """The create path's own reading (runtime/create.py edit_bundle: JSON, checks, planner, editor,
     write) on hostile specs on an 8-GPU node: it either writes a spec that passes check()
     or raises ValueError/OSError (fail open) with config.json untouched; no other exception
     (a TypeError in some reader) escapes."""
@@ -131,7 +132,7 @@ def test_whole_config_json_read_on_hostile_specs(fake_node, muts, monkeypatch):
         f.write(raw)
     conf = gconfig.Config(host_root=os.path.join(fake_node, "host"), log_file="")
     try:
-        runtime.edit_bundle(b, conf, runtime.Outcome())
+        create.edit_bundle(b, conf, create.Outcome(), runtime_args.Call(os.environ, b))
     except (ValueError, OSError):
         with open(path, "rb") as f:
             assert f.read() == raw
@@ -207,7 +208,7 @@ flag_words = st.sampled_from(["create", "run", "start", "state", "--root", "--lo
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.one_of(flag_words, any_text), max_size=12))
 def test_parse_args_never_raises(argv):
-    inv = runtime.parse_args(argv)
+    inv = runtime_args.parse_args(argv)
     if inv.command in ("create", "run"):
         assert isinstance(inv.bundle, str) and inv.bundle.startswith("/")
 
@@ -360,7 +361,8 @@ import copy, sys
 import atheris
 
 with atheris.instrument_imports(include=["gpuhook"]):
-    from gpuhook import config as gconfig, fastjson, runtime
+    from gpuhook import config as gconfig, fastjson
+    from gpuhook.runtime import args as runtime_args
     from gpuhook.edits import DeviceNode, Edits, Hook, Mount
     from gpuhook.probe import amd, common, drm, ldcache, nvidia
     from gpuhook.probe.host import Host
@@ -406,7 +408,7 @@ def json_spec_target(data):
 
 
 def args_target(data):
-    runtime.parse_args([a.decode("utf-8", "surrogateescape") for a in data.split(b"\0")])
+    runtime_args.parse_args([a.decode("utf-8", "surrogateescape") for a in data.split(b"\0")])
 
 
 def probe_text_target(data):

@@ -148,7 +148,7 @@ def _run_unisolated(b: str, root: str, helper: str, cid: str, state: str) -> sub
     path = os.path.join(b, "config.json")
     with open(path) as f:
         spec = json.load(f)
-    edits = plan(probe(root), request_from_spec(spec, b), find_ldconfig(), helper=helper)
+    edits = plan(probe(root), request_from_spec(spec, b), find_ldconfig(), helper=helper).edits
     assert [h.kind for h in edits.hooks] == [hook.LDCACHE]
     with open(path, "w") as f:
         json.dump(ocispec.apply(spec, edits), f)

@@ -12,7 +12,10 @@ import sys
 import pytest
 
 from conftest import REPO
-from gpuhook import log, runtime
+from gpuhook import log
+from gpuhook.runtime import create
+from gpuhook.runtime.args import Call, Invocation
+from gpuhook.runtime.logline import write_log
 
 TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
@@ -40,9 +43,9 @@ def test_same_shape_as_the_runtimes_create_line(tmp_path):
     class Config:
         log_file = str(tmp_path / "gpuhook.log")
 
-    out = runtime.Outcome()
+    out = create.Outcome()
     out.decision, out.vendors, out.nodes = "injected", ["nvidia"], ["/dev/nvidia0"]
-    runtime.log_line(Config, runtime.Invocation("create", "/b", "c1", None, None), out, 0.0)
+    write_log(create.log_line(Config, Invocation("create", "/b", "c1", None, None), out, Call({}, "/")))
     rt = json.loads(open(Config.log_file).read())
     buf = io.StringIO()
     log.configure(stream=buf, fmt="json")
@@ -183,11 +186,16 @@ def test_the_create_line_names_the_pod(tmp_path):
     class Config:
         log_file = str(tmp_path / "gpuhook.log")
 
-    out = runtime.Outcome()
+    out = create.Outcome()
     out.pod = want
     out.decision = "declined"
-    out.explain = {"held_back": [{"device": "nvidia:GPU-1", "why": "x"}], "reason": "all 1 GPU(s) held back"}
-    runtime.log_line(Config, runtime.Invocation("create", "/b", "c1", None, None), out, 0.0)
+    from gpuhook.edits import Edits
+    from gpuhook.plan import ALLOCATED, Held, Plan
+    from gpuhook.plan.policy import Allocation
+
+    held = Held("nvidia:GPU-1", ALLOCATED, Allocation("nvidia.com/gpu", "GPU-1", "pod-2"))
+    out.plan = Plan(Edits(), held_back=(held,), reason="all 1 GPU(s) held back")
+    write_log(create.log_line(Config, Invocation("create", "/b", "c1", None, None), out, Call({}, "/")))
     line = json.loads(open(Config.log_file).read())
     assert {k: line[k] for k in want} == want
     assert line["held_back"] == ["nvidia:GPU-1"] and line["reason"] == "all 1 GPU(s) held back"
@@ -200,11 +208,11 @@ def test_a_pod_cannot_bloat_the_node_log(tmp_path):
     class Config:
         log_file = str(tmp_path / "gpuhook.log")
 
-    out = runtime.Outcome()
+    out = create.Outcome()
     out.decision = "error"
     out.error = "E" * 100_000
     out.warnings = [f"w{i}:" + "x" * 10_000 for i in range(300)]
-    runtime.log_line(Config, runtime.Invocation("create", "/b", "c1", None, None), out, 0.0)
+    write_log(create.log_line(Config, Invocation("create", "/b", "c1", None, None), out, Call({}, "/")))
     with open(Config.log_file) as f:
         lines = f.read().splitlines()
     assert len(lines) == 1

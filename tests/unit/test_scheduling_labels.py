@@ -95,9 +95,8 @@ def test_gpu_type_on_each_kind_of_node_through_both_paths(node_kind, tmp_path, k
     if kind == "driver-root-not-yet":
         assert nfd["gpuhook.dev/nvidia.unusable"] == "no-libcuda"  # the GPUs are there, not usable yet
     # the vendor a gpu-optional container's GPUHOOK_ACCELERATOR names first, on that node
-    explain: dict = {}
-    plan(probe(str(tmp_path / kind)), Request({}, {}, None), "/sbin/ldconfig", explain=explain)
-    assert (explain.get("vendors") or [None])[0] == want
+    planned = plan(probe(str(tmp_path / kind)), Request({}, {}, None), "/sbin/ldconfig")
+    assert (planned.vendors or (None,))[0] == want
 
 
 def test_gpu_type_appears_when_the_driver_root_is_filled_in(tmp_path, fake_api, logs):
