@@ -65,6 +65,21 @@ def operator_config(node: str, ctd: Containerd) -> bytes:
     return tomlkit.dumps(doc).encode()
 
 
+def nri_config(root: str, ctd: Containerd, socket_path: str) -> bytes:
+    """The operator config with gpu-optional as a plain runc handler (runc's own entry,
+    copied: no BinaryName) and NRI's socket at `socket_path` (NRI itself is on by default)."""
+    import tomlkit
+
+    doc = tomlkit.parse(operator_config(root, ctd).decode())
+    runtimes = doc["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]
+    runtimes[HANDLER] = tomlkit.parse(tomlkit.dumps({"x": runtimes["runc"]}))["x"]
+    assert runtimes[HANDLER].get("options", {}).get("BinaryName", "") == ""  # runc itself
+    nri = doc["plugins"]["io.containerd.nri.v1.nri"]
+    assert nri["disable"] is False, "containerd 2.x has NRI on by default"
+    nri["socket_path"] = socket_path
+    return tomlkit.dumps(doc).encode()
+
+
 def in_namespace(node: str, command: str, visible: tuple[str, ...], env: dict | None = None,
                  timeout: float = 120) -> subprocess.CompletedProcess:
     """Run a shell command with the node as its real root (what starts containers needs it),

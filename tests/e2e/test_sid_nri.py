@@ -20,24 +20,9 @@ import pytest
 
 from conftest import REPO, assert_8_nvidia_gpus, is_root, nodes_of, requires
 from containerd_harness import IMAGE_NAME, Containerd, leftovers
-from sid_node import HANDLER, operator_config
+from sid_node import nri_config
 
 pytestmark = requires(is_root(), "needs root (debootstrap, mounts, pivot_root)")
-
-
-def nri_config(root: str, ctd: Containerd, socket_path: str) -> bytes:
-    """The operator config with gpu-optional as a plain runc handler (runc's own entry,
-    copied: no BinaryName) and NRI's socket at `socket_path` (NRI itself is on by default)."""
-    import tomlkit
-
-    doc = tomlkit.parse(operator_config(root, ctd).decode())
-    runtimes = doc["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]
-    runtimes[HANDLER] = tomlkit.parse(tomlkit.dumps({"x": runtimes["runc"]}))["x"]
-    assert runtimes[HANDLER].get("options", {}).get("BinaryName", "") == ""  # runc itself
-    nri = doc["plugins"]["io.containerd.nri.v1.nri"]
-    assert nri["disable"] is False, "containerd 2.x has NRI on by default"
-    nri["socket_path"] = socket_path
-    return tomlkit.dumps(doc).encode()
 
 
 class NRIPlugin:
@@ -272,7 +257,7 @@ def agent_records(agent: NRIPlugin) -> list[dict]:
 
 
 def test_the_agent_with_front_nri_serves_and_restarts_its_killed_plugin(nri_containerd, tmp_path):
-    from test_e2e_cri import SHOW
+    from kubelet import SHOW
 
     ctd, client, k, rt, plugin, _host = nri_containerd
     agent = agent_process(plugin, tmp_path)

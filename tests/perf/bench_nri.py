@@ -29,7 +29,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-for d in (os.path.join(REPO, "tests"), os.path.join(REPO, "tests", "e2e")):
+for d in (os.path.join(REPO, "tests"),):
     if d not in sys.path:
         sys.path.insert(0, d)
 
@@ -77,7 +77,7 @@ def memory(pid: int) -> dict:
 def nri_row(rounds: int, tmp: str) -> tuple[dict, dict]:
     """(the row, the plugin's memory in MiB)."""
     import debroot
-    from test_sid_runtimes import MUST_HAVE, PACKAGES, RELEASE
+    from sid_node import MUST_HAVE, PACKAGES, RELEASE
 
     with debroot.ensure(RELEASE, PACKAGES, must_have=MUST_HAVE) as sid, \
             debroot.overlay(sid, os.path.join(tmp, "sid")) as node:
@@ -126,7 +126,7 @@ def _plugin(tmp: str, host: str, name: str, sock: str, template: str) -> tuple[s
 def _containerd(tmp: str, node: str, name: str, image_tar: str, stubs, made: list):
     import cri_client
     from containerd_harness import IMAGE_NAME, Containerd
-    from test_sid_nri import nri_config
+    from sid_node import nri_config
 
     ctd = Containerd(os.path.join(tmp, name), cri=True, debian_root=node, visible=(tmp, REPO))
     sock = os.path.join(tmp, name, "nri", "nri.sock")
