@@ -2,16 +2,16 @@
  * (make front-header) from the Python that defines each. Do not edit: tests/unit/test_front.py
  * fails when this is not what the generator writes. */
 
-/* runtime.GLOBAL_VALUE_FLAGS */
+/* args.GLOBAL_VALUE_FLAGS */
 static const char *const GLOBAL_VALUE_FLAGS[] = {"cgroup-manager", "criu", "log", "log-format", "root", "rootless", NULL};
 
-/* runtime.CREATE_VALUE_FLAGS */
+/* args.CREATE_VALUE_FLAGS */
 static const char *const CREATE_VALUE_FLAGS[] = {"b", "bundle", "console-socket", "pid-file", "pidfd-socket", "preserve-fds", NULL};
 
-/* runtime.EXEC_VALUE_FLAGS */
+/* args.EXEC_VALUE_FLAGS */
 static const char *const EXEC_VALUE_FLAGS[] = {"additional-gids", "apparmor", "c", "cap", "cgroup", "console-socket", "cwd", "e", "env", "g", "p", "pid-file", "pidfd-socket", "preserve-fds", "process", "process-label", "u", "user", NULL};
 
-/* runtime.EDITING_COMMANDS: create, run */
+/* args.EDITING_COMMANDS: create, run */
 static const char *const EDITING_COMMANDS[] = {"create", "run", NULL};
 
 /* server.SERVED: what the resident server runs */
@@ -87,9 +87,9 @@ static const char *const FRONT_DEFAULTS[FRONT_NKEYS] = {
     [FRONT_ERRORS] = "0",
 };
 
-#define RECORD_DIR "exec" /* execenv.RECORD_DIR: <cache dir>/RECORD_DIR/<root key>/<id> */
+#define RECORD_DIR "exec" /* exec.RECORD_DIR: <cache dir>/RECORD_DIR/<root key>/<id> */
 
-#define ID_CHARS "+,-.0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz" /* execenv.ID_CHARS: runc's id characters */
+#define ID_CHARS "+,-.0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz" /* exec.ID_CHARS: runc's id characters */
 
 #define SOCKET_NAME "runtime.sock" /* server.SOCKET_NAME, in the cache dir */
 

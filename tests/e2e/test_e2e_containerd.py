@@ -9,7 +9,7 @@ import os
 from conftest import needs_containerd, nodes_of, wrapper_path
 from containerd_harness import IMAGE_NAME
 from gpuhook.probe import ldcache
-from gpuhook.runtime import execenv
+from gpuhook.runtime import exec as execenv
 
 pytestmark = needs_containerd
 

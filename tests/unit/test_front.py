@@ -3,7 +3,7 @@ say each fact once, and agree.
 
 The front's tables are generated from Python (gpuhook-runtime.h, runtime/gen_header.py): the
 header must be what the generator writes now. The rest is the built front's behaviour against
-Python's: its command-line parse with runtime.parse_args on generated argvs of every flag
+Python's: its command-line parse with args.parse_args on generated argvs of every flag
 Python knows (create/run's bundle and id, exec's id and so its exec record), its GPU-present
 check with the probe on every fake host kind and on each sign alone, the node defaults it
 uses with no GPUHOOK_* env, the interpreter's entry it runs, the no-GPU log line, never
@@ -25,11 +25,11 @@ from hypothesis import strategies as st
 from conftest import FRONT, REPO, is_root, log_records
 from gpuhook.testing import fakehost
 from gpuhook.testing.front import prime
-from gpuhook import config, defaults, probe, runtime
+from gpuhook import config, defaults, probe
 from gpuhook.install import build
 from gpuhook.probe import cache
 from gpuhook.probe.host import Host
-from gpuhook.runtime import execenv, gen_header
+from gpuhook.runtime import args as runtime_args, exec as execenv, gen_header, logline
 
 
 def test_the_front_is_built_from_its_source():
@@ -213,7 +213,7 @@ def test_a_key_twice_is_left_to_python(tmp_path):
 
 # argvs from the words a runtime's caller uses: every flag Python knows takes a value (in
 # each form: --f, -f, --f=v), flags that take none, values, ids, subcommands
-FLAGS = sorted(runtime.GLOBAL_VALUE_FLAGS | runtime.CREATE_VALUE_FLAGS | runtime.EXEC_VALUE_FLAGS)
+FLAGS = sorted(runtime_args.GLOBAL_VALUE_FLAGS | runtime_args.CREATE_VALUE_FLAGS | runtime_args.EXEC_VALUE_FLAGS)
 WORDS = st.one_of(
     st.sampled_from(["--", "-", "create", "run", "exec", "delete", "state", "--debug", "--systemd-cgroup",
                      "--no-pivot", "-d", "--tty", "/p", "rel/b", "/bundle", "id1", "id2", "x", "ctr_1", "a,b"]),
@@ -239,11 +239,11 @@ def test_the_front_parses_as_python_does(tmp_path_factory, argv):
     here = os.getcwd()
     os.chdir(tmp)  # a relative bundle is the caller's current directory's
     try:
-        inv = runtime.parse_args(list(argv))
+        inv = runtime_args.parse_args(list(argv))
     finally:
         os.chdir(here)
     recs = log_records(str(log))
-    if inv.command not in runtime.EDITING_COMMANDS:
+    if inv.command not in runtime_args.EDITING_COMMANDS:
         assert recs == []
         return
     (rec,) = recs
@@ -262,7 +262,7 @@ def test_the_front_finds_the_exec_record_python_would(tmp_path_factory, argv, ci
     cache = str(tmp / "cache")
     prime(str(cfg), cache)
     argv = ["--root", str(tmp / "st"), *argv[:2], "exec", *argv[2:], cid]
-    inv = runtime.parse_args(argv)
+    inv = runtime_args.parse_args(argv, str(tmp))
     for word in set(argv):  # records of every id the front might take, where Python could key one
         path = execenv.record_path(cache, str(tmp / "st"), word, "/bin/true")
         if path and inv.root == str(tmp / "st"):
@@ -289,7 +289,7 @@ def test_no_gpu_log_never_follows_a_link(tmp_path):
     assert r.returncode == 0, r.stderr
     assert target.read_text() == "" and link.is_symlink()
     # Python's append_line refuses it the same way
-    runtime.append_line(str(link), "x")
+    logline.append_line(str(link), "x")
     assert target.read_text() == ""
 
 

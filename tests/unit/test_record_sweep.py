@@ -17,7 +17,7 @@ import time
 import pytest
 
 from conftest import FRONT
-from gpuhook.runtime import execenv
+from gpuhook.runtime import exec as execenv
 from gpuhook.testing.front import prime
 
 ENV = ["GPUHOOK_ACCELERATOR=nvidia"]
