@@ -15,10 +15,32 @@ HEADER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpuhook-runti
 
 
 def _c(value: str) -> str:
-    """A C string literal of `value` (plain ASCII: every table here is)."""
-    if not value.isascii() or any(ord(c) < 0x20 for c in value):
+    """A C string literal of `value` (plain ASCII, a newline at most: every table here is)."""
+    if not value.isascii() or any(ord(c) < 0x20 and c != "\n" for c in value):
         raise ValueError(f"not a plain ASCII string for the front: {value!r}")
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def _no_gpu_line() -> str:
+    """The printf format of the front's no-GPU create line: the line create.log_line writes for
+    a create that found no GPU (no pod: the front reads no config.json), its time, id, bundle
+    and duration as positional arguments 1 to 4 (a string, a JSON token, a string, a double)."""
+    import re
+
+    from ..config import Config
+    from .args import Call, Invocation
+    from .create import Outcome, log_line
+
+    out = Outcome()
+    out.decision = "no-gpu"
+    logged = log_line(Config(log_file="/log"), Invocation("create", "@BUNDLE@", "@ID@", None, None), out, Call({}, "/"))
+    assert logged is not None
+    line = logged[1].decode().replace("%", "%%")
+    line, times = re.subn(r'"time":"[^"]*"', '"time":"%1$s"', line)
+    line, durations = re.subn(r'"duration_ms":[0-9.]+', '"duration_ms":%4$.2f', line)
+    if (times, durations, line.count('"@ID@"'), line.count("@BUNDLE@")) != (1, 1, 1, 1):
+        raise ValueError(f"create.log_line's no-GPU line is not one the front can write: {line!r}")
+    return line.replace('"@ID@"', "%2$s").replace("@BUNDLE@", "%3$s")
 
 
 def _strings(name: str, values, why: str) -> str:
@@ -117,6 +139,7 @@ def render() -> str:
         _define("DEFAULT_RUNTIMES_TEXT", " or ".join(config.DEFAULT_RUNTIMES), "for the messages"),
         _define("FRONT_NAME", os.path.basename(config.FRONT_BINARY), "config.is_front: the wrapper's own name"),
         _front_file(),
+        _define("NO_GPU_LINE", _no_gpu_line(), "create.log_line's, for a create with no GPU"),
         _define("RECORD_DIR", execenv.RECORD_DIR, "exec.RECORD_DIR: <cache dir>/RECORD_DIR/<root key>/<id>"),
         _define("ID_CHARS", "".join(sorted(execenv.ID_CHARS)), "exec.ID_CHARS: runc's id characters"),
         _define("SOCKET_NAME", server.SOCKET_NAME, "server.SOCKET_NAME, in the cache dir"),

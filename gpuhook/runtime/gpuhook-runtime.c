@@ -256,20 +256,18 @@ static void append_log(const char *file, const char *line, size_t n) {
     if (fd >= 0 && (write(fd, line, n) < 0 || 1)) close(fd);
 }
 
-/* log_no_gpu: the create's log line (decision no-gpu), as Python's log line has it */
-static void log_no_gpu(const char *file, const struct invocation *inv) {
-    const char *id = inv->container_id ? inv->container_id : "", *bundle = inv->bundle, *q = "\"";
-    const char *safe = ID_CHARS ":/@="; /* what the line may hold without escaping */
-    if (id[strspn(id, safe)] || bundle[strspn(bundle, safe)]) id = bundle = "?";
-    else if (!inv->container_id) id = "null", q = ""; /* no id: null, as Python's line has it */
+/* log_no_gpu: the create's log line (NO_GPU_LINE: Python's for a create with no GPU), ms its duration */
+static void log_no_gpu(const char *file, const struct invocation *inv, double ms) {
+    const char *id = inv->container_id ? inv->container_id : "", *bundle = inv->bundle, *safe = ID_CHARS ":/@=";
+    int odd = id[strspn(id, safe)] || bundle[strspn(bundle, safe)]; /* not to be written as it is: "?" */
     struct timespec now;
     struct tm tm;
     clock_gettime(CLOCK_REALTIME, &now);
     gmtime_r(&now.tv_sec, &tm);
-    char *line = fmt("{\"time\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"event\":\"create\",\"container_id\":%s%s%s,"
-                     "\"bundle\":\"%s\",\"decision\":\"no-gpu\",\"vendors\":[],\"nodes\":[],\"mounts\":[],\"hooks\":0}\n",
-                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-                     now.tv_nsec / 1000000, q, id, q, bundle);
+    char *stamp = fmt("%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
+                     tm.tm_min, tm.tm_sec, now.tv_nsec / 1000000); /* logline.utc_now's */
+    char *line = fmt(NO_GPU_LINE, stamp, odd ? "\"?\"" : inv->container_id ? fmt("\"%s\"", id) : "null",
+                     odd ? "?" : bundle, ms);
     if (*file) append_log(file, line, strlen(line));
 }
 
@@ -418,6 +416,7 @@ static void exec_python(int argc, char **argv, const char *dir) {
 }
 
 int main(int argc, char **argv) {
+    long long started = now_ns();
     struct config c = {0};
     struct invocation inv = {0};
     read_config(&c);
@@ -431,7 +430,7 @@ int main(int argc, char **argv) {
         int editing = one_of(inv.command, EDITING_COMMANDS);
         if (editing ? !strcmp(c.value[FRONT_ERRORS], "0") && !gpu_present(c.value[FRONT_HOST_ROOT])
                     : !inv.command || strcmp(inv.command, "exec") || !has_record(inv.root, rt, inv.container_id)) {
-            if (editing) log_no_gpu(c.value[FRONT_LOG_FILE], &inv);
+            if (editing) log_no_gpu(c.value[FRONT_LOG_FILE], &inv, (double)(now_ns() - started) / 1e6);
             exec_runtime(rt, argv);
         }
     }

@@ -87,6 +87,8 @@ static const char *const FRONT_DEFAULTS[FRONT_NKEYS] = {
     [FRONT_ERRORS] = "0",
 };
 
+#define NO_GPU_LINE "{\"time\":\"%1$s\",\"event\":\"create\",\"container_id\":%2$s,\"bundle\":\"%3$s\",\"decision\":\"no-gpu\",\"vendors\":[],\"nodes\":[],\"mounts\":[],\"hooks\":0,\"duration_ms\":%4$.2f}\n" /* create.log_line's, for a create with no GPU */
+
 #define RECORD_DIR "exec" /* exec.RECORD_DIR: <cache dir>/RECORD_DIR/<root key>/<id> */
 
 #define ID_CHARS "+,-.0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz" /* exec.ID_CHARS: runc's id characters */

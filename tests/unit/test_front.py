@@ -12,6 +12,7 @@ Python's front file) is what Python decides, on generated files with tomllib as 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -29,7 +30,7 @@ from gpuhook import config, defaults, probe
 from gpuhook.install import build
 from gpuhook.probe import cache
 from gpuhook.probe.host import Host
-from gpuhook.runtime import args as runtime_args, exec as execenv, gen_header, logline
+from gpuhook.runtime import args as runtime_args, create, exec as execenv, gen_header, logline
 
 
 def test_the_front_is_built_from_its_source():
@@ -123,8 +124,6 @@ cat {defaults.LOG_FILE} >> {out}
     assert r.returncode == 0, r.stderr
     ran, line = out.read_text().split("\n", 1)
     assert ran == f"create --bundle {tmp_path} c9"  # the configured runtime, not Python
-    import json
-
     assert json.loads(line)["decision"] == "no-gpu"
 
 
@@ -179,12 +178,23 @@ def test_the_no_gpu_line(tmp_path):
     assert not os.path.exists(mark)
     (rec,) = log_records(str(tmp_path / "gpuhook.log"))
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", rec.pop("time"))
-    assert rec == {"event": "create", "container_id": "c2", "bundle": str(tmp_path), "decision": "no-gpu",
-                   "vendors": [], "nodes": [], "mounts": [], "hooks": 0}
+    assert 0 <= rec.pop("duration_ms") < 1000
+    # what Python's create path logs for the same create finding no GPU (no pod: the front reads
+    # no config.json), time and duration aside
+    out = create.Outcome()
+    out.decision = "no-gpu"
+    inv = runtime_args.parse_args(["--root", str(tmp_path / "st"), "create", "-b", str(tmp_path), "c2"])
+    _, line = create.log_line(config.Config(log_file="/log"), inv, out, runtime_args.Call({}, "/"))
+    python = json.loads(line)
+    del python["time"], python["duration_ms"]
+    assert rec == python == {"event": "create", "container_id": "c2", "bundle": str(tmp_path), "decision": "no-gpu",
+                             "vendors": [], "nodes": [], "mounts": [], "hooks": 0}
     assert oct((tmp_path / "gpuhook.log").stat().st_mode & 0o777) == oct(0o640)  # as Python creates it
-    # a name the line cannot hold as it is: "?" for both
+    # a name the line cannot hold as it is: "?" for both; no id at all: null
     r, _ = front(tmp_path, root, "create", "--bundle", str(tmp_path), 'c"3')
-    assert log_records(str(tmp_path / "gpuhook.log"))[-1]["container_id"] == "?"
+    assert [log_records(str(tmp_path / "gpuhook.log"))[-1][k] for k in ("container_id", "bundle")] == ["?", "?"]
+    r, _ = front(tmp_path, root, "create", "--bundle", str(tmp_path))
+    assert log_records(str(tmp_path / "gpuhook.log"))[-1]["container_id"] is None
 
 
 def test_a_key_twice_is_left_to_python(tmp_path):
