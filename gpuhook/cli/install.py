@@ -6,12 +6,14 @@ import sys
 
 
 def _common(sp) -> None:
+    from ..install.runtimes import NAMES
+
     sp.add_argument(
         "--host-root", default="/", metavar="DIR", help="where the node's / is (default /; /host in the DaemonSet)"
     )
     sp.add_argument(
         "--runtime",
-        choices=("containerd", "crio", "docker", "auto"),
+        choices=(*NAMES, "auto"),
         default="auto",
         help="the node's container runtime; several sit side by side (install: default auto, "
         "which says what it found: with a kubelet its CRI runtime, containerd else CRI-O, and "

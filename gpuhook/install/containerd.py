@@ -21,7 +21,7 @@ none, the stock `runc` handler is written next to ours so the node keeps its def
 
 from __future__ import annotations
 
-from ..defaults import RUNTIME_HANDLER
+from ..defaults import RUNTIME_BINARY as BINARY, RUNTIME_HANDLER
 
 import copy
 import glob
@@ -30,7 +30,8 @@ import os
 import tomlkit
 from tomlkit.exceptions import TOMLKitError
 
-from . import InstallError
+from . import InstallError, files, journal, restart
+from .runtimes import Adapter
 
 HANDLER = RUNTIME_HANDLER
 ANNOTATIONS = ["gpuhook.dev/*"]
@@ -220,3 +221,107 @@ def _host(host_root: str, path: str) -> str:
 def _unhost(host_root: str, path: str) -> str:
     rel = os.path.relpath(path, host_root)
     return "/" + rel if not rel.startswith("..") else path
+
+
+# -- the adapter (runtimes.py): what install and uninstall do with containerd -------------------
+
+BACKUP = files.STATE_DIR + "/containerd-config.toml"
+SOCKET = "/run/containerd/containerd.sock"
+# containerd's global flags that take a value (urfave/cli: "--flag value" or "--flag=value")
+_VALUE_FLAGS = {"--config", "-c", "--log-level", "-l", "--address", "-a", "--root", "--state"}
+
+
+def _read(root: str) -> tuple[bytes | None, object, int]:
+    """(original bytes or None, document, version), checked before anything is written.
+    No config.toml: containerd runs on its built-in defaults; a version 2 file with only the
+    handlers keeps them (containerd 2.x reads version 2 too)."""
+    name = DEFAULT_CONFIG
+    raw = files.read(_host(root, name), name)
+    doc, version = parse(journal.text(raw, name) if raw is not None else "version = 2\n", name)
+    shadows = shadowing_imports(doc, version, root, name)
+    if shadows:
+        raise InstallError(
+            f"{shadows[0]} (imported by {name}) sets the {CRI_PLUGIN[version]} plugin's "
+            f"section, which replaces {name}'s when containerd loads it: add the gpu-optional "
+            "handler there by hand, or fold that file into config.toml, then run install again"
+        )
+    return raw, doc, version
+
+
+def _install(root: str, state: dict, dry_run: bool, say: journal.Say, read) -> bool:
+    name = DEFAULT_CONFIG
+    raw, doc, version = read
+    existed = raw is not None
+    if not add_handler(doc, version, BINARY):
+        say(f"containerd: {name}: handler gpu-optional already in place (config version {version})")
+        return False
+    new = dumps(doc).encode()
+    if dry_run:
+        say(f"containerd: {name}: handler gpu-optional would be added (config version {version})")
+        return True
+    mine = journal.write_config(root, state, "containerd", name, BACKUP, raw, new)
+    say(
+        f"containerd: {name}: handler gpu-optional {'added' if existed else 'written to a new file'} "
+        f"(config version {version}, BinaryName {BINARY})"
+        + (f"; original kept in {BACKUP}" if existed and mine.get("backup") else "")
+    )
+    return True
+
+
+def _uninstall(root: str, mine: dict | None, dry_run: bool, say: journal.Say) -> bool:
+    name = DEFAULT_CONFIG
+
+    def edit(raw: bytes) -> bytes | None:
+        doc, version = parse(journal.text(raw, name), name)
+        return dumps(doc).encode() if remove_handler(doc, version) else None
+
+    return journal.uninstall_edited(
+        root, mine, "containerd", name, BACKUP, dry_run, say, edit, "no gpu-optional handler: left as it is"
+    )
+
+
+def _has_ours(raw: bytes) -> bool:
+    doc, version = parse(journal.text(raw, DEFAULT_CONFIG), DEFAULT_CONFIG)
+    return remove_handler(doc, version)
+
+
+def _daemon_config(proc: str, pid: int, argv: list[str]) -> str | None:
+    """The config file a containerd daemon reads, as a path from here; None for a
+    `containerd <subcommand>` run (config dump, publish...), which is not the daemon."""
+    config = DEFAULT_CONFIG
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        flag, eq, value = arg.partition("=")
+        if flag in _VALUE_FLAGS:
+            if not eq:
+                i += 1
+                value = argv[i] if i < len(argv) else ""
+            if flag in ("--config", "-c"):
+                config = value
+        elif not arg.startswith("-"):
+            return None
+        i += 1
+    return restart.config_path(proc, pid, config)
+
+
+ADAPTER = Adapter(
+    name="containerd",
+    label="containerd",
+    config=DEFAULT_CONFIG,
+    marks=(DEFAULT_CONFIG, SOCKET),
+    pods=True,
+    # no config reload (1.6, checked): SIGHUP kills it on the spot, so SIGTERM and its
+    # supervisor (containerd.service: Restart=always) starts it again
+    daemon=restart.Daemon(
+        comm="containerd",
+        unit="containerd.service",
+        systemctl="restart",
+        how="restart containerd (systemctl restart containerd.service)",
+        config_of=_daemon_config,
+    ),
+    read=_read,
+    install=_install,
+    uninstall=_uninstall,
+    ours=journal.ours(_has_ours, DEFAULT_CONFIG),
+)

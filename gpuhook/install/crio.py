@@ -15,7 +15,10 @@ is one unlink.
 
 from __future__ import annotations
 
-from ..defaults import RUNTIME_HANDLER
+from ..defaults import RUNTIME_BINARY as BINARY, RUNTIME_HANDLER
+from . import files, journal, restart
+from .files import host, sha256
+from .runtimes import Adapter
 
 HANDLER = RUNTIME_HANDLER
 DROPIN = "/etc/crio/crio.conf.d/99-gpuhook.toml"
@@ -33,3 +36,60 @@ def render(binary: str) -> bytes:
         'runtime_type = "oci"\n'
         f'runtime_root = "{RUNTIME_ROOT}"\n'
     ).encode()
+
+
+# -- the adapter (runtimes.py): what install and uninstall do with CRI-O ------------------------
+
+MARKS = ("/etc/crio", "/run/crio/crio.sock", "/var/run/crio/crio.sock")
+
+
+def _install(root: str, state: dict, dry_run: bool, say: journal.Say, read: object = None) -> bool:
+    data = render(BINARY)
+    path = host(root, DROPIN)
+    if files.read(path, DROPIN) == data:
+        say(f"crio: {DROPIN}: handler gpu-optional already in place")
+        return False
+    if not dry_run:
+        state["crio"] = {"dropin": DROPIN, "written": sha256(data)}
+        journal.journal(root, state, "crio")
+        files.write(path, data, 0o644, DROPIN)
+    say(f"crio: {DROPIN}: {'would be ' if dry_run else ''}written (handler gpu-optional, runtime_path {BINARY})")
+    return True
+
+
+def _uninstall(root: str, mine: dict | None, dry_run: bool, say: journal.Say) -> bool:
+    path = host(root, DROPIN)
+    raw = files.read(path, DROPIN)
+    if raw is None:
+        say(f"crio: {DROPIN} does not exist: nothing to remove")
+        return False
+    if not mine and not raw.startswith(MARK.encode()):
+        say(f"crio: {DROPIN} was not written by gpuhook: left as it is")
+        return False
+    if not dry_run:
+        files.remove(path, DROPIN)
+    edited = " (it had been edited since install)" if mine and sha256(raw) != mine.get("written") else ""
+    say(f"crio: {DROPIN} {'would be ' if dry_run else ''}removed{edited}")
+    return True
+
+
+ADAPTER = Adapter(
+    name="crio",
+    label="CRI-O",
+    config=DROPIN,
+    marks=MARKS,
+    pods=True,
+    # SIGHUP: a live reload (crio.conf(5) marks the runtimes table as reloadable); every crio
+    # is told, there being no second CRI-O on a node to keep apart
+    daemon=restart.Daemon(
+        comm="crio",
+        unit="crio.service",
+        systemctl="restart",
+        how="restart CRI-O (systemctl restart crio.service)",
+        reloaded="restart: sent SIGHUP to crio (pid {pids}): CRI-O reloads its runtimes",
+    ),
+    read=lambda root: None,
+    install=_install,
+    uninstall=_uninstall,
+    ours=journal.ours(lambda raw: raw.startswith(MARK.encode()), DROPIN),
+)
