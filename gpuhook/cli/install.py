@@ -39,6 +39,8 @@ def _common(sp) -> None:
 
 
 def add_commands(sub) -> None:
+    from ..install.runtimes import FRONTS
+
     sp = sub.add_parser("install", help="put gpuhook on this node and add the gpu-optional runtime handler")
     _common(sp)
     sp.add_argument(
@@ -47,6 +49,15 @@ def add_commands(sub) -> None:
         help="the host bundle to copy to /opt/gpuhook (default: $GPUHOOK_BUNDLE_DIR, else the "
         "bundle this gpuhook runs from, else one built from this Python and this gpuhook, "
         "as packaging/build-bundle.sh builds it)",
+    )
+    sp.add_argument(
+        "--front",
+        choices=FRONTS,
+        default="wrapper",
+        help="how gpu-optional containers get their GPUs (containerd, CRI-O): wrapper (default: "
+        "gpuhook-runtime is the handler's binary, no resident process), or nri (a plain runc handler, "
+        "NRI turned on where it is off, and gpuhook's NRI plugin as gpuhook-nri.service: no runtime "
+        "binary replaced, but a pod created while the plugin is down starts without its GPUs)",
     )
     sp.set_defaults(func=cmd_install)
 
@@ -62,6 +73,7 @@ def _options(args):
     return Options(
         host_root=args.host_root,
         runtime=args.runtime,
+        front=getattr(args, "front", "wrapper"),
         restart=args.restart,
         bundle_dir=getattr(args, "bundle_dir", None),
         dry_run=args.dry_run,

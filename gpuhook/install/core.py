@@ -73,6 +73,7 @@ NODE_CONFIG_TEXT = """\
 class Options:
     host_root: str = "/"
     runtime: str = "auto"  # containerd | crio | docker | auto
+    front: str = "wrapper"  # install only: wrapper | nri (runtimes.FRONTS)
     restart: str = "none"  # signal | systemd | none
     bundle_dir: str | None = None
     dry_run: bool = False
@@ -176,43 +177,31 @@ def install(opts: Options, say: Say, root: str) -> None:
     chosen = choose(root, found.append) if opts.runtime == "auto" else [opts.runtime]
     say(
         f"gpuhook install: host root {root}, runtime {' and '.join(chosen)}"
-        f"{' (dry run: nothing is written)' if opts.dry_run else ''}"
+        + (f", front {opts.front}" if opts.front != "wrapper" else "")
+        + (" (dry run: nothing is written)" if opts.dry_run else "")
     )
     for line in found:
         say(line)
     state = _load_state(root)
     before = copy.deepcopy(state)
-    would = "would be " if opts.dry_run else ""
-
-    # refuse a config we cannot edit before anything is written
-    reads = {rt: runtimes.get(rt).read(root) for rt in chosen}
-    src = _bundle_source(opts)
-    if src is None and opts.dry_run:
-        say(
-            f"bundle: no --bundle-dir: one would be built from this Python ({sys.executable}) and this gpuhook, "
-            f"and copied to {PREFIX}"
-        )
-    else:
-        built = None
-        if src is None:
-            built, src = _build_bundle(say)
-        try:
-            _install_bundle(root, src, state, opts.dry_run, say)
-        finally:
-            if built:
-                shutil.rmtree(built, ignore_errors=True)
-
-    path = host(root, NODE_CONFIG)
-    if os.path.lexists(path):
-        say(f"node config: {NODE_CONFIG} exists: kept as it is")
-    else:
-        if not opts.dry_run:
-            state["node_config"] = {"path": NODE_CONFIG, "written": sha256(NODE_CONFIG_TEXT.encode())}
-            files.save_state(root, state)  # first: a kill right after the write still knows it is ours
-            files.write(path, NODE_CONFIG_TEXT.encode(), 0o644, NODE_CONFIG)
-        say(f"node config: {NODE_CONFIG} {would}written (all defaults)")
+    # refuse a config we cannot edit, or a front a runtime cannot have, before anything is written
+    for a in (runtimes.get(rt) for rt in chosen):
+        if opts.front not in a.fronts:
+            raise InstallError(f"--front {opts.front}: not for {a.label} (it has {' or '.join(a.fronts)})")
+    reads = {rt: runtimes.get(rt).read(root, opts.front, state.get(rt)) for rt in chosen}
+    _bundle_step(root, opts, state, say)
+    _node_config_step(root, opts.dry_run, state, say)
     devlinks.install_step(root, opts.dry_run, say)  # /dev/char links of the GPU nodes: left on uninstall
-    _install_server_units(root, opts, say)
+    fronts = {**state["fronts"], **{rt: opts.front for rt in chosen}}
+    if "wrapper" in fronts.values():
+        _install_server_units(root, opts, say)
+    else:  # (an install of the wrapper front before: no trace of it left)
+        _uninstall_server_units(root, opts, say)
+    nri = [rt for rt in chosen if opts.front == "nri"]
+    if nri:
+        _install_nri_unit(root, opts, runtimes.get(nri[0]).plugin_args(reads[nri[0]]), say)
+    elif "nri" not in fronts.values():
+        _uninstall_nri_unit(root, opts, say)
 
     changed = {rt: runtimes.get(rt).install(root, state, opts.dry_run, say, reads[rt]) for rt in chosen}
     if opts.dry_run:
@@ -221,6 +210,7 @@ def install(opts: Options, say: Say, root: str) -> None:
         return
     for rt in chosen:
         _mark(state, "runtimes", rt)
+    state["fronts"] = fronts
     if state != before:
         files.save_state(root, state)  # before the restart: a failed one is retried next time
     files.sweep(host(root, files.STATE))  # what a killed write of it left, when nothing changed now
@@ -229,10 +219,41 @@ def install(opts: Options, say: Say, root: str) -> None:
             files.save_state(root, state)
 
 
+def _bundle_step(root: str, opts: Options, state: dict, say: Say) -> None:
+    src = _bundle_source(opts)
+    if src is None and opts.dry_run:
+        say(
+            f"bundle: no --bundle-dir: one would be built from this Python ({sys.executable}) and this gpuhook, "
+            f"and copied to {PREFIX}"
+        )
+        return
+    built = None
+    if src is None:
+        built, src = _build_bundle(say)
+    try:
+        _install_bundle(root, src, state, opts.dry_run, say)
+    finally:
+        if built:
+            shutil.rmtree(built, ignore_errors=True)
+
+
+def _node_config_step(root: str, dry_run: bool, state: dict, say: Say) -> None:
+    path = host(root, NODE_CONFIG)
+    if os.path.lexists(path):
+        say(f"node config: {NODE_CONFIG} exists: kept as it is")
+        return
+    if not dry_run:
+        state["node_config"] = {"path": NODE_CONFIG, "written": sha256(NODE_CONFIG_TEXT.encode())}
+        files.save_state(root, state)  # first: a kill right after the write still knows it is ours
+        files.write(path, NODE_CONFIG_TEXT.encode(), 0o644, NODE_CONFIG)
+    say(f"node config: {NODE_CONFIG} {'would be ' if dry_run else ''}written (all defaults)")
+
+
 def _load_state(root: str) -> dict:
     """The install state, with `runtimes` (installed for) and `restart_pending` (runtimes
     whose config changed since their last restart) as sorted lists; a state written before
-    side-by-side installs (one `runtime`, a boolean `restart_pending`) read as such."""
+    side-by-side installs (one `runtime`, a boolean `restart_pending`) read as such; and
+    `fronts`, each installed runtime's (wrapper where a state before fronts does not say)."""
     state = files.load_state(root)
     if "runtime" in state:
         old = state.pop("runtime")
@@ -243,6 +264,9 @@ def _load_state(root: str) -> dict:
     for key in ("runtimes", "restart_pending"):
         value = state.get(key)
         state[key] = sorted({v for v in value if v in runtimes.NAMES} if isinstance(value, list) else set())
+    fronts = state.get("fronts")
+    fronts = fronts if isinstance(fronts, dict) else {}
+    state["fronts"] = {rt: fronts[rt] if fronts.get(rt) in runtimes.FRONTS else "wrapper" for rt in state["runtimes"]}
     return state
 
 
@@ -309,6 +333,57 @@ def _uninstall_server_units(root: str, opts: Options, say: Say) -> None:
         if not opts.dry_run:
             files.remove(os.path.join(unit_dir, n))
         say(f"runtime server: {units.UNIT_DIR}/{n} {'would be ' if opts.dry_run else ''}removed")
+
+
+def _systemd_runs(root: str) -> bool:
+    """systemd is the node's init (sd_booted(3): /run/systemd/system is there)."""
+    return os.path.isdir(host(root, "/run/systemd/system"))
+
+
+def _install_nri_unit(root: str, opts: Options, args: tuple[str, ...], say: Say) -> None:
+    """gpuhook-nri.service (`gpuhook nri ARGS`), written, enabled and started where systemd
+    runs; without systemd, the line says what to run instead."""
+    from . import units
+
+    name, text = units.NRI_UNIT, units.nri_text(args)
+    path = host(root, f"{units.UNIT_DIR}/{name}")
+    command = " ".join([f"{PREFIX}/bin/gpuhook", "nri", *args])
+    if not os.path.isdir(os.path.dirname(path)):
+        say(f"nri plugin: no {units.UNIT_DIR} on this node: no unit written; run `{command}` under a supervisor")
+        return
+    changed = files.read(path, name) != text.encode()
+    if changed and not opts.dry_run:
+        files.write(path, text.encode(), 0o644, f"{units.UNIT_DIR}/{name}")
+    said = f"{'would be ' if opts.dry_run else ''}written" if changed else "up to date"
+    say(f"nri plugin: {units.UNIT_DIR}/{name} {said} ({command})")
+    if opts.dry_run or not _systemd_runs(root):
+        say(f"nri plugin: not started (systemd is not running here): systemctl enable --now {name}")
+        return
+    try:
+        for cmd in (["daemon-reload"], ["enable", "--now", name]) + ((["restart", name],) if changed else ()):
+            restart.systemctl(cmd, root, opts.restart_timeout)
+        say(f"nri plugin: {name} enabled and running")
+    except InstallError as e:
+        say(f"nri plugin: not started ({e}): gpu-optional pods start without their GPUs until it runs")
+
+
+def _uninstall_nri_unit(root: str, opts: Options, say: Say) -> None:
+    """gpuhook-nri.service, when it is gpuhook's (its mark): stopped, disabled and removed."""
+    from . import units
+
+    path = host(root, f"{units.UNIT_DIR}/{units.NRI_UNIT}")
+    if not opts.dry_run:
+        files.sweep(path)  # an install killed while writing it
+    if not os.path.isfile(path) or units.NRI_MARK.encode() not in (files.read(path, units.NRI_UNIT) or b""):
+        return
+    if _systemd_runs(root) and not opts.dry_run:
+        try:
+            restart.systemctl(["disable", "--now", units.NRI_UNIT], root, opts.restart_timeout)
+        except InstallError as e:
+            say(f"nri plugin: {e}")
+    if not opts.dry_run:
+        files.remove(path, f"{units.UNIT_DIR}/{units.NRI_UNIT}")
+    say(f"nri plugin: {units.UNIT_DIR}/{units.NRI_UNIT} {'would be ' if opts.dry_run else ''}removed")
 
 
 def _install_bundle(root: str, src: str, state: dict, dry_run: bool, say: Say) -> None:
@@ -405,10 +480,13 @@ def uninstall(opts: Options, say: Say, root: str) -> None:
             continue
         files.sweep(host(root, runtimes.get(rt).config))  # an install killed while writing it
         state.pop(rt, None)
+        state["fronts"].pop(rt, None)
         _mark(state, "runtimes", rt, on=False)
         _mark(state, "restart_pending", rt, on=changed or was_pending)
         if had_state:
             files.save_state(root, state)
+    if "nri" not in (state["fronts"].get(rt) for rt in others):
+        _uninstall_nri_unit(root, opts, say)
     if others:
         say(
             f"kept for {' and '.join(others)} (still installed): the bundle {PREFIX}, the node config "

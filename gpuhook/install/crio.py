@@ -15,8 +15,11 @@ is one unlink.
 
 from __future__ import annotations
 
+import dataclasses
+import os
+
 from ..defaults import RUNTIME_BINARY as BINARY, RUNTIME_HANDLER
-from . import files, journal, restart
+from . import InstallError, files, journal, restart
 from .files import host, sha256
 from .runtimes import Adapter
 
@@ -26,15 +29,23 @@ RUNTIME_ROOT = "/run/gpuhook-runc"
 MARK = "# Written by `gpuhook install`"
 
 
-def render(binary: str) -> bytes:
+def render(binary: str, nri: bool = False) -> bytes:
+    """The drop-in: gpu-optional with `binary` as its runtime_path; `nri`: that is plain runc,
+    and the drop-in turns CRI-O's NRI on, for gpuhook's plugin (gpuhook-nri.service)."""
+    what = (
+        "# plain runc, whose containers gpuhook's NRI plugin (gpuhook-nri.service) gives this node's\n"
+        "# GPUs at create; NRI is turned on below (node settings: /etc/gpuhook/config.toml).\n"
+        if nri
+        else "# runc behind gpuhook-runtime, which adds this node's\n"
+        "# GPUs to a container's config.json at create (node settings: /etc/gpuhook/config.toml).\n"
+    )
     return (
         f"{MARK}; `gpuhook uninstall` removes it. Edits here are overwritten by the next install.\n"
-        "# The gpu-optional runtime handler: runc behind gpuhook-runtime, which adds this node's\n"
-        "# GPUs to a container's config.json at create (node settings: /etc/gpuhook/config.toml).\n"
+        f"# The gpu-optional runtime handler: {what}"
         f"[crio.runtime.runtimes.{HANDLER}]\n"
         f'runtime_path = "{binary}"\n'
         'runtime_type = "oci"\n'
-        f'runtime_root = "{RUNTIME_ROOT}"\n'
+        f'runtime_root = "{RUNTIME_ROOT}"\n' + ("\n[crio.nri]\nenable_nri = true\n" if nri else "")
     ).encode()
 
 
@@ -43,8 +54,37 @@ def render(binary: str) -> bytes:
 MARKS = ("/etc/crio", "/run/crio/crio.sock", "/var/run/crio/crio.sock")
 
 
-def _install(root: str, state: dict, dry_run: bool, say: journal.Say, read: object = None) -> bool:
-    data = render(BINARY)
+RUNC_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+
+
+@dataclasses.dataclass(frozen=True)
+class Dropin:
+    """The drop-in install writes."""
+
+    runtime_path: str
+    nri: bool
+
+    def data(self) -> bytes:
+        return render(self.runtime_path, self.nri)
+
+
+def _read(root: str, front: str, mine: dict | None) -> Dropin:
+    """The drop-in to write; for the NRI front, with the node's runc (InstallError: none)."""
+    if front == "wrapper":
+        return Dropin(BINARY, nri=False)
+    from ..probe.host import Host
+
+    h = Host(root)
+    runc = next((f"{d}/runc" for d in RUNC_DIRS if os.path.isfile(h.resolve(f"{d}/runc"))), None)
+    if runc is None:
+        raise InstallError(
+            f"--front nri: no runc under {root} ({', '.join(RUNC_DIRS)}) for the plain gpu-optional handler"
+        )
+    return Dropin(runc, nri=True)
+
+
+def _install(root: str, state: dict, dry_run: bool, say: journal.Say, read: Dropin) -> bool:
+    data = read.data()
     path = host(root, DROPIN)
     if files.read(path, DROPIN) == data:
         say(f"crio: {DROPIN}: handler gpu-optional already in place")
@@ -53,7 +93,11 @@ def _install(root: str, state: dict, dry_run: bool, say: journal.Say, read: obje
         state["crio"] = {"dropin": DROPIN, "written": sha256(data)}
         journal.journal(root, state, "crio")
         files.write(path, data, 0o644, DROPIN)
-    say(f"crio: {DROPIN}: {'would be ' if dry_run else ''}written (handler gpu-optional, runtime_path {BINARY})")
+    nri = "; NRI turned on ([crio.nri] enable_nri = true)" if read.nri else ""
+    say(
+        f"crio: {DROPIN}: {'would be ' if dry_run else ''}written "
+        f"(handler gpu-optional, runtime_path {read.runtime_path}{nri})"
+    )
     return True
 
 
@@ -88,8 +132,9 @@ ADAPTER = Adapter(
         how="restart CRI-O (systemctl restart crio.service)",
         reloaded="restart: sent SIGHUP to crio (pid {pids}): CRI-O reloads its runtimes",
     ),
-    read=lambda root: None,
+    read=_read,
     install=_install,
     uninstall=_uninstall,
     ours=journal.ours(lambda raw: raw.startswith(MARK.encode()), DROPIN),
+    fronts=("wrapper", "nri"),
 )

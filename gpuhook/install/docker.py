@@ -119,7 +119,7 @@ def _kind(value) -> str:
 BACKUP = files.STATE_DIR + "/docker-daemon.json"
 
 
-def _read(root: str) -> tuple[bytes | None, dict]:
+def _read(root: str, front: str, mine: dict | None) -> tuple[bytes | None, dict]:
     """(original bytes or None, document), checked before anything is written."""
     raw = files.read(host(root, DEFAULT_CONFIG), DEFAULT_CONFIG)
     doc = parse(raw, DEFAULT_CONFIG)

@@ -29,13 +29,21 @@ def journal(root: str, state: dict, runtime: str) -> None:
 
 
 def write_config(
-    root: str, state: dict, key: str, name: str, backup: str, raw: bytes | None, new: bytes, first: dict | None = None
+    root: str,
+    state: dict,
+    key: str,
+    name: str,
+    backup: str,
+    raw: bytes | None,
+    new: bytes,
+    first: dict | None = None,
+    every: dict | None = None,
 ) -> dict:
     """Write a runtime's config file `name` (`raw` now, None when absent) as `new`: on the
     first change a byte copy of the original goes to `backup` for uninstall, and state[key]
     records both hashes. The state is saved first (the journal): a kill right after any
     write still knows the backup, and that `key` waits for a restart. `first`: more to
-    record on the first change."""
+    record on the first change; `every`: more to record with each."""
     existed = raw is not None
     mine = state.get(key)
     if mine is None:
@@ -52,6 +60,7 @@ def write_config(
         # without gpuhook", so uninstall will only remove our handler.
         mine["restorable"] = False
     mine["written"] = sha256(new)
+    mine.update(every or {})
     journal(root, state, key)
     if mine.get("backup") and sha256(raw) == mine.get("original"):
         # the original, not yet ours: its copy (again, when a kill stopped the first)
@@ -59,6 +68,18 @@ def write_config(
             files.write(host(root, backup), raw or b"", 0o600, backup)
     files.write(host(root, name), new, None if existed else 0o644, name)
     return mine
+
+
+def as_before(root: str, mine: dict | None, raw: bytes | None, backup: str) -> bytes | None:
+    """What install edits: while the file is as install last wrote it and its original is at
+    hand, that original (None: there was no file), so that a second install (another front,
+    a newer gpuhook) leaves no trace of the first; else the file as it is now."""
+    if not (mine and mine.get("restorable") and raw is not None and sha256(raw) == mine.get("written")):
+        return raw
+    if not mine.get("existed"):
+        return None
+    saved = files.read(host(root, backup), backup) if mine.get("backup") else None
+    return saved if saved is not None and sha256(saved) == mine.get("original") else raw
 
 
 def restore(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .files import host
 
@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from .restart import Daemon
 
 NAMES = ("containerd", "crio", "docker")  # the order `--runtime auto` looks for them in
+# the fronts: gpuhook-runtime as the handler's binary (`wrapper`, the default), or a plain runc
+# handler and gpuhook's NRI plugin, gpuhook-nri.service (`nri`)
+FRONTS = ("wrapper", "nri")
 
 Say = Callable[[str], None]
 
@@ -33,8 +36,10 @@ class Adapter:
     marks: tuple[str, ...]  # node paths that say the runtime is there (`--runtime auto`)
     pods: bool  # a CRI runtime (a kubelet's); False: a daemon of its own (dockerd)
     daemon: Daemon  # how its running daemon is found and made to load the new config
-    read: Callable[[str], object]  # the config, checked before anything is written
-    install: Callable[[str, dict, bool, Say, object], bool]  # True: its config changed
+    # (host root, front, its record in the install state) -> the config, checked before
+    # anything is written (InstallError: refused), for install
+    read: Callable[[str, str, dict | None], Any]
+    install: Callable[[str, dict, bool, Say, Any], bool]  # True: its config changed
     uninstall: Callable[[str, dict | None, bool, Say], bool]  # True: its config changed
     ours: Callable[[str], bool]  # its config has gpuhook's handler (uninstall without a state)
     # which of `marks` are on the node under `root` (default: those that exist there)
@@ -42,6 +47,9 @@ class Adapter:
         p for p in marks if os.path.exists(host(root, p))
     ]
     kubelet_shim: str = ""  # not `pods`: what serves a kubelet's pods with it (cri-dockerd)
+    fronts: tuple[str, ...] = ("wrapper",)  # what can give its containers their GPUs (FRONTS)
+    # what `gpuhook nri` needs beyond its defaults to serve it (--socket...), from `read`'s answer
+    plugin_args: Callable[[Any], tuple[str, ...]] = lambda read: ()
 
 
 def get(name: str) -> Adapter:
