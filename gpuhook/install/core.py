@@ -192,7 +192,7 @@ def install(opts: Options, say: Say, root: str) -> None:
     _bundle_step(root, opts, state, say)
     _node_config_step(root, opts.dry_run, state, say)
     devlinks.install_step(root, opts.dry_run, say)  # /dev/char links of the GPU nodes: left on uninstall
-    fronts = {**state["fronts"], **{rt: opts.front for rt in chosen}}
+    fronts = {**_fronts(state), **{rt: opts.front for rt in chosen}}
     if "wrapper" in fronts.values():
         _install_server_units(root, opts, say)
     else:  # (an install of the wrapper front before: no trace of it left)
@@ -252,8 +252,7 @@ def _node_config_step(root: str, dry_run: bool, state: dict, say: Say) -> None:
 def _load_state(root: str) -> dict:
     """The install state, with `runtimes` (installed for) and `restart_pending` (runtimes
     whose config changed since their last restart) as sorted lists; a state written before
-    side-by-side installs (one `runtime`, a boolean `restart_pending`) read as such; and
-    `fronts`, each installed runtime's (wrapper where a state before fronts does not say)."""
+    side-by-side installs (one `runtime`, a boolean `restart_pending`) read as such."""
     state = files.load_state(root)
     if "runtime" in state:
         old = state.pop("runtime")
@@ -264,10 +263,15 @@ def _load_state(root: str) -> dict:
     for key in ("runtimes", "restart_pending"):
         value = state.get(key)
         state[key] = sorted({v for v in value if v in runtimes.NAMES} if isinstance(value, list) else set())
-    fronts = state.get("fronts")
-    fronts = fronts if isinstance(fronts, dict) else {}
-    state["fronts"] = {rt: fronts[rt] if fronts.get(rt) in runtimes.FRONTS else "wrapper" for rt in state["runtimes"]}
     return state
+
+
+def _fronts(state: dict) -> dict[str, str]:
+    """Each installed runtime's front, from the state's `fronts` (wrapper where a state
+    written before fronts, or saved by a journal step before the install's end, does not say)."""
+    fronts = state.get("fronts") if isinstance(state.get("fronts"), dict) else {}
+    assert isinstance(fronts, dict)
+    return {rt: fronts[rt] if fronts.get(rt) in runtimes.FRONTS else "wrapper" for rt in state["runtimes"]}
 
 
 def _install_server_units(root: str, opts: Options, say: Say) -> None:
@@ -422,6 +426,7 @@ def _restart(opts: Options, runtime: str, root: str, state: dict, say: Say) -> b
         say(f"restart: not needed ({runtime}'s config is unchanged)")
         return False
     adapter = runtimes.get(runtime)
+    front = _fronts(state).get(runtime, "wrapper")
     config_file = host(root, adapter.config)
     if (
         opts.restart == "none"
@@ -431,6 +436,11 @@ def _restart(opts: Options, runtime: str, root: str, state: dict, say: Say) -> b
         say(f"restart: {runtime} is not running: it loads the handler when it starts")
     elif opts.restart == "none":
         say(f"restart: not done (--restart none): {adapter.daemon.how} to load its new config")
+        return False
+    elif opts.restart == "signal" and adapter.daemon.reloaded and front not in adapter.daemon.reload_fronts:
+        say(
+            f"restart: not done: a reload of {runtime} does not load the {front} front's settings: {adapter.daemon.how}"
+        )
         return False
     else:
         say(restart.restart(opts.restart, runtime, adapter.daemon, root, config_file, opts.restart_timeout))
@@ -480,12 +490,12 @@ def uninstall(opts: Options, say: Say, root: str) -> None:
             continue
         files.sweep(host(root, runtimes.get(rt).config))  # an install killed while writing it
         state.pop(rt, None)
-        state["fronts"].pop(rt, None)
+        state["fronts"] = {n: f for n, f in _fronts(state).items() if n != rt}
         _mark(state, "runtimes", rt, on=False)
         _mark(state, "restart_pending", rt, on=changed or was_pending)
         if had_state:
             files.save_state(root, state)
-    if "nri" not in (state["fronts"].get(rt) for rt in others):
+    if "nri" not in (_fronts(state).get(rt) for rt in others):
         _uninstall_nri_unit(root, opts, say)
     if others:
         say(

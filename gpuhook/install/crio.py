@@ -131,6 +131,8 @@ ADAPTER = Adapter(
         systemctl="restart",
         how="restart CRI-O (systemctl restart crio.service)",
         reloaded="restart: sent SIGHUP to crio (pid {pids}): CRI-O reloads its runtimes",
+        # crio.conf(5) marks no [crio.nri] option as reloadable: turning NRI on takes a restart
+        reload_fronts=("wrapper",),
     ),
     read=_read,
     install=_install,

@@ -55,7 +55,10 @@ def write_config(
             "restorable": True,
             **(first or {}),
         }
-    elif sha256(raw) not in (mine.get("written"), mine.get("original")):
+    elif sha256(raw) == mine.get("written"):
+        # as we wrote it: that is also ours while a kill may leave it in place of the new one
+        mine["previous"] = mine["written"]
+    elif not as_written(mine, raw) and sha256(raw) != mine.get("original"):
         # Someone changed the file since we wrote it: the backup no longer equals "the file
         # without gpuhook", so uninstall will only remove our handler.
         mine["restorable"] = False
@@ -70,11 +73,17 @@ def write_config(
     return mine
 
 
+def as_written(mine: dict, raw: bytes | None) -> bool:
+    """The file is as install wrote it: its last write, or the one before while a kill may
+    have stopped the last between the journal and the file."""
+    return raw is not None and sha256(raw) in {h for h in (mine.get("written"), mine.get("previous")) if h}
+
+
 def as_before(root: str, mine: dict | None, raw: bytes | None, backup: str) -> bytes | None:
     """What install edits: while the file is as install last wrote it and its original is at
     hand, that original (None: there was no file), so that a second install (another front,
     a newer gpuhook) leaves no trace of the first; else the file as it is now."""
-    if not (mine and mine.get("restorable") and raw is not None and sha256(raw) == mine.get("written")):
+    if not (mine and mine.get("restorable") and as_written(mine, raw)):
         return raw
     if not mine.get("existed"):
         return None
@@ -99,7 +108,7 @@ def restore(
             files.remove(host(root, backup), backup)
         say(f"{label}: {name}: the original is in place (an uninstall was stopped): {backup} {would}removed")
         return True
-    if sha256(raw) != mine.get("written"):
+    if not as_written(mine, raw):
         return False
     if not mine.get("existed"):
         if not dry_run:

@@ -54,6 +54,8 @@ class Daemon:
     # a live reload on SIGHUP: the line said after it ({pids}); None: no reload, so SIGTERM
     # and its supervisor starts it again
     reloaded: str | None = None
+    # the fronts whose config edits that reload loads (CRI-O reloads its runtimes, not NRI's settings)
+    reload_fronts: tuple[str, ...] = ("wrapper", "nri")
 
 
 def config_path(proc: str, pid: int, config: str) -> str:

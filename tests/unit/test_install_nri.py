@@ -17,6 +17,7 @@ command line: tests/e2e/test_sid_nri.py.
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import shutil
 import subprocess
@@ -26,7 +27,7 @@ import tomllib
 import pytest
 
 import debroot
-from conftest import REPO
+from conftest import REPO, fake_systemctl, is_root, run_as_pod
 from gpuhook.install import containerd as ctd
 from gpuhook.install import core, units
 
@@ -320,3 +321,43 @@ def test_crio_gets_a_plain_runc_handler_and_nri_turned_on_in_its_drop_in(tmp_pat
     assert "nri" not in dropin["crio"] and not (root / UNIT).exists()
     uninstall(root)
     assert not (root / DROPIN).exists()
+
+
+def test_crio_is_not_sent_a_reload_that_would_not_turn_nri_on(tmp_path, bundle_dir):
+    """CRI-O reloads its runtimes on SIGHUP but no [crio.nri] setting (crio.conf(5) marks none
+    reloadable): --restart signal says it takes a restart, and the restart stays pending."""
+    root = tmp_path / "node"
+    (root / "etc/crio/crio.conf.d").mkdir(parents=True)
+    (root / "usr/sbin").mkdir(parents=True)
+    (root / "usr/sbin/runc").write_text("#!/bin/sh\n")
+    said: list[str] = []
+    core.install(core.Options(host_root=str(root), runtime="crio", front="nri", restart="signal",
+                              bundle_dir=bundle_dir), said.append)
+    assert said[-1] == ("restart: not done: a reload of crio does not load the nri front's settings: "
+                        "restart CRI-O (systemctl restart crio.service)"), said
+    state = json.loads((root / "etc/gpuhook/backup/install-state.json").read_text())
+    assert state["restart_pending"] == ["crio"] and state["fronts"] == {"crio": "nri"}
+
+
+@pytest.mark.skipif(not is_root(), reason="needs root (unshare: a PID namespace of the test's own)")
+def test_where_systemd_runs_the_plugins_unit_is_enabled_started_and_on_uninstall_stopped(tmp_path, bundle_dir):
+    """/run/systemd/system on the node: install runs the host's systemctl (in its PID 1's mount
+    namespace, from a pod's) to enable and start gpuhook-nri.service, whatever --restart says;
+    uninstall stops and disables it before the file goes."""
+    root = make_node(tmp_path, fixture("2.1"))
+    (root / "run/systemd/system").mkdir(parents=True)
+    os.symlink("/proc", root / "proc")
+    record = tmp_path / "systemctl.argv"
+    fake_systemctl(tmp_path / "bin", record)
+    env = dict(os.environ, PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    r = run_as_pod([sys.executable, "-m", "gpuhook", "install", "--host-root", root, "--runtime", "containerd",
+                    "--front", "nri", "--bundle-dir", bundle_dir], tmp_path / "pid1.ns", env=env)
+    assert r.returncode == 0 and "nri plugin: gpuhook-nri.service enabled and running" in r.stdout, r.stdout + r.stderr
+    lines = record.read_text().splitlines()
+    assert lines[0::2] == ["daemon-reload", "enable --now gpuhook-nri.service", "restart gpuhook-nri.service"]
+    assert set(lines[1::2]) == {(tmp_path / "pid1.ns").read_text().strip()}  # the host's mount namespace
+    record.unlink()
+    r = run_as_pod([sys.executable, "-m", "gpuhook", "uninstall", "--host-root", root], tmp_path / "pid1.ns", env=env)
+    assert r.returncode == 0, r.stderr
+    assert record.read_text().splitlines()[0::2] == ["disable --now gpuhook-nri.service"]
+    assert not (root / UNIT).exists() and (root / CONFIG).read_bytes() == fixture("2.1")
