@@ -18,6 +18,8 @@ import time
 
 import pytest
 
+import debroot
+
 from conftest import REPO, assert_8_nvidia_gpus, is_root, nodes_of, requires
 from containerd_harness import IMAGE_NAME, Containerd, leftovers
 from test_sid_runtimes import HANDLER, operator_config
@@ -247,7 +249,8 @@ def test_install_front_nri_into_containerd_2_and_the_plugin_its_unit_runs(
         node, tmp_path, busybox_image_tar, cri_stubs, make_host, runtime, real_bundle):  # noqa: F811
     """`gpuhook install --front nri` into the operator's containerd 2.1 config (NRI's socket
     moved, the harness's state dir): the handler plain runc, NRI left on, gpuhook-nri.service
-    naming that socket and state. The installed bundle's gpuhook runs the unit's command line:
+    naming that socket and state. The unit's command line runs in containerd's mount namespace
+    (the node's /, as systemd would run it there), so the installed bundle's gpuhook serves:
     a gpu-optional pod gets its GPUs, a runc pod nothing; uninstall gives the config back."""
     import cri_client
     import tomlkit
@@ -277,10 +280,12 @@ def test_install_front_nri_into_containerd_2_and_the_plugin_its_unit_runs(
 
     host = make_host("nvidia", mknod=True)
     rt = runtime(host, ldconfig="/sbin/ldconfig")
-    plugin = NRIPlugin(dict(rt.env), sock, template, str(tmp_path / "plugin.out"))
-    plugin.argv = [os.path.join(node, exec_start[0].lstrip("/")), *exec_start[1:]]  # the installed bundle's
+    plugin = NRIPlugin({"PATH": debroot.PATH, **{k: v for k, v in rt.env.items() if k.startswith("GPUHOOK_")}},
+                       sock, template, str(tmp_path / "plugin.out"))
     ctd.start(write_config=False)
     try:
+        # the unit's command line, run where containerd runs (the node's /): the installed bundle's gpuhook
+        plugin.argv = [*ctd.enter(), *exec_start]
         ctd.import_image(busybox_image_tar, "k8s.io")
         client = cri_client.CRIClient(ctd.address, cri_stubs)
         ctd.before_stop(client.close)
