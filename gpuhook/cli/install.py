@@ -53,11 +53,11 @@ def add_commands(sub) -> None:
     sp.add_argument(
         "--front",
         choices=FRONTS,
-        default="wrapper",
-        help="how gpu-optional containers get their GPUs (containerd, CRI-O): wrapper (default: "
-        "gpuhook-runtime is the handler's binary, no resident process), or nri (a plain runc handler, "
-        "NRI turned on where it is off, and gpuhook's NRI plugin as gpuhook-nri.service: no runtime "
-        "binary replaced, but a pod created while the plugin is down starts without its GPUs)",
+        help="how gpu-optional containers get their GPUs (containerd, CRI-O): wrapper (gpuhook-runtime "
+        "is the handler's binary, no resident process), or nri (a plain runc handler, NRI turned on "
+        "where it is off, and gpuhook's NRI plugin as gpuhook-nri.service: no runtime binary replaced, "
+        "but a pod created while the plugin is down starts without its GPUs). Default: the front "
+        "installed on this node, wrapper on a fresh one",
     )
     sp.set_defaults(func=cmd_install)
 
@@ -73,7 +73,7 @@ def _options(args):
     return Options(
         host_root=args.host_root,
         runtime=args.runtime,
-        front=getattr(args, "front", "wrapper"),
+        front=getattr(args, "front", None),
         restart=args.restart,
         bundle_dir=getattr(args, "bundle_dir", None),
         dry_run=args.dry_run,

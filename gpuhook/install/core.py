@@ -73,7 +73,9 @@ NODE_CONFIG_TEXT = """\
 class Options:
     host_root: str = "/"
     runtime: str = "auto"  # containerd | crio | docker | auto
-    front: str = "wrapper"  # install only: wrapper | nri (runtimes.FRONTS)
+    # install only: wrapper | nri (runtimes.FRONTS); None: the one installed (the boot unit and
+    # the agent run install again without one), wrapper on a fresh node
+    front: str | None = None
     restart: str = "none"  # signal | systemd | none
     bundle_dir: str | None = None
     dry_run: bool = False
@@ -175,29 +177,35 @@ def _one_at_a_time(step: Callable[[Options, Say, str], None]) -> Callable[[Optio
 def install(opts: Options, say: Say, root: str) -> None:
     found: list[str] = []
     chosen = choose(root, found.append) if opts.runtime == "auto" else [opts.runtime]
+    state = _load_state(root)
+    before = copy.deepcopy(state)
+    installed = sorted({_fronts(state)[rt] for rt in chosen if rt in _fronts(state)})
+    front: str = opts.front or (installed[0] if len(installed) == 1 else "wrapper")
+    opts = dataclasses.replace(opts, front=front)
     say(
         f"gpuhook install: host root {root}, runtime {' and '.join(chosen)}"
-        + (f", front {opts.front}" if opts.front != "wrapper" else "")
+        + (f", front {front}" if front != "wrapper" else "")
         + (" (dry run: nothing is written)" if opts.dry_run else "")
     )
     for line in found:
         say(line)
-    state = _load_state(root)
-    before = copy.deepcopy(state)
     # refuse a config we cannot edit, or a front a runtime cannot have, before anything is written
     for a in (runtimes.get(rt) for rt in chosen):
-        if opts.front not in a.fronts:
-            raise InstallError(f"--front {opts.front}: not for {a.label} (it has {' or '.join(a.fronts)})")
-    reads = {rt: runtimes.get(rt).read(root, opts.front, state.get(rt)) for rt in chosen}
+        if front not in a.fronts:
+            raise InstallError(
+                f"--front {front}: not for {a.label} (it has {' or '.join(a.fronts)})"
+                + ("; --runtime names the runtimes to install for" if opts.runtime == "auto" else "")
+            )
+    reads = {rt: runtimes.get(rt).read(root, front, state.get(rt)) for rt in chosen}
     _bundle_step(root, opts, state, say)
     _node_config_step(root, opts.dry_run, state, say)
     devlinks.install_step(root, opts.dry_run, say)  # /dev/char links of the GPU nodes: left on uninstall
-    fronts = {**_fronts(state), **{rt: opts.front for rt in chosen}}
+    fronts = {**_fronts(state), **{rt: front for rt in chosen}}
     if "wrapper" in fronts.values():
         _install_server_units(root, opts, say)
     else:  # (an install of the wrapper front before: no trace of it left)
         _uninstall_server_units(root, opts, say)
-    nri = [rt for rt in chosen if opts.front == "nri"]
+    nri = [rt for rt in chosen if front == "nri"]
     if nri:
         _install_nri_unit(root, opts, runtimes.get(nri[0]).plugin_args(reads[nri[0]]), say)
     elif "nri" not in fronts.values():

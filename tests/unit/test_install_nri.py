@@ -361,3 +361,17 @@ def test_where_systemd_runs_the_plugins_unit_is_enabled_started_and_on_uninstall
     assert r.returncode == 0, r.stderr
     assert record.read_text().splitlines()[0::2] == ["disable --now gpuhook-nri.service"]
     assert not (root / UNIT).exists() and (root / CONFIG).read_bytes() == fixture("2.1")
+
+
+def test_install_again_without_front_keeps_the_installed_one(tmp_path, bundle_dir):
+    """The boot unit (systemd/gpuhook-install.service) and the agent run install again with no
+    --front: a node on NRI stays on NRI; a fresh node gets the wrapper."""
+    root = make_node(tmp_path, fixture("2.1"))
+    install(root, bundle_dir, "nri")
+    nri = tree(root)
+    r = cli("install", "--host-root", root, "--runtime", "auto", "--restart", "none", "--bundle-dir", bundle_dir)
+    assert r.returncode == 0 and "front nri" in r.stdout.splitlines()[0], r.stdout + r.stderr
+    assert tree(root) == nri
+    uninstall(root)
+    r = cli("install", "--host-root", root, "--runtime", "containerd", "--bundle-dir", bundle_dir)
+    assert r.returncode == 0 and "BinaryName /opt/gpuhook/bin/gpuhook-runtime" in r.stdout, r.stdout
