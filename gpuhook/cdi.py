@@ -123,7 +123,7 @@ def _plan(inv: Inventory, ldconfig: str | None | bool, helper: str | None | bool
         _request(),
         ldconfig if isinstance(ldconfig, str) else None,
         helper=helper if isinstance(helper, str) else None,
-    )
+    ).edits
     if edits.hooks and (ldconfig is False or helper is False):
         edits = edits._replace(hooks=tuple(h for h in edits.hooks if helper is not False and h.kind != hook.LDCACHE))
     return edits

@@ -322,16 +322,17 @@ def _front_put(key: list, st: os.stat_result, config: "Config", errors: "list[st
         pass
 
 
-def find_runtime(name: "str | None") -> "str | None":
-    """The real runtime's path: `name` (a path, or a name on PATH), else runc, else crun."""
+def find_runtime(name: "str | None", path: "str | None" = None, cwd: "str | None" = None) -> "str | None":
+    """The real runtime's path: `name` (a path, or a name on `path`, the caller's PATH; None:
+    this process's), else runc, else crun. A relative one is the caller's: in cwd when given."""
     candidates = [name] if name else ["runc", "crun"]
+    if path is None:
+        path = os.environ.get("PATH")
+    dirs = (path or "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin").split(":")
     for c in candidates:
-        if "/" in c:
-            if os.access(c, os.X_OK) and not os.path.isdir(c):
-                return c
-            continue
-        for d in (os.environ.get("PATH") or "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin").split(":"):
-            p = os.path.join(d or ".", c)
+        for p in [c] if "/" in c else [os.path.join(d or ".", c) for d in dirs]:
+            if cwd is not None and not p.startswith("/"):
+                p = os.path.join(cwd, p)
             if os.access(p, os.X_OK) and not os.path.isdir(p):
                 return p
     return None

@@ -72,7 +72,7 @@ def main() -> int:
         print(format_inventory(probe(root)))
         title("3. gpuhook plan: what a gpu-optional container would get there")
         spec = bundle.spec(["sh"], rootfs=os.path.join(tmp, "rootfs"))
-        print(format_edits(plan(probe(root), request_from_spec(spec)), root))
+        print(format_edits(plan(probe(root), request_from_spec(spec)).edits, root))
 
         if not can_run:
             print("\n(As root with runc and busybox-static, the demo also starts real containers: sudo make demo.)")

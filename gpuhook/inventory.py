@@ -38,7 +38,8 @@ class Node(Record):
 class Device(Record):
     """One GPU, GPU partition or accelerator that a container may be given.
 
-    vendor: nvidia, amd, intel, accel, dxg. kind: gpu, partition, accel, dxg.
+    vendor: its name in gpuhook/vendors.py (nvidia, amd, intel, accel, dxg). kind: gpu,
+    partition, accel, dxg.
     index: position among this vendor's devices. id: stable id (NVIDIA UUID, PCI
     address, or node name). parent: a partition's physical GPU (PCI address).
     """

@@ -15,14 +15,15 @@ Every record is one JSON object per line with `time` (ISO-8601 UTC, milliseconds
 
 On a terminal the same records are printed by structlog's console renderer instead.
 structlog is imported only by configure(): gpuhook-runtime writes its line itself
-(runtime.log_line, with runtime.utc_now, the one time format) and never imports this module.
+(runtime/create.py log_line, with runtime/logline.py utc_now, the one time format) and never
+imports this module.
 """
 
 import os
 import sys
 
 from . import defaults
-from .runtime import utc_now  # the runtime's time format (there: the runtime never imports this module)
+from .runtime.logline import utc_now  # the runtime's time format (there: the runtime never imports this module)
 
 _configured = False
 

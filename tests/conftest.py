@@ -13,14 +13,54 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 # The tests by what they test: unit/ (one module's behaviour), e2e/ (real containers through a
-# runtime), hardening/ (hostile input, faults, load, fuzzing); perf/ is the benchmark. The
-# harnesses beside this file serve them all, and a test module may use another's helpers.
+# runtime), hardening/ (hostile input, faults, load, fuzzing); perf/ is the benchmark. What
+# they share is here, in the harnesses beside this file and in gpuhook/testing; a test module
+# never imports another (tests/unit/test_suite_shape.py).
 TESTS = os.path.dirname(os.path.abspath(__file__))
-sys.path[1:1] = [os.path.join(TESTS, group) for group in ("unit", "e2e", "hardening")]
+# fixtures kept beside what they serve: podman's CDI dir, the Debian sid node
+pytest_plugins = ["podman_cdi", "sid_node"]
 
 from gpuhook.testing import bundle, fakehost  # noqa: E402
 
 FIXTURES = os.path.join(REPO, "tests", "fixtures")
+
+
+# -- `gpuhook ...` from this source tree: the one runner of the CLI ------------------------------
+
+NO_CONFIG = "/nonexistent/gpuhook.toml"  # a GPUHOOK_CONFIG that is no file: the defaults, never the node's
+
+
+def gpuhook(*args, env: dict | None = None, stdin: str | bytes | None = None, config: str | None = None,
+            check: bool = False, text: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`python -m gpuhook ARGS` (each str()'d) from this source tree, its output captured.
+    env: over this process's environment; config: GPUHOOK_CONFIG (NO_CONFIG: the defaults;
+    None: as the environment has it, so a --host-root command reads that root's); stdin: its
+    input (else none); check: assert it exits 0, showing its output when not; text=False:
+    bytes in and out."""
+    full = dict(os.environ, **(env or {}))
+    if config is not None:
+        full["GPUHOOK_CONFIG"] = config
+    r = subprocess.run([sys.executable, "-m", "gpuhook", *map(str, args)], cwd=REPO, env=full, capture_output=True,
+                       text=text, timeout=timeout, input=stdin,
+                       stdin=subprocess.DEVNULL if stdin is None else None)
+    if check:
+        ok(r)
+    return r
+
+
+def ok(r: subprocess.CompletedProcess) -> str:
+    """Assert `r` exited 0 (its output in the message when not); its stdout."""
+    assert r.returncode == 0, f"{r.args}: exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
+    return r.stdout
+
+
+def refused(r: subprocess.CompletedProcess) -> str:
+    """One clear line on stderr, exit 2, no traceback; that line."""
+    assert r.returncode == 2, f"exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
+    assert "Traceback" not in r.stderr + r.stdout
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpuhook: "), r.stderr
+    return lines[0]
 
 
 def nodes_of(out: str) -> dict[str, tuple[int, int]]:
@@ -35,7 +75,7 @@ def nodes_of(out: str) -> dict[str, tuple[int, int]]:
 
 
 def assert_8_nvidia_gpus(out: str) -> None:
-    """What SHOW (test_e2e_cri) printed in a container that got a fake 8-GPU NVIDIA host: its
+    """What kubelet.SHOW printed in a container that got a fake 8-GPU NVIDIA host: its
     eight GPU nodes, the cgroup rule that lets it open one (ENXIO: no driver behind it, not
     EPERM), GPUHOOK_ACCELERATOR, and libcuda in its ld cache."""
     nodes = nodes_of(out)
@@ -63,6 +103,11 @@ def log_records(path: str) -> list[dict]:
         return []
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def records(rt, cid: str) -> list[dict]:
+    """The log records of one container (its id) of a conftest Runtime `rt`."""
+    return [rec for rec in rt.log_records() if rec.get("container_id") == cid]
 
 
 # the runtime's front as `make` builds it in the source tree (gpuhook/runtime/gpuhook-runtime.c)
@@ -334,6 +379,103 @@ def run_as_pod(argv: list[str], pid1_ns_file, env=None, timeout: float = 120) ->
     return subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", script, str(pid1_ns_file),
                            *map(str, argv)], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL)
+
+
+# -- the Kubernetes API (gpuhook.testing.kubeapi) and the inventories the label tests share ---
+
+@pytest.fixture
+def fake_api():
+    """fake_api(**kw) -> a started gpuhook.testing.kubeapi.FakeAPI; all closed at the end."""
+    from gpuhook.testing.kubeapi import FakeAPI
+
+    made = []
+
+    def make(**kw) -> FakeAPI:
+        api = FakeAPI(**kw)
+        made.append(api)
+        return api
+    yield make
+    for api in made:
+        api.close()
+
+
+def _label_inventories():
+    from gpuhook.inventory import Device, Library, Node, VendorInventory
+
+    nv = VendorInventory("nvidia", tuple(Device("nvidia", "gpu", i, f"GPU-{i}", (Node(f"/dev/nvidia{i}", "c", 195, i),),
+                                                model="NVIDIA H100 80GB HBM3") for i in range(2)),
+                         libraries=(Library("/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.14", "libcuda.so.1",
+                                            "compute"),),
+                         driver_version="550.54.14")
+    intel = VendorInventory("intel", (Device("intel", "gpu", 0, "0000:00:02.0", (), model="Intel UHD 770"),))
+    return nv, intel
+
+
+# two H100s with a driver version, an Intel iGPU: what the node-label tests label
+NV, INTEL = _label_inventories()
+
+
+# -- the node agent (tests/unit/test_agent.py and the tests of what it writes) ---------------
+
+@pytest.fixture
+def logs():
+    """gpuhook's log (gpuhook.log) as JSON lines in memory, debug and up: logs() -> its records."""
+    import io
+    import json
+
+    from gpuhook import log
+
+    out = io.StringIO()
+    log.configure(stream=out, fmt="json", level="debug")
+    yield lambda: [json.loads(line) for line in out.getvalue().splitlines()]
+    log.configure(stream=io.StringIO(), fmt="json")
+
+
+def make_agent(tmp_path, root, **kw):
+    """An agent (gpuhook.agent.core.Agent) on the host root `root`, writing its CDI specs to
+    tmp_path/cdi and its NFD file to tmp_path/nfd, without udev, install or an API unless
+    given: opts={...} over those Options, the rest to Agent."""
+    from gpuhook import log
+    from gpuhook.agent import core as agent_mod
+
+    opts = dict(root=root, spec_root=root, interval=60.0, debounce=0.3, cdi_dir=str(tmp_path / "cdi"),
+                nfd_dir=str(tmp_path / "nfd"), install=False, udev=False, ready_file=str(tmp_path / "ready"),
+                ldconfig="/sbin/ldconfig")
+    opts.update(kw.pop("opts", {}))
+    kw.setdefault("kube", None)
+    return agent_mod.Agent(agent_mod.Options(**opts), log=log.get(), **kw)
+
+
+def read_state(tmp_path) -> tuple[dict, dict]:
+    """What a CDI registry and NFD see now of make_agent's files: {kind: spec}, {label: value}.
+    Raises on anything that does not parse: a half-written file would."""
+    from gpuhook import cdi
+    from gpuhook.agent import labels
+    from gpuhook.testing.cdi_yaml import load_yaml
+
+    specs = {}
+    d = tmp_path / "cdi"
+    for name in sorted(os.listdir(d)) if d.is_dir() else ():
+        if name.startswith("."):
+            continue  # CDI reads *.yaml/*.json, NFD skips dotfiles: the temporary files
+        try:
+            text = (d / name).read_text()
+        except FileNotFoundError:
+            continue  # removed between listdir and open: the node lost that vendor
+        spec = load_yaml(text)
+        cdi.validate(spec)
+        specs[spec["kind"]] = spec
+    try:
+        text = (tmp_path / "nfd" / "gpuhook").read_text()
+    except FileNotFoundError:
+        return specs, {}
+    assert text.endswith("\n") and text.startswith("# Written by gpuhook")
+    found = labels.parse_nfd(text)
+    assert "gpuhook.dev/accelerator" in found, text
+    # gpuhook.dev/ labels, and gpu.type (the node config's vendor_label) = the primary vendor
+    assert all(labels.valid_key(k) or (k == "gpu.type" and v == found["gpuhook.dev/accelerator"])
+               for k, v in found.items()), text
+    return specs, found
 
 
 @pytest.fixture(autouse=True)

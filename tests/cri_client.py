@@ -128,9 +128,10 @@ class CRIClient:
                          env: dict | None = None, log_path: str = "",
                          annotations: dict | None = None, labels: dict | None = None,
                          mounts: list[dict] | None = None, privileged: bool = False,
-                         host_pid: bool = False) -> str:
+                         host_pid: bool = False, devices: list[tuple[str, str]] = ()) -> str:
         """mounts: {"container_path", "host_path", "readonly", "propagation"} each
-        (propagation: "private", "host_to_container" or "bidirectional")."""
+        (propagation: "private", "host_to_container" or "bidirectional"); devices: (host path,
+        container path) each, rw and mknod (CRI's Device)."""
         pb = self.pb
         config = pb.ContainerConfig(
             metadata=pb.ContainerMetadata(name=name, attempt=0),
@@ -145,6 +146,7 @@ class CRIClient:
                              readonly=bool(m.get("readonly")),
                              propagation=getattr(pb, "PROPAGATION_" + m.get("propagation", "private").upper()))
                     for m in mounts or []],
+            devices=[pb.Device(host_path=h, container_path=c, permissions="rwm") for h, c in devices],
             linux=pb.LinuxContainerConfig(security_context=pb.LinuxContainerSecurityContext(
                 privileged=privileged,
                 namespace_options=pb.NamespaceOption(network=pb.NODE, pid=pb.NODE if host_pid else pb.CONTAINER,
@@ -157,6 +159,9 @@ class CRIClient:
 
     def start_container(self, container_id: str) -> None:
         self.runtime.StartContainer(self.pb.StartContainerRequest(container_id=container_id), timeout=self.timeout)
+
+    def remove_container(self, container_id: str) -> None:
+        self.runtime.RemoveContainer(self.pb.RemoveContainerRequest(container_id=container_id), timeout=self.timeout)
 
     def container_status(self, container_id: str, verbose: bool = False):
         return self.runtime.ContainerStatus(self.pb.ContainerStatusRequest(container_id=container_id, verbose=verbose),

@@ -19,11 +19,12 @@ import threading
 import time
 from typing import Any, Callable
 
-from .. import cdi, defaults, hook
-from . import kube as kube_mod, labels as labels_mod
+from .. import cdi, defaults, hook, vendors
+from ..nri.plugin import DEFAULT_SOCKET as NRI_SOCKET, ROOTFS_TEMPLATE
+from . import kube as kube_mod, labels as labels_mod, nri as nri_mod
 
-UDEV_SUBSYSTEMS = ("drm", "kfd", "accel", "module")
-UDEV_MODULES = frozenset({"nvidia", "nvidia_uvm", "nvidia_drm", "nvidia_modeset", "amdgpu", "i915", "xe"})
+UDEV_SUBSYSTEMS = vendors.udev_subsystems()  # each vendor's (gpuhook/vendors.py)
+UDEV_MODULES = vendors.udev_modules()
 READY_FILE = defaults.READY_FILE
 
 
@@ -52,6 +53,9 @@ class Options:
     kube_context: str | None = None  # its context (None: current-context)
     node_name: str | None = None  # this node's name in the API (None: NODE_NAME, else the host name)
     vendor_label: str | None = None  # the label set to the primary vendor (None: the node config's, read at each probe)
+    front: str = nri_mod.DEFAULT_FRONT  # wrapper | nri | auto: whether the NRI plugin runs (nri.py)
+    nri_socket: str = NRI_SOCKET  # the runtime's NRI socket, as the node sees it
+    nri_rootfs_template: str = ROOTFS_TEMPLATE  # the plugin's --rootfs-template
 
     def resolved_vendor_label(self) -> str:
         """vendor_label, else the node config's (gpu.type by default; "" = none): read again
@@ -253,10 +257,11 @@ class Agent:
         self.follower: Any = None
         self.cdi_dir = opts.resolved_cdi_dir()
         self.nfd_dir = opts.resolved_nfd_dir()
-        ldconfig: str | bool | None = opts.ldconfig
-        if ldconfig is None:  # the node's own; none there: no ld-cache hook (not the agent image's)
-            ldconfig = cdi.find_ldconfig(opts.root if opts.spec_root == "/" else "/") or False
-        self.ldconfig = ldconfig
+        # the node's own ldconfig; none there: no ld-cache hook (not the agent image's)
+        found = opts.ldconfig is None and cdi.find_ldconfig(opts.root if opts.spec_root == "/" else "/")
+        self.ldconfig: str | bool = opts.ldconfig if opts.ldconfig is not None else found or False
+        self.nri: Any = None  # the plugin's Supervisor (nri.py), when it runs
+        self.front, self.front_why = nri_mod.choose(opts.front, opts.root, opts.nri_socket)
 
     # -- events --------------------------------------------------------------------
     def notify(self, reason: str) -> None:
@@ -616,6 +621,7 @@ class Agent:
             return 0 if ok and self.runtime_ready else 1
         self._start_watch()
         self._start_creates()
+        self._start_nri()
         if self._guarded_sync("start"):
             self._mark_ready()
         next_at = self.clock() + o.interval
@@ -639,7 +645,29 @@ class Agent:
             self.log.exception("sync.error", reason=reason, error=f"{type(e).__name__}: {e}")
             return False
 
+    def _start_nri(self) -> None:
+        """The NRI plugin in its own process (nri.py), when the front is nri."""
+        from ..probe.host import Host
+
+        o = self.opts
+        why = self.front_why if self.front != "nri" else None  # with nri, the Supervisor says it
+        there = why is not None and os.path.lexists(Host(o.root).resolve(o.nri_socket))
+        # something at the socket's path that is not the runtime's socket: a warning
+        (self.log.warning if there else self.log.info)(
+            "front", front=self.front, asked=o.front, socket=o.nri_socket, reason=why
+        )
+        if self.front != "nri":
+            return
+        self.nri = nri_mod.Supervisor(
+            nri_mod.child_argv(o.root, o.nri_socket, o.nri_rootfs_template),
+            self.log,
+            lambda: nri_mod.socket_fact(o.root, o.nri_socket),
+        )
+        self.nri.start()
+
     def _shutdown(self) -> None:
+        if self.nri is not None:
+            self.nri.stop()
         if self.metrics is not None:
             self.metrics.close()
         if self.opts.ready_file:

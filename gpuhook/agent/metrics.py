@@ -13,6 +13,9 @@ when Prometheus scrapes:
     gpuhook_install_errors                             1 while the last install failed
     gpuhook_probe_errors_total                         probes that failed
     gpuhook_last_probe_timestamp_seconds               Unix time of the last successful probe
+    gpuhook_front{front}                               1 for the front the agent chose (--front)
+    gpuhook_nri_plugin_up                              1 while the NRI plugin's process runs (front nri)
+    gpuhook_nri_plugin_restarts_total                  times it was started again after it exited
 
 prometheus_client is imported only here, i.e. only when metrics are on.
 """
@@ -122,6 +125,18 @@ class _AgentState:
             "gpuhook_install_errors", "1 while the last gpuhook install failed", value=1 if a.install_error else 0
         )
         yield CounterMetricFamily("gpuhook_probe_errors", "Probes that failed", value=a.probe_errors)
+        front = GaugeMetricFamily("gpuhook_front", "1 for the front the agent chose (--front)", labels=["front"])
+        front.add_metric([a.front], 1)
+        yield front
+        if a.nri is not None:
+            yield GaugeMetricFamily(
+                "gpuhook_nri_plugin_up", "1 while the NRI plugin's process runs", value=1 if a.nri.up else 0
+            )
+            yield CounterMetricFamily(
+                "gpuhook_nri_plugin_restarts",
+                "Times the NRI plugin was started again after it exited",
+                value=max(a.nri.starts - 1, 0),
+            )
         if a.last_probe:
             yield GaugeMetricFamily(
                 "gpuhook_last_probe_timestamp_seconds", "Unix time of the last successful probe", value=a.last_probe

@@ -287,40 +287,59 @@ class PodReporter:
             return
         reason, type_, message, accel = what
         pod_key = (ns, name, uid)
+        if not self._is_ours(pod_key):
+            return
+        self._post(pod_key, rec.get("container_name"), reason, type_, message)
+        if self.set_label and accel is not None and self.labelled.get_fresh(pod_key) != accel:
+            self.kube.patch_pod_labels(ns, name, {POD_LABEL: accel})
+            self.labelled.put(pod_key, accel)
+
+    def _is_ours(self, pod_key: tuple[str, str, str]) -> bool:
+        """Whether the API says the pod (namespace, name, uid) is this node's: a GET per pod
+        (remembered a while, within the namespace's lookup rate), never a second one for a
+        pod found not to be."""
+        ns, name, uid = pod_key
         if pod_key in self.refused:
-            return  # found not to be this node's: no second GET
-        if self.pods.get_fresh(pod_key) is None:
-            if not self._budget(self.lookups, ns, self.lookup_burst, self.lookup_rate).take():
-                self.dropped_lookups += 1
-                self._once(
-                    f"lookups:{ns}",
-                    "warning",
-                    "pod.lookups_limited",
-                    namespace=ns,
-                    burst=self.lookup_burst,
-                    rate=self.lookup_rate,
-                    note="this namespace's lines are dropped and counted until its rate allows",
-                )
-                return
-            try:
-                pod = self.kube.get_pod(ns, name)
-            except kube_mod.KubeError as e:
-                if e.status != 404:
-                    raise
-                pod = {}  # no such pod: the line is not trusted either
-            meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
-            if meta.get("uid") != uid or spec.get("nodeName") != self.node:
-                self.refused.put(pod_key, self.clock())
-                self._once(
-                    f"not-ours:{ns}",
-                    "warning",
-                    "pod.skipped",
-                    namespace=ns,
-                    pod=name,
-                    why="not this node's pod (another uid or node): the line is not trusted",
-                )
-                return
-            self.pods.put(pod_key, self.clock())
+            return False  # found not to be this node's: no second GET
+        if self.pods.get_fresh(pod_key) is not None:
+            return True
+        if not self._budget(self.lookups, ns, self.lookup_burst, self.lookup_rate).take():
+            self.dropped_lookups += 1
+            self._once(
+                f"lookups:{ns}",
+                "warning",
+                "pod.lookups_limited",
+                namespace=ns,
+                burst=self.lookup_burst,
+                rate=self.lookup_rate,
+                note="this namespace's lines are dropped and counted until its rate allows",
+            )
+            return False
+        try:
+            pod = self.kube.get_pod(ns, name)
+        except kube_mod.KubeError as e:
+            if e.status != 404:
+                raise
+            pod = {}  # no such pod: the line is not trusted either
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        if meta.get("uid") != uid or spec.get("nodeName") != self.node:
+            self.refused.put(pod_key, self.clock())
+            self._once(
+                f"not-ours:{ns}",
+                "warning",
+                "pod.skipped",
+                namespace=ns,
+                pod=name,
+                why="not this node's pod (another uid or node): the line is not trusted",
+            )
+            return False
+        self.pods.put(pod_key, self.clock())
+        return True
+
+    def _post(self, pod_key: tuple[str, str, str], container, reason: str, type_: str, message: str) -> None:
+        """The pod's Event, within its namespace's rate: posted the first time, its count
+        patched after (the same reason and message)."""
+        ns, name, uid = pod_key
         key = (ns, name, uid, reason, message)
         seen = self.events.get_fresh(key)
         bucket = self._budget(self.buckets, ns, self.burst, self.rate)
@@ -335,32 +354,27 @@ class PodReporter:
                 rate=bucket.rate,
                 note="this namespace's further events are dropped and counted until its rate allows",
             )
+            return
+        now = micro_time()
+        if seen is None:
+            body = self.kube.post_pod_event(ns, name, uid, container, reason, message, type_, now[:19] + "Z")
+            seen = {"name": (body.get("metadata") or {}).get("name"), "namespace": ns, "count": 1}
+            self.events.put(key, seen)
         else:
-            now = micro_time()
-            if seen is None:
-                body = self.kube.post_pod_event(
-                    ns, name, uid, rec.get("container_name"), reason, message, type_, now[:19] + "Z"
+            count = seen["count"] + 1
+            if seen["name"]:
+                self.kube.patch_event(
+                    ns,
+                    seen["name"],
+                    {
+                        "count": count,
+                        "lastTimestamp": now[:19] + "Z",
+                        "series": {"count": count, "lastObservedTime": now},
+                    },
                 )
-                seen = {"name": (body.get("metadata") or {}).get("name"), "namespace": ns, "count": 1}
-                self.events.put(key, seen)
-            else:
-                count = seen["count"] + 1
-                if seen["name"]:
-                    self.kube.patch_event(
-                        ns,
-                        seen["name"],
-                        {
-                            "count": count,
-                            "lastTimestamp": now[:19] + "Z",
-                            "series": {"count": count, "lastObservedTime": now},
-                        },
-                    )
-                seen["count"] = count
-            self.posted += 1
-            self.log.info("event.posted", reason=reason, namespace=ns, pod=name, count=seen["count"])
-        if self.set_label and accel is not None and self.labelled.get_fresh(pod_key) != accel:
-            self.kube.patch_pod_labels(ns, name, {POD_LABEL: accel})
-            self.labelled.put(pod_key, accel)
+            seen["count"] = count
+        self.posted += 1
+        self.log.info("event.posted", reason=reason, namespace=ns, pod=name, count=seen["count"])
 
 
 class CreateFollower:

@@ -195,18 +195,12 @@ def _plan(args, root: str) -> int:
     inv = probe(
         root, nvidia_driver_root=driver_root(args, root) if args.nvidia_driver_root else config.nvidia_driver_root
     )
-    warnings = list(errors) + list(inv.warnings)
     # a dry run: no state_dir, so the max-gpus round robin neither reads nor moves
-    explain: dict = {}
-    edits = plan(
-        inv,
-        request_from_spec(spec, os.path.dirname(os.path.abspath(args.spec)) if args.spec else None),
-        config.ldconfig,
-        config,
-        None,
-        warnings,
-        explain=explain,
-    )
+    request = request_from_spec(spec, os.path.dirname(os.path.abspath(args.spec)) if args.spec else None)
+    planned = plan(inv, request, config.ldconfig, config, None)
+    edits = planned.edits
+    warnings = [*errors, *inv.warnings, *planned.warnings]
+    held = [{"device": h.device, "why": h.why} for h in planned.held_back]
     if args.json:
         print(
             json.dumps(
@@ -214,8 +208,8 @@ def _plan(args, root: str) -> int:
                     "root": root,
                     "vendors": [v.vendor for v in inv.vendors],
                     "edits": edits.to_cdi(),
-                    "held_back": explain.get("held_back", []),
-                    "reason": explain.get("reason"),
+                    "held_back": held,
+                    "reason": planned.reason,
                     "warnings": warnings,
                 },
                 indent=2,
@@ -223,9 +217,8 @@ def _plan(args, root: str) -> int:
         )
     else:
         print(format_edits(edits, root))
-        if explain.get("reason"):
-            print(f"No GPU for this container: {explain['reason']}.")
-        held = explain.get("held_back", [])
+        if planned.reason:
+            print(f"No GPU for this container: {planned.reason}.")
         if held:
             print(
                 f'held back ({len(held)}; share = "{config.share}", set share = "all" in the node config '
@@ -256,7 +249,9 @@ def cmd_precreate(args) -> int:
         check(spec)  # read the spec only as the runtime will (the same rule as gpuhook-runtime)
         inv = probe(root, nvidia_driver_root=config.nvidia_driver_root)
         warnings += inv.warnings
-        edits = plan(inv, request_from_spec(spec), config.ldconfig or find_ldconfig(), config, cache_dir(), warnings)
+        planned = plan(inv, request_from_spec(spec), config.ldconfig or find_ldconfig(), config, cache_dir())
+        warnings += planned.warnings
+        edits = planned.edits
         spec = apply(spec, edits) if edits else spec
     except Exception as e:  # fail open: podman gets the spec it gave us
         if config.fail_mode == "closed":

@@ -15,6 +15,28 @@ from .args import add_driver_root_arg, usage_error
 
 def add_commands(sub) -> None:
     sp = sub.add_parser("agent", help="the node agent: install, watch the GPUs, keep CDI specs and node labels current")
+    _add_node_args(sp)
+    _add_file_args(sp)
+    _add_run_args(sp)
+    _add_report_args(sp)
+    add_driver_root_arg(sp)
+    sp.set_defaults(func=cmd_agent)
+
+    sp = sub.add_parser("ready", help="exit 0 when the node agent is ready (the DaemonSet's readiness probe)")
+    sp.add_argument(
+        "--ready-file",
+        default=defaults.READY_FILE,
+        metavar="FILE",
+        help=f"the file `gpuhook agent --ready-file` writes (default {defaults.READY_FILE})",
+    )
+    sp.set_defaults(func=cmd_ready)
+
+
+def _add_node_args(sp) -> None:
+    """Where the node is, how it is installed, and which front serves its creates."""
+    from ..agent.nri import DEFAULT_FRONT, FRONTS
+    from ..nri.plugin import DEFAULT_SOCKET, ROOTFS_TEMPLATE
+
     sp.add_argument(
         "--root", default="/", metavar="DIR", help="where the node's / is (default /; /host in the DaemonSet)"
     )
@@ -24,6 +46,62 @@ def add_commands(sub) -> None:
         metavar="DIR",
         help="the node's / as its container runtime sees it (prefix of host paths in CDI specs; default /)",
     )
+    sp.add_argument(
+        "--no-install", action="store_true", help="do not run gpuhook install first (installed by other means)"
+    )
+    sp.add_argument(
+        "--install-restart",
+        choices=("signal", "systemd", "none"),
+        default="none",
+        help="how gpuhook install makes the runtime load its config (see gpuhook install --restart)",
+    )
+    sp.add_argument(
+        "--front",
+        choices=FRONTS,
+        default=DEFAULT_FRONT,
+        help="nri: run the NRI plugin (gpuhook nri) in a process of its own; auto: so where the node's runtime "
+        f"has an NRI socket (a socket, owned by root); wrapper: no plugin (default {DEFAULT_FRONT})",
+    )
+    sp.add_argument(
+        "--nri-socket",
+        default=DEFAULT_SOCKET,
+        metavar="PATH",
+        help=f"the runtime's NRI socket as the node sees it (default {DEFAULT_SOCKET})",
+    )
+    sp.add_argument(
+        "--nri-rootfs-template",
+        default=ROOTFS_TEMPLATE,
+        metavar="PATH",
+        help="the plugin's --rootfs-template: where the runtime mounts a container's rootfs, {id} its id "
+        "(default containerd's; k3s: /run/k3s/containerd/io.containerd.runtime.v2.task/k8s.io/{id}/rootfs)",
+    )
+    sp.add_argument("--ldconfig", metavar="PATH", help="the node's ldconfig for the CDI ld-cache hook")
+
+
+def _add_file_args(sp) -> None:
+    """The files the agent writes."""
+    sp.add_argument("--cdi-dir", metavar="DIR", help="CDI spec directory (default <root>/var/run/cdi; '' = none)")
+    sp.add_argument("--cdi-format", choices=("yaml", "json"), default="yaml")
+    sp.add_argument(
+        "--max-cdi-version",
+        metavar="VERSION",
+        help="the newest cdiVersion the node's runtimes read: newer fields are left out (default: what the specs need)",
+    )
+    sp.add_argument(
+        "--nfd-dir",
+        metavar="DIR",
+        help="NFD feature file directory (default <root>/etc/kubernetes/node-feature-discovery/features.d; '' = none)",
+    )
+    sp.add_argument(
+        "--ready-file",
+        default=defaults.READY_FILE,
+        metavar="FILE",
+        help=f"written after the first successful install and probe (default {defaults.READY_FILE}; '' = none)",
+    )
+
+
+def _add_run_args(sp) -> None:
+    """When it probes, how it stops, how it logs."""
     sp.add_argument(
         "--interval",
         type=_seconds,
@@ -38,34 +116,7 @@ def add_commands(sub) -> None:
         metavar="SECONDS",
         help="after a udev event, re-probe once none came for this long (default 1)",
     )
-    sp.add_argument("--cdi-dir", metavar="DIR", help="CDI spec directory (default <root>/var/run/cdi; '' = none)")
-    sp.add_argument("--cdi-format", choices=("yaml", "json"), default="yaml")
-    sp.add_argument(
-        "--max-cdi-version",
-        metavar="VERSION",
-        help="the newest cdiVersion the node's runtimes read: newer fields are left out (default: what the specs need)",
-    )
-    sp.add_argument(
-        "--nfd-dir",
-        metavar="DIR",
-        help="NFD feature file directory (default <root>/etc/kubernetes/node-feature-discovery/features.d; '' = none)",
-    )
-    sp.add_argument(
-        "--no-install", action="store_true", help="do not run gpuhook install first (installed by other means)"
-    )
-    sp.add_argument(
-        "--install-restart",
-        choices=("signal", "systemd", "none"),
-        default="none",
-        help="how gpuhook install makes the runtime load its config (see gpuhook install --restart)",
-    )
     sp.add_argument("--once", action="store_true", help="install, probe and write once, then exit")
-    sp.add_argument(
-        "--ready-file",
-        default=defaults.READY_FILE,
-        metavar="FILE",
-        help=f"written after the first successful install and probe (default {defaults.READY_FILE}; '' = none)",
-    )
     sp.add_argument("--no-udev", action="store_true", help="do not watch udev: periodic probing only")
     sp.add_argument(
         "--grace",
@@ -74,7 +125,6 @@ def add_commands(sub) -> None:
         metavar="SECONDS",
         help="after SIGTERM, exit at the latest this much later (default 10)",
     )
-    sp.add_argument("--ldconfig", metavar="PATH", help="the node's ldconfig for the CDI ld-cache hook")
     sp.add_argument(
         "--log-format",
         choices=("auto", "json", "console"),
@@ -82,6 +132,10 @@ def add_commands(sub) -> None:
         help="auto: console on a terminal, JSON lines otherwise",
     )
     sp.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+
+
+def _add_report_args(sp) -> None:
+    """Metrics, pod Events and the Kubernetes API."""
     sp.add_argument(
         "--metrics-address",
         metavar="HOST:PORT",
@@ -110,17 +164,6 @@ def add_commands(sub) -> None:
     sp.add_argument(
         "--node", metavar="NAME", help="this node's name in the API (default: $NODE_NAME, else the host name)"
     )
-    add_driver_root_arg(sp)
-    sp.set_defaults(func=cmd_agent)
-
-    sp = sub.add_parser("ready", help="exit 0 when the node agent is ready (the DaemonSet's readiness probe)")
-    sp.add_argument(
-        "--ready-file",
-        default=defaults.READY_FILE,
-        metavar="FILE",
-        help=f"the file `gpuhook agent --ready-file` writes (default {defaults.READY_FILE})",
-    )
-    sp.set_defaults(func=cmd_ready)
 
 
 def _seconds(text: str) -> float:
@@ -136,22 +179,50 @@ def _seconds(text: str) -> float:
 
 
 def cmd_agent(args) -> int:
-    import signal
-    import threading
-
     from .. import log as logmod
-    from ..agent.core import Agent, Options
+    from ..agent.core import Agent
+    from ..agent.kube import KubeError
+
+    opts = _options(args)
+    logmod.configure(fmt=args.log_format, level=args.log_level)
+    log = logmod.get()
+    try:
+        agent = Agent(opts, log=log)
+    except KubeError as e:  # a kubeconfig that cannot be used: one line, exit 2
+        raise usage_error(str(e)) from None
+    _stop_on_signals(agent, log, args.grace)
+    return agent.run()
+
+
+def _options(args):
+    """The agent's Options from the command line, checked: a UsageError for what cannot be used."""
+    from ..agent.core import Options
+    from ..cdi import KNOWN_VERSIONS
+    from ..nri.plugin import rootfs_template_ok
+    from .args import driver_root
 
     if not os.path.isdir(args.root):
         raise usage_error(f"--root {args.root}: not a directory")
-    from .args import driver_root
+    if args.interval <= 0:
+        raise usage_error("--interval must be more than 0")
+    if args.max_cdi_version is not None and args.max_cdi_version not in KNOWN_VERSIONS:
+        raise usage_error(f"--max-cdi-version {args.max_cdi_version}: one of {', '.join(KNOWN_VERSIONS)}")
+    if args.context and not args.kubeconfig:
+        raise usage_error("--context needs --kubeconfig")
+    if not args.nri_socket.startswith("/"):
+        raise usage_error(f"--nri-socket {args.nri_socket}: not an absolute path")
+    if not rootfs_template_ok(args.nri_rootfs_template):
+        raise usage_error("--nri-rootfs-template must be an absolute path with {id} in it, or ''")
+    if args.metrics_address:
+        from ..agent.metrics import parse_address
 
-    nvidia_driver_root = driver_root(args, args.root)
-    logmod.configure(fmt=args.log_format, level=args.log_level)
-    log = logmod.get()
-    opts = Options(
+        try:
+            parse_address(args.metrics_address)
+        except ValueError as e:
+            raise usage_error(str(e)) from None
+    return Options(
         root=args.root,
-        nvidia_driver_root=nvidia_driver_root,
+        nvidia_driver_root=driver_root(args, args.root),
         spec_root=args.spec_root,
         interval=args.interval,
         debounce=args.debounce,
@@ -171,28 +242,16 @@ def cmd_agent(args) -> int:
         kubeconfig=args.kubeconfig or None,
         kube_context=args.context,
         node_name=args.node,
+        front=args.front,
+        nri_socket=args.nri_socket,
+        nri_rootfs_template=args.nri_rootfs_template,
     )
-    if opts.metrics_address:
-        from ..agent.metrics import parse_address
 
-        try:
-            parse_address(opts.metrics_address)
-        except ValueError as e:
-            raise usage_error(str(e)) from None
-    if opts.interval <= 0:
-        raise usage_error("--interval must be more than 0")
-    from ..cdi import KNOWN_VERSIONS
 
-    if args.max_cdi_version is not None and args.max_cdi_version not in KNOWN_VERSIONS:
-        raise usage_error(f"--max-cdi-version {args.max_cdi_version}: one of {', '.join(KNOWN_VERSIONS)}")
-    if args.context and not opts.kubeconfig:
-        raise usage_error("--context needs --kubeconfig")
-    from ..agent.kube import KubeError
-
-    try:
-        agent = Agent(opts, log=log)
-    except KubeError as e:  # a kubeconfig that cannot be used: one line, exit 2
-        raise usage_error(str(e)) from None
+def _stop_on_signals(agent, log, grace: float) -> None:
+    """SIGTERM, SIGINT: stop after the step in progress, at the latest `grace` s later; a second one: now."""
+    import signal
+    import threading
 
     def on_signal(signum, frame):
         name = signal.Signals(signum).name
@@ -202,16 +261,15 @@ def cmd_agent(args) -> int:
         agent.stop(name)
 
         def force():
-            log.warning("agent.stop", reason=f"{name}: still busy after {args.grace}s", forced=True)
+            log.warning("agent.stop", reason=f"{name}: still busy after {grace}s", forced=True)
             os._exit(0)
 
-        t = threading.Timer(args.grace, force)
+        t = threading.Timer(grace, force)
         t.daemon = True
         t.start()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    return agent.run()
 
 
 # -- ready -------------------------------------------------------------------------------

@@ -81,29 +81,48 @@ def cmd_cdi_generate(args) -> int:
         if not specs:
             raise usage_error(f"--kind {kind}: this node has no such devices")
     if args.output == "-":
-        for i, s in enumerate(specs):
-            if args.format == "yaml":
-                sys.stdout.write(("---\n" if i else "") + cdi.dumps(s, "yaml"))
-            else:
-                sys.stdout.write(cdi.dumps(s, "json"))
-        if not specs:
-            print("gpuhook: no GPU on this node: no CDI spec", file=sys.stderr)
-        return 0
-    if args.output:
-        if len(specs) != 1:
-            kinds = ", ".join(s["kind"] for s in specs) or "none"
-            raise usage_error(
-                f"--output takes one spec and this node has {len(specs)} ({kinds}): "
-                "choose one with --kind, or use --output-dir"
-            )
-        from ..spec import write_atomic
+        _to_stdout(args, specs)
+    elif args.output:
+        _to_file(args, specs)
+    else:
+        _to_dir(args, specs)
+    return 0
 
-        try:
-            write_atomic(args.output, cdi.dumps(specs[0], args.format).encode(), 0o644)
-        except OSError as e:
-            raise usage_error(f"--output {args.output}: {e.strerror or e}") from None
-        print(f"wrote {args.output} ({specs[0]['kind']}, {len(specs[0]['devices'])} devices)")
-        return 0
+
+def _to_stdout(args, specs: list) -> None:
+    from .. import cdi
+
+    for i, s in enumerate(specs):
+        if args.format == "yaml":
+            sys.stdout.write(("---\n" if i else "") + cdi.dumps(s, "yaml"))
+        else:
+            sys.stdout.write(cdi.dumps(s, "json"))
+    if not specs:
+        print("gpuhook: no GPU on this node: no CDI spec", file=sys.stderr)
+
+
+def _to_file(args, specs: list) -> None:
+    """--output FILE: the one spec, written atomically."""
+    from .. import cdi
+    from ..spec import write_atomic
+
+    if len(specs) != 1:
+        kinds = ", ".join(s["kind"] for s in specs) or "none"
+        raise usage_error(
+            f"--output takes one spec and this node has {len(specs)} ({kinds}): "
+            "choose one with --kind, or use --output-dir"
+        )
+    try:
+        write_atomic(args.output, cdi.dumps(specs[0], args.format).encode(), 0o644)
+    except OSError as e:
+        raise usage_error(f"--output {args.output}: {e.strerror or e}") from None
+    print(f"wrote {args.output} ({specs[0]['kind']}, {len(specs[0]['devices'])} devices)")
+
+
+def _to_dir(args, specs: list) -> None:
+    """--output-dir (default cdi.DEFAULT_DIR): one file per kind, the stale ones removed."""
+    from .. import cdi
+
     directory = args.output_dir or cdi.DEFAULT_DIR
     try:
         # with --kind, the other kinds' specs stay as they are
@@ -122,7 +141,6 @@ def cmd_cdi_generate(args) -> int:
         print("No GPU on this node: no CDI spec" + (f" (removed {len(removed)} old ones)" if removed else ""))
     if not written and specs:
         print("(unchanged)")
-    return 0
 
 
 # -- agent -----------------------------------------------------------------------------

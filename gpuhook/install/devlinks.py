@@ -52,7 +52,7 @@ def injected_paths(inv) -> list[str]:
         for d in v.devices:
             paths += [n.path for n in d.nodes]
     try:
-        edits = plan(inv, Request({"NVIDIA_DRIVER_CAPABILITIES": "all"}, {}, None), "/sbin/ldconfig")
+        edits = plan(inv, Request({"NVIDIA_DRIVER_CAPABILITIES": "all"}, {}, None), "/sbin/ldconfig").edits
         paths += [n.path for n in edits.device_nodes]
     except Exception:  # the inventory's own nodes are still worth linking
         pass

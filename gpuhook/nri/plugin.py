@@ -17,11 +17,13 @@ api.proto) and nri_ttrpc.proto beside this file (regen.py); wire.py is the frami
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import sys
 import time
 from typing import Any
 
+from .. import defaults
 from . import wire
 
 DEFAULT_SOCKET = "/var/run/nri/nri.sock"  # NRI's api.DefaultSocketPath
@@ -242,15 +244,13 @@ class Plugin:
             record["decision"] = "sandbox"
             return pb.ContainerAdjustment()
         inventory = probe_cached(config.host_root, cache_dir(), config.probe_cache_ttl, config.nvidia_driver_root)
-        warnings = list(inventory.warnings)
-        explain: dict = {}
-        edits = plan(
-            inventory, request, config.ldconfig or find_ldconfig(), config, cache_dir(), warnings, explain=explain
-        )
+        planned = plan(inventory, request, config.ldconfig or find_ldconfig(), config, cache_dir())
+        warnings = [*inventory.warnings, *planned.warnings]
+        edits = planned.edits
         if not edits:
             record["decision"] = "no-gpu" if not inventory.vendors else "declined"
-            if explain.get("reason"):
-                record["reason"] = explain["reason"]
+            if planned.reason:
+                record["reason"] = planned.reason
             if warnings:
                 record["warnings"] = [str(w)[:500] for w in warnings[:20]]
             return pb.ContainerAdjustment()
@@ -258,14 +258,14 @@ class Plugin:
         warnings += [f"not adjustable through NRI: {x}" for x in left_out]
         record.update(
             decision="injected",
-            vendors=list(explain.get("vendors", ())),
+            vendors=list(planned.vendors),
             nodes=[d.path for d in adj.linux.devices],
             mounts=[m.destination for m in adj.mounts],
             hooks=len(adj.hooks.create_container),
             env=[f"{kv.key}={kv.value}" for kv in adj.env],
         )
-        if explain.get("devices"):
-            record["devices"] = explain["devices"][:256]
+        if planned.devices:
+            record["devices"] = list(planned.devices[:256])
         if warnings:
             record["warnings"] = [str(w)[:500] for w in warnings[:20]]
         return adj
@@ -274,7 +274,7 @@ class Plugin:
         """One node log line per create this front decided on (the wrapper's line, with "front")."""
         try:
             from .. import fastjson
-            from ..runtime import append_line, utc_now
+            from ..runtime.logline import append_line, utc_now
 
             log_file = config.log_file if config is not None else None
             if config is None:
@@ -295,6 +295,13 @@ class Plugin:
 
 def add_command(sub) -> None:
     sp = sub.add_parser("nri", help="run as an NRI plugin (containerd 2.x, CRI-O): no runtime wrapper")
+    sp.add_argument(
+        "--root",
+        default="/",
+        metavar="DIR",
+        help="the node's / (/host in the DaemonSet): chroot there and run the node's installed "
+        f"gpuhook ({defaults.INSTALL_PREFIX}), so that config, log and paths are the node's (default /)",
+    )
     sp.add_argument("--socket", default=DEFAULT_SOCKET, help=f"the runtime's NRI socket (default {DEFAULT_SOCKET})")
     sp.add_argument("--name", default=DEFAULT_NAME, help=f"the plugin's name (default {DEFAULT_NAME})")
     sp.add_argument("--index", default=DEFAULT_INDEX, help=f"its two-digit index (default {DEFAULT_INDEX})")
@@ -307,6 +314,42 @@ def add_command(sub) -> None:
     sp.set_defaults(func=cmd_nri)
 
 
+def rootfs_template_ok(template: str) -> bool:
+    return not template or ("{id}" in template and template.startswith("/"))
+
+
+def run_in_root(args: argparse.Namespace) -> int:
+    """chroot into --root and exec the node's bundle's `gpuhook nri` with the same options, its
+    interpreter started by the bundle's own loader as the C front does (the node needs no shell)."""
+    import glob
+
+    from ..cli.args import UsageError
+    from ..install.build import INTERPRETER, LOADER
+
+    if not os.path.isdir(args.root):
+        raise UsageError(f"--root {args.root}: not a directory")
+    try:
+        os.chroot(args.root)
+        os.chdir("/")
+    except OSError as e:
+        print(f"gpuhook nri: cannot chroot into {args.root}: {e.strerror}", file=sys.stderr)
+        return 1
+    prefix = defaults.INSTALL_PREFIX
+    site = sorted(glob.glob(f"{prefix}/lib/python3*/site-packages"))
+    if not site:
+        print(f"gpuhook nri: no gpuhook installed in {args.root}{prefix} (gpuhook install first)", file=sys.stderr)
+        return 1
+    boot = "import sys; sys.path.insert(0, sys.argv.pop(1)); from gpuhook.cli import main; sys.exit(main())"
+    argv = [f"{prefix}/{LOADER}", "--library-path", f"{prefix}/lib", f"{prefix}/{INTERPRETER}", "-I", "-S", "-c", boot,
+            site[-1], "nri", "--socket", args.socket, "--name", args.name, "--index", args.index,
+            "--rootfs-template", args.rootfs_template]  # fmt: skip
+    try:
+        os.execv(argv[0], argv)
+    except OSError as e:
+        print(f"gpuhook nri: cannot run {args.root}{argv[0]}: {e.strerror}", file=sys.stderr)
+    return 1
+
+
 def cmd_nri(args: argparse.Namespace) -> int:
     from ..cli.args import UsageError
 
@@ -314,8 +357,10 @@ def cmd_nri(args: argparse.Namespace) -> int:
         raise UsageError(f"--index must be two digits, got {args.index!r}")
     if not args.name or "/" in args.name:
         raise UsageError(f"--name must be a non-empty name without '/', got {args.name!r}")
-    if args.rootfs_template and ("{id}" not in args.rootfs_template or not args.rootfs_template.startswith("/")):
+    if not rootfs_template_ok(args.rootfs_template):
         raise UsageError("--rootfs-template must be an absolute path with {id} in it, or ''")
+    if args.root != "/":
+        return run_in_root(args)
     plugin = Plugin(args.socket, args.name, args.index, args.rootfs_template)
     try:
         plugin.run_forever()

@@ -1,7 +1,8 @@
-"""Policy: (Inventory, Request) -> Edits. Every decision about what a container gets lives here.
+"""Policy: (Inventory, Request) -> Plan. Every decision about what a container gets lives here.
 
 The probe only reports and the spec editor only applies; this module decides. Its inputs
-are validated by plan/policy.py (annotations, env, state); the decisions, in order:
+are validated by plan/policy.py (annotations, the round robin's state, the kubelet's
+checkpoint) and plan/nvidia.py (NVIDIA's env); the decisions, in order:
 
 1. Nothing for a sandbox (pause) container, a CPU-only node, or `gpuhook.dev/inject: "false"`.
 2. Vendors: every vendor of the node, narrowed by `gpuhook.dev/vendors`, without those whose
@@ -23,18 +24,21 @@ are validated by plan/policy.py (annotations, env, state); the decisions, in ord
    directory with compute; for Intel the /dev/dri/by-path links; the host groups of nodes
    that only a group may open (render, video) as additional GIDs.
 
-Reasons for every refusal (invalid annotation, unknown GPU in NVIDIA_VISIBLE_DEVICES...)
-are appended to `warnings`: the runtime logs them, and the container starts as the node
-policy says.
+plan() returns a Plan: the edits, the vendors and devices given, the devices held back and
+why, and the reasons for every refusal (invalid annotation, unknown GPU in
+NVIDIA_VISIBLE_DEVICES...) as warnings: the runtime logs them, and the container starts as
+the node policy says. NVIDIA's policy is plan/nvidia.py; what any other vendor's choice
+adds, plan/parts.py.
 """
 
 import os
 
-from .. import defaults, hook
-from . import policy
-from ..edits import DeviceNode, Edits, Hook, Mount
-from ..inventory import Device, Inventory, Node, VendorInventory, node_number
-from ..nvidia_tools import NVIDIA_TOOLS
+from .. import hook
+from . import nvidia, policy
+from .parts import Choice, Part, dri_name, vendor_part
+from .policy import Allocation
+from ..edits import DeviceNode, Edits, Hook
+from ..inventory import Device, Inventory, VendorInventory
 from ..config import DEFAULT_SHARE
 from ..record import Record
 
@@ -43,27 +47,11 @@ SANDBOX_ANNOTATIONS = (
     ("io.kubernetes.cri-o.ContainerType", "sandbox"),  # CRI-O
 )
 LDCONFIG_CANDIDATES = ("/sbin/ldconfig.real", "/sbin/ldconfig", "/usr/sbin/ldconfig")
-# The createContainer hooks (the ld cache, Intel's /dev/dri/by-path links) run as root on the
-# host before pivot_root: each runs in gpuhook-hook, isolated from the host (gpuhook/hook/).
-# Names and targets of by-path links are made here from sysfs data and checked, never taken
-# from the container.
-BYPATH_CHARS = frozenset("0123456789abcdef:.")
-BIND_RW = ("nosuid", "nodev", "noexec", "rbind", "rprivate")
-IMEX_PREFIX = "/dev/nvidia-caps-imex-channels/channel"
-NVIDIA_DRIVER_ONLY_CAPS = ("firmware", "ipc")  # mounted with any NVIDIA driver files
-# What a container of NVIDIA cannot work without: the library of the first of these
-# capabilities it asks for (NVIDIA_DRIVER_CAPABILITIES).
-NVIDIA_NEEDS = (("compute", "libcuda.so.1"), ("utility", "libnvidia-ml.so.1"))
-# Driver libraries that build tools and JIT compilers link by their development name
-# (`-lcuda`: Triton, nvcc's link step): the same file is mounted at that name too, beside
-# the library, so nothing is written through the image.
-NVIDIA_DEV_NAMES = {
-    "libcuda.so.1": "libcuda.so",
-    "libnvidia-ml.so.1": "libnvidia-ml.so",
-    "libnvcuvid.so.1": "libnvcuvid.so",
-    "libnvidia-encode.so.1": "libnvidia-encode.so",
-}
 DXG_NEEDS = "libdxcore.so"
+# Why a device was held back (share = "unallocated"): Held.reason
+ALLOCATED = "allocated"  # the kubelet allocated it to another pod
+UNMAPPED = "unmapped"  # the kubelet allocated an id of its vendor that names no GPU here
+UNREADABLE = "unreadable"  # the kubelet's checkpoint could not be read
 
 
 class Request(Record):
@@ -122,51 +110,6 @@ def find_ldconfig() -> "str | None":
     return next((p for p in LDCONFIG_CANDIDATES if os.access(p, os.X_OK)), None)
 
 
-def _node(n: "Node") -> "DeviceNode":
-    return DeviceNode(n.path, n.type, n.major, n.minor, "rwm", n.file_mode, n.uid, n.gid)
-
-
-def _on_host(root: str, path: str) -> str:
-    """A node path as the runtime sees it: under the host root (tests, dry runs) or as is."""
-    return path if root == "/" else root.rstrip("/") + path
-
-
-def _drop(_msg: str) -> None:
-    pass
-
-
-class _Choice(Record):
-    """One vendor's share of the container: its inventory, the devices given (fixed ones
-    from the spec first), whether it gives driver files without any device, and (NVIDIA)
-    the driver capabilities the container asks for."""
-
-    vendor: "VendorInventory"
-    devices: "list[Device]"
-    driver_only: bool
-    caps: "frozenset[str] | None" = None
-
-    __slots__ = ()
-
-
-def unusable(v: "VendorInventory", caps: "frozenset | None" = None) -> "tuple[str, str] | None":
-    """(code, reason) when the vendor's devices are there but what its userspace needs is
-    not, for a container asking for `caps` (NVIDIA; None: the default capabilities); None
-    when it can work. code is short enough for a label value (agent/labels.py)."""
-    if v.vendor == "nvidia":
-        for cap, soname in NVIDIA_NEEDS:
-            if cap in (policy.DEFAULT_CAPS if caps is None else caps):
-                if any(lib.soname == soname for lib in v.libraries):
-                    return None
-                return (
-                    f"no-{soname.partition('.so')[0]}",
-                    f"no {soname} of driver {v.driver_version or '(unknown version)'} on this node (capability {cap})",
-                )
-        return None
-    if v.vendor == "dxg" and not any(lib.path.rpartition("/")[2] == DXG_NEEDS for lib in v.libraries):
-        return "no-libdxcore", f"no {DXG_NEEDS} in /usr/lib/wsl/lib"
-    return None
-
-
 def _in_spec(d: "Device", req: "Request") -> bool:
     """Does the spec already hold a node of this device (a device plugin's)? By number; by
     path only where the spec gives no number."""
@@ -185,41 +128,6 @@ def _in_spec(d: "Device", req: "Request") -> bool:
 
 def _numbers(known: dict) -> frozenset:
     return frozenset(v for v in known.values() if v is not None)
-
-
-def _visible_nvidia(v: "VendorInventory", vis: "policy.Visible", warn) -> "list[Device]":
-    if vis.mode == "all":
-        return list(v.devices)
-    if vis.mode != "list":
-        return []
-    picked: list[Device] = []
-    for t in vis.tokens:
-        low = t.lower()
-        if t.isascii() and t.isdigit():
-            found = [d for d in v.devices if d.index == int(t)]
-        elif low.startswith("gpu-"):
-            found = [d for d in v.devices if d.id.lower().startswith(low)]
-        else:
-            warn(
-                f"{policy.VISIBLE_ENV}: {policy.show(t)} is not a GPU index or UUID "
-                "(MIG devices are not supported), ignored"
-            )
-            continue
-        if len(found) != 1:
-            what = "matches no GPU of this node" if not found else f"matches {len(found)} GPUs"
-            warn(f"{policy.VISIBLE_ENV}: {policy.show(t)} {what}, ignored")
-            continue
-        if found[0] not in picked:
-            picked.append(found[0])
-    return sorted(picked, key=lambda d: d.index)
-
-
-DRI_DIR = "/dev/dri/"
-
-
-def _dri_name(path: str) -> "str | None":
-    """card1 of /dev/dri/card1; None for a node elsewhere."""
-    return path[len(DRI_DIR) :] if path.startswith(DRI_DIR) else None
 
 
 def _takes(ref: "policy.DeviceRef", d: "Device", xcp: dict) -> bool:
@@ -266,10 +174,10 @@ def _keys(d: "Device") -> set:
 
 
 def _cards(d: "Device") -> set:
-    return {name for n in d.nodes if (name := _dri_name(n.path)) and name.startswith("card")}
+    return {name for n in d.nodes if (name := dri_name(n.path)) and name.startswith("card")}
 
 
-def _xcp_nodes(root: str, refs: list) -> dict:
+def _xcp_nodes(root: str, refs: tuple) -> dict:
     """amdgpu_xcp_<n> (ROCm's id of a partition) -> its render nodes' /dev paths, from
     <root>/sys/devices/platform/<id>/drm; read only when the checkpoint holds such an id."""
     names = {r.value for r, _ in refs if r.kind == "xcp"}
@@ -284,40 +192,67 @@ def _xcp_nodes(root: str, refs: list) -> dict:
     }
 
 
-UNMAPPED = "which gpuhook cannot map to a GPU of this node"
+class Held(Record):
+    """A device held back (share = "unallocated"): its vendor:id, why (ALLOCATED, UNMAPPED,
+    UNREADABLE) and the kubelet's allocation that took it (None for UNREADABLE)."""
+
+    device: str
+    reason: str
+    allocation: "Allocation | None" = None
+
+    __slots__ = ()
+
+    @property
+    def why(self) -> str:
+        """The reason in words, for the log and `gpuhook plan`."""
+        a = self.allocation
+        if self.reason == UNREADABLE or a is None:
+            return "the kubelet's checkpoint is unreadable"
+        pod, what = policy.show(a.pod, 40), f"{a.resource} {policy.show(a.id, 80)}"
+        if self.reason == UNMAPPED:
+            return f"the kubelet allocated {what} to pod {pod}, which gpuhook cannot map to a GPU of this node"
+        return f"allocated by the kubelet to pod {pod} ({what})"
 
 
-def _hold_back(
-    v: "VendorInventory", candidates: "list[Device]", refs: list, xcp: dict, held: list, warn
-) -> "list[Device]":
-    """The candidates the kubelet did not allocate to other pods; each one held back is
-    appended to `held` as {"device", "why"}. An id under the vendor's resource that maps to
-    no GPU of this node (a format gpuhook does not know, a MIG UUID, a GPU it does not see)
-    holds back all of the vendor's GPUs: which one it takes is unknown."""
-    unmapped = [
-        a
-        for ref, a in refs
-        if ref.vendor == v.vendor and ref.kind != "none" and not any(_takes(ref, d, xcp) for d in v.devices)
-    ]
-    if unmapped:
-        a = unmapped[0]
-        why = f"the kubelet allocated {a.resource} {policy.show(a.id, 80)} to pod {policy.show(a.pod, 40)}, " + UNMAPPED
-        warn(f"share = unallocated: {why}; no {v.vendor} GPU is given")
-        held.extend({"device": f"{v.vendor}:{d.id}", "why": why} for d in candidates)
-        return []
-    keep = []
-    for d in candidates:
-        a = next((a for ref, a in refs if _takes(ref, d, xcp)), None)
-        if a is None:
-            keep.append(d)
-        else:
-            held.append(
-                {
-                    "device": f"{v.vendor}:{d.id}",
-                    "why": f"allocated by the kubelet to pod {policy.show(a.pod, 40)} ({a.resource} {policy.show(a.id, 80)})",
-                }
-            )
-    return keep
+class Plan(Record):
+    """What plan() decided for one container. edits: what to add (empty: leave the spec
+    exactly as it is). vendors: those that gave a device (GPUHOOK_ACCELERATOR), devices: the
+    vendor:id of each device given (GPUHOOK_DEVICES), both empty when nothing is added.
+    held_back: the devices the kubelet allocated to other pods. reason: when a node with GPUs
+    gives the container none, one line saying why (None otherwise, but for an unreadable
+    kubelet checkpoint). warnings: what was refused and why."""
+
+    edits: "Edits"
+    vendors: "tuple[str, ...]" = ()
+    devices: "tuple[str, ...]" = ()
+    held_back: "tuple[Held, ...]" = ()
+    reason: "str | None" = None
+    warnings: "tuple[str, ...]" = ()
+
+    __slots__ = ()
+
+
+class _Taken(Record):
+    """What the kubelet allocated to other pods (share = "unallocated"): each allocation with
+    the device it names (DeviceRef, Allocation), and the render nodes of the AMD partitions
+    they name; unknown: why none can be given when its checkpoint cannot be read."""
+
+    refs: tuple = ()
+    xcp: "dict | None" = None
+    unknown: "str | None" = None
+
+    __slots__ = ()
+
+
+def unusable(v: "VendorInventory", caps: "frozenset | None" = None) -> "tuple[str, str] | None":
+    """(code, reason) when the vendor's devices are there but what its userspace needs is
+    not, for a container asking for `caps` (NVIDIA; None: the default capabilities); None
+    when it can work. code is short enough for a label value (agent/labels.py)."""
+    if v.vendor == "nvidia":
+        return nvidia.missing(v, caps)
+    if v.vendor == "dxg" and not any(lib.path.rpartition("/")[2] == DXG_NEEDS for lib in v.libraries):
+        return "no-libdxcore", f"no {DXG_NEEDS} in /usr/lib/wsl/lib"
+    return None
 
 
 def plan(
@@ -326,94 +261,108 @@ def plan(
     ldconfig: "str | None" = None,
     config=None,
     state_dir: "str | None" = None,
-    warnings: "list | None" = None,
     helper: "str | None" = None,
-    explain: "dict | None" = None,
-) -> "Edits":
-    """The edits for one container. Empty Edits mean: leave the spec exactly as it is.
+) -> "Plan":
+    """The Plan for one container.
 
     ldconfig: the node's (None: find_ldconfig()). helper: gpuhook-hook as the node sees it
-    (None: this package's own, when it was built).
-
-    config: the node config (gpuhook.config.Config; None: the defaults). state_dir: where
-    the round robin of max-gpus remembers what it gave (None: no memory, the first devices).
-    warnings: a list the reasons for what was refused are appended to.
-
-    explain: a dict that gets "vendors" (those that gave a device: GPUHOOK_ACCELERATOR),
-    "devices" (the vendor:id of each device given: GPUHOOK_DEVICES), "held_back"
-    (the devices held back because the kubelet
-    allocated them to other pods: [{"device", "why"}]) and, when a node with GPUs gives the
-    container none, "reason" (one line: why it runs without)."""
-    warn = warnings.append if warnings is not None else _drop
-    explain = {} if explain is None else explain
+    (None: this package's own, when it was built). config: the node config
+    (gpuhook.config.Config; None: the defaults). state_dir: where the round robin of max-gpus
+    remembers what it gave (None: no memory, the first devices)."""
+    warnings: list[str] = []
+    warn = warnings.append
     if req.is_sandbox or not inv.vendors:
-        return Edits()
+        return Plan(Edits())
     pod = policy.pod_policy(req.annotations, warn)
     if not pod.inject:
-        explain["reason"] = f'the pod says {policy.INJECT}: "false"'
-        return Edits()
-    share = getattr(config, "share", None) or DEFAULT_SHARE
-    allocated: list | None = []
-    held: list[dict] = []
-    refs: list = []
-    xcp: dict = {}
-    if share == "unallocated":
-        allocated, why = policy.allocated_devices(inv.root, policy.pod_uid(req.annotations))
-        if allocated is None:
-            warn(f"share = unallocated: {why}; no GPU is given (which are free is unknown)")
-            explain["reason"] = f"{why}: which GPUs are free is unknown (share = unallocated)"
-        elif allocated:
-            refs = [(_ref(a), a) for a in allocated]
-            xcp = _xcp_nodes(inv.root, refs)
-    choices: list[_Choice] = []
-    fixed_count = 0
-    for v in inv.vendors:
-        if not v.devices or (pod.vendors is not None and v.vendor not in pod.vendors):
-            continue
-        fixed = [d for d in v.devices if _in_spec(d, req)]
-        driver_only = False
-        caps: frozenset | None = None
-        if v.vendor == "nvidia":
-            vis = policy.nvidia_visible(req.env, req.mounts)
-            if vis.mode == "void":
-                continue
-            caps = policy.nvidia_caps(req.env, warn)
-        missing = unusable(v, caps)
-        if missing is not None:
-            warn(f"{v.vendor}: {len(v.devices)} device(s) not given: {missing[1]}; the container runs without them")
-            continue
-        if v.vendor == "nvidia":
-            driver_only = vis.mode == "none"
-            candidates = [] if fixed else _visible_nvidia(v, vis, warn)
-        else:
-            candidates = [] if fixed else list(v.devices)
-        if candidates and allocated is None:
-            held.extend(
-                {"device": f"{v.vendor}:{d.id}", "why": "the kubelet's checkpoint is unreadable"} for d in candidates
-            )
-            candidates = []
-        elif candidates and allocated:
-            candidates = _hold_back(v, candidates, refs, xcp, held, warn)
-        fixed_count += len(fixed)
-        choices.append(_Choice(v, fixed + candidates, driver_only, caps))
+        return Plan(Edits(), reason=f'the pod says {policy.INJECT}: "false"', warnings=tuple(warnings))
+    taken = _taken(inv, req, config, warn)
+    held: list[Held] = []
+    choices = [c for v in inv.vendors if (c := _choice(v, req, pod, taken, held, warn)) is not None]
     if pod.max_gpus is not None:
-        choices = _limit(choices, req, max(0, pod.max_gpus - fixed_count), state_dir, warn)
-    if held:
-        explain["held_back"] = held
+        fixed = sum(_in_spec(d, req) for c in choices for d in c.devices)
+        choices = _limit(choices, req, max(0, pod.max_gpus - fixed), state_dir, warn)
     edits = _edits(inv, req, [c for c in choices if c.devices or c.driver_only], ldconfig, config, warn, helper)
-    if edits:
-        given = [c for c in choices if c.devices]
-        explain["vendors"] = [c.vendor.vendor for c in given]
-        explain["devices"] = [f"{c.vendor.vendor}:{d.id}" for c in given for d in c.devices]
-    if not edits and "reason" not in explain:
-        explain["reason"] = _why_none(inv, pod, held, choices)
-    return edits
+    given = [c for c in choices if c.devices] if edits else []
+    return Plan(
+        edits,
+        tuple(c.vendor.vendor for c in given),
+        tuple(f"{c.vendor.vendor}:{d.id}" for c in given for d in c.devices),
+        tuple(held),
+        taken.unknown or (None if edits else _why_none(inv, pod, held, choices)),
+        tuple(warnings),
+    )
 
 
-def _why_none(inv: "Inventory", pod, held: list, choices: list) -> str:
+def _taken(inv: "Inventory", req: "Request", config, warn) -> "_Taken":
+    if (getattr(config, "share", None) or DEFAULT_SHARE) != "unallocated":
+        return _Taken()
+    allocated, why = policy.allocated_devices(inv.root, policy.pod_uid(req.annotations))
+    if allocated is None:
+        warn(f"share = unallocated: {why}; no GPU is given (which are free is unknown)")
+        return _Taken(unknown=f"{why}: which GPUs are free is unknown (share = unallocated)")
+    refs = tuple((_ref(a), a) for a in allocated)
+    return _Taken(refs, _xcp_nodes(inv.root, refs))
+
+
+def _choice(v: "VendorInventory", req: "Request", pod, taken: "_Taken", held: list, warn) -> "Choice | None":
+    """The vendor's share: None when it gives nothing (no device, not among the pod's vendors,
+    NVIDIA_VISIBLE_DEVICES void, its userspace missing)."""
+    if not v.devices or (pod.vendors is not None and v.vendor not in pod.vendors):
+        return None
+    vis, caps = None, None
+    if v.vendor == "nvidia":
+        vis = nvidia.visible(req.env, req.mounts)
+        if vis.mode == "void":
+            return None
+        caps = nvidia.driver_caps(req.env, warn)
+    missing = unusable(v, caps)
+    if missing is not None:
+        warn(f"{v.vendor}: {len(v.devices)} device(s) not given: {missing[1]}; the container runs without them")
+        return None
+    fixed = [d for d in v.devices if _in_spec(d, req)]
+    if fixed:
+        candidates = []
+    else:
+        candidates = list(v.devices) if vis is None else nvidia.visible_devices(v, vis, warn)
+    if candidates and taken.unknown:
+        held.extend(Held(f"{v.vendor}:{d.id}", UNREADABLE) for d in candidates)
+        candidates = []
+    elif candidates and taken.refs:
+        candidates = _hold_back(v, candidates, taken, held, warn)
+    return Choice(v, fixed + candidates, vis is not None and vis.mode == "none", caps)
+
+
+def _hold_back(v: "VendorInventory", candidates: "list[Device]", taken: "_Taken", held: list, warn) -> "list[Device]":
+    """The candidates the kubelet did not allocate to other pods; each one held back is
+    appended to `held`. An id under the vendor's resource that maps to no GPU of this node (a
+    format gpuhook does not know, a MIG UUID, a GPU it does not see) holds back all of the
+    vendor's GPUs: which one it takes is unknown."""
+    xcp = taken.xcp or {}
+    unmapped = [
+        a
+        for ref, a in taken.refs
+        if ref.vendor == v.vendor and ref.kind != "none" and not any(_takes(ref, d, xcp) for d in v.devices)
+    ]
+    if unmapped:
+        first = Held("", UNMAPPED, unmapped[0])
+        warn(f"share = unallocated: {first.why}; no {v.vendor} GPU is given")
+        held.extend(first._replace(device=f"{v.vendor}:{d.id}") for d in candidates)
+        return []
+    keep = []
+    for d in candidates:
+        a = next((a for ref, a in taken.refs if _takes(ref, d, xcp)), None)
+        if a is None:
+            keep.append(d)
+        else:
+            held.append(Held(f"{v.vendor}:{d.id}", ALLOCATED, a))
+    return keep
+
+
+def _why_none(inv: "Inventory", pod, held: "list[Held]", choices: "list[Choice]") -> str:
     """One line: why a node with GPUs gave this container none."""
     if held and not any(c.devices for c in choices):
-        unmapped = next((h["why"] for h in held if h["why"].endswith(UNMAPPED)), None)
+        unmapped = next((h.why for h in held if h.reason == UNMAPPED), None)
         if unmapped is not None:
             return f'all {len(held)} GPU(s) held back: {unmapped} (share = "unallocated")'
         return f'all {len(held)} GPU(s) held back: allocated by the kubelet to other pods (share = "unallocated")'
@@ -426,7 +375,7 @@ def _why_none(inv: "Inventory", pod, held: list, choices: list) -> str:
     )
 
 
-def _limit(choices: "list[_Choice]", req: "Request", budget: int, state_dir, warn) -> "list[_Choice]":
+def _limit(choices: "list[Choice]", req: "Request", budget: int, state_dir, warn) -> "list[Choice]":
     keys = [f"{c.vendor.vendor}:{d.id}" for c in choices for d in c.devices if not _in_spec(d, req)]
     keep = set(policy.least_used(keys, budget, state_dir, warn))
     return [
@@ -435,88 +384,73 @@ def _limit(choices: "list[_Choice]", req: "Request", budget: int, state_dir, war
     ]
 
 
-def _edits(inv: "Inventory", req: "Request", choices: "list[_Choice]", ldconfig, config, warn, helper) -> "Edits":
-    nodes: list[DeviceNode] = []
-    mounts: list[Mount] = []
-    lib_paths: list[str] = []
-    accelerators: list[str] = []
-    ids: list[str] = []
-    bypath: list[str] = []
-    for c in choices:
-        v = c.vendor
-        if c.devices:
-            accelerators.append(v.vendor)
-            ids.extend(f"{v.vendor}:{d.id}" for d in c.devices)
-        if v.vendor == "nvidia":
-            part = _nvidia(inv, req, c, config, warn)
-            nodes += part.nodes
-            mounts += part.mounts
-            lib_paths += part.lib_paths
-            continue
-        for d in c.devices:
-            nodes.extend(_node(n) for n in d.nodes)
-            if v.vendor == "intel" and d.pci and set(d.pci) <= BYPATH_CHARS:
-                for n in d.nodes:
-                    name = _dri_name(n.path)
-                    numbered = node_number(name) if name else None
-                    if numbered is not None:  # (kind, N): a card or render node
-                        bypath += [f"pci-{d.pci}-{numbered[0]}", f"../{name}"]
-        nodes.extend(_node(n) for n in v.control_nodes)
-        for lib in v.libraries:
-            mounts.append(Mount(_on_host(inv.root, lib.path), v.container_path(lib.path)))
-            lib_paths.append(v.container_path(lib.path))
-        mounts.extend(Mount(_on_host(inv.root, b), v.container_path(b)) for b in v.binaries)
+def _edits(inv: "Inventory", req: "Request", choices: "list[Choice]", ldconfig, config, warn, helper) -> "Edits":
+    parts = [
+        nvidia.part(inv.root, req.env, c, config, warn) if c.vendor.vendor == "nvidia" else vendor_part(inv.root, c)
+        for c in choices
+    ]
+    nodes = [n for p in parts for n in p.nodes]
+    mounts = [m for p in parts for m in p.mounts]
     if req.userns:
-        # In a user namespace runc cannot mknod: it bind-mounts each node from the host, and a
-        # node the driver has not created yet (nvidia-uvm-tools, nvidia-modeset...) would
-        # fail the whole create. Such nodes are left out there.
-        absent = {
-            n.path
-            for v in inv.vendors
-            for n in (*v.control_nodes, *(m for d in v.devices for m in d.nodes))
-            if not n.present
-        }
-        left_out = sorted({n.path for n in nodes if n.path in absent})
-        if left_out:
-            warn(f"user namespace: {', '.join(left_out)} not created on the host yet, left out")
-            nodes = [n for n in nodes if n.path not in absent]
+        nodes = _creatable(inv, nodes, warn)
     if not nodes and not mounts:
         return Edits()
     nodes = list(dict.fromkeys(nodes))
+    given = [c for c in choices if c.devices]
     env: tuple[str, ...] = ()
-    if accelerators:
-        env = (f"GPUHOOK_ACCELERATOR={','.join(accelerators)}", f"GPUHOOK_DEVICES={','.join(ids)}")
-    hooks: list[Hook] = []
-    lib_dirs = sorted({os.path.dirname(p) for p in lib_paths if ".so" in p.rpartition("/")[2]})
-    wanted: dict[str, tuple[str, ...]] = {}
+    if given:
+        ids = ",".join(f"{c.vendor.vendor}:{d.id}" for c in given for d in c.devices)
+        env = (f"GPUHOOK_ACCELERATOR={','.join(c.vendor.vendor for c in given)}", f"GPUHOOK_DEVICES={ids}")
+    hooks = _hooks(req, parts, ldconfig, config, warn, helper)
+    return Edits(env, tuple(nodes), tuple(dict.fromkeys(mounts)), hooks, _group_gids(nodes))
+
+
+def _creatable(inv: "Inventory", nodes: "list[DeviceNode]", warn) -> "list[DeviceNode]":
+    """In a user namespace runc cannot mknod: it bind-mounts each node from the host, and a
+    node the driver has not created yet (nvidia-uvm-tools, nvidia-modeset...) would fail the
+    whole create. Such nodes are left out there."""
+    absent = {
+        n.path
+        for v in inv.vendors
+        for n in (*v.control_nodes, *(m for d in v.devices for m in d.nodes))
+        if not n.present
+    }
+    left_out = sorted({n.path for n in nodes if n.path in absent})
+    if not left_out:
+        return nodes
+    warn(f"user namespace: {', '.join(left_out)} not created on the host yet, left out")
+    return [n for n in nodes if n.path not in absent]
+
+
+def _hooks(req: "Request", parts: "list[Part]", ldconfig, config, warn, helper) -> "tuple[Hook, ...]":
+    """The createContainer hooks: the ld cache over the directories of the libraries mounted,
+    and Intel's /dev/dri/by-path links. They run as root on the host before pivot_root: each
+    in gpuhook-hook, isolated from the host (gpuhook/hook/)."""
     rootfs = req.rootfs
-    if lib_dirs and rootfs:
+    if not rootfs:
+        return ()
+    lib_paths = [p for part in parts for p in part.lib_paths]
+    lib_dirs = sorted({os.path.dirname(p) for p in lib_paths if ".so" in p.rpartition("/")[2]})
+    bypath = tuple(x for part in parts for x in part.bypath)
+    wanted: dict[str, tuple[str, ...]] = {}
+    if lib_dirs:
         ldconfig = ldconfig or find_ldconfig()
         if ldconfig:
             wanted[hook.LDCACHE] = (ldconfig, *lib_dirs)
-    if bypath and rootfs:
-        wanted[hook.BYPATH] = tuple(bypath)
+    if bypath:
+        wanted[hook.BYPATH] = bypath
     if wanted and helper is None:
         helper = hook.package_helper()
         if not os.access(helper, os.X_OK):
-            warn(
-                f"{helper} is missing: no {', '.join(hook.DESCRIPTION[k] for k in wanted)} in the container "
-                "(reinstall gpuhook with a C compiler)"
-            )
-            wanted = {}
-    if wanted and rootfs and helper:
-        for kind, args in wanted.items():
-            hooks.append(
-                Hook(
-                    "createContainer",
-                    helper,
-                    hook.argv(kind, rootfs, args),
-                    hook.env(getattr(config, "log_file", None)),
-                    hook.TIMEOUT[kind],
-                    kind,
-                )
-            )
-    return Edits(env, tuple(nodes), tuple(dict.fromkeys(mounts)), tuple(hooks), _group_gids(nodes))
+            what = ", ".join(hook.DESCRIPTION[k] for k in wanted)
+            warn(f"{helper} is missing: no {what} in the container (reinstall gpuhook with a C compiler)")
+            return ()
+    log_file = getattr(config, "log_file", None)
+    return tuple(
+        Hook("createContainer", helper, hook.argv(kind, rootfs, args), hook.env(log_file), hook.TIMEOUT[kind], kind)
+        for kind, args in wanted.items()
+        if helper
+    )
 
 
 def _group_gids(nodes: "list[DeviceNode]") -> "tuple[int, ...]":
@@ -527,75 +461,3 @@ def _group_gids(nodes: "list[DeviceNode]") -> "tuple[int, ...]":
         if n.gid and n.file_mode is not None and (n.file_mode & 0o006) != 0o006 and (n.file_mode & 0o060):
             gids.append(n.gid)
     return tuple(dict.fromkeys(gids))
-
-
-class _Part(Record):
-    """What one vendor's choice adds to a container: device nodes, mounts, and the library
-    paths (in the container) whose directories the ld-cache hook covers."""
-
-    nodes: "list[DeviceNode]"
-    mounts: "list[Mount]"
-    lib_paths: "list[str]"
-
-    __slots__ = ()
-
-
-def _nvidia(inv: "Inventory", req: "Request", c: "_Choice", config, warn) -> "_Part":
-    nodes: list[DeviceNode] = []
-    mounts: list[Mount] = []
-    lib_paths: list[str] = []
-    v = c.vendor
-    caps = c.caps if c.caps is not None else policy.nvidia_caps(req.env, warn)
-    drm = bool(caps & {"graphics", "display"})
-    for d in c.devices:
-        nodes.extend(_node(n) for n in d.nodes if drm or not n.path.startswith("/dev/dri/"))
-    channels = policy.imex_channels(req.env)
-    for n in v.control_nodes:
-        if n.path.startswith(IMEX_PREFIX) and channels is not None and int(n.path[len(IMEX_PREFIX) :]) not in channels:
-            continue
-        nodes.append(_node(n))
-    for lib in v.libraries:
-        cap = lib.capability
-        if cap in caps or cap in NVIDIA_DRIVER_ONLY_CAPS:
-            # from a driver root (the GPU Operator's, GKE's): at its path in the container
-            dest = v.container_path(lib.path)
-            mounts.append(Mount(_on_host(inv.root, lib.path), dest))
-            if lib.soname:
-                lib_paths.append(dest)
-            dev = NVIDIA_DEV_NAMES.get(lib.soname or "")
-            if dev:
-                mounts.append(Mount(_on_host(inv.root, lib.path), os.path.join(os.path.dirname(dest), dev)))
-    mounts.extend(
-        Mount(_on_host(inv.root, b), v.container_path(b))
-        for b in v.binaries
-        if NVIDIA_TOOLS.get(b.rpartition("/")[2], "utility") in caps
-    )
-    if "compute" in caps:
-        _mps(inv, req, v, config, mounts, warn)
-    return _Part(nodes, mounts, lib_paths)
-
-
-def _mps(inv: "Inventory", req: "Request", v: "VendorInventory", config, mounts: list, warn) -> None:
-    """The MPS control daemon's pipe directory, read-write, where the container's CUDA looks
-    for it (its CUDA_MPS_PIPE_DIRECTORY, else the default). Only where the node config names
-    it (mps_pipe_dir; unset: no MPS), never a path the container names; checked on every
-    create (plan/trusted.py: root's, no link, nobody else can write or swap it) and mounted
-    by its resolved path, the one checked."""
-    host_dir = getattr(config, "mps_pipe_dir", None)
-    if not host_dir:
-        return
-    from .trusted import trusted_dir
-
-    real, why = trusted_dir(inv.root, host_dir)
-    if real is None:
-        warn(f"mps_pipe_dir: {why}; MPS not mounted")
-        return
-    dest = defaults.MPS_PIPE_DIR
-    if policy.MPS_ENV in req.env:
-        dest = policy.container_dir(req.env[policy.MPS_ENV]) or dest
-        if dest != req.env[policy.MPS_ENV].rstrip("/"):
-            warn(
-                f"{policy.MPS_ENV}: {policy.show(req.env[policy.MPS_ENV])} is not a usable directory; "
-                "the MPS pipes are at /tmp/nvidia-mps"
-            )
-    mounts.append(Mount(real, dest, "bind", BIND_RW))

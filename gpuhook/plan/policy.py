@@ -1,8 +1,9 @@
-"""The inputs of the planner's policy, read and validated: pod annotations, the NVIDIA env
-contract, the node's round-robin memory and the kubelet's device allocations.
+"""The inputs of the planner's policy, read and validated: pod annotations, the node's
+round-robin memory (max-gpus) and the kubelet's device allocations (NVIDIA's env contract:
+plan/nvidia.py).
 
 gpuhook.plan decides what a container gets; this module only turns untrusted text (annotations,
-the image's env, the kubelet's checkpoint, gpuhook's own state file) into small values, and
+the kubelet's checkpoint, gpuhook's own state file) into small values, and
 says in words what it refused. It is on the per-container path: stdlib only, and nothing is
 imported that is not used (the lock and the JSON layer only when a state file is touched).
 
@@ -15,6 +16,7 @@ whole, with a warning, and the container gets what the node policy gives.
 import os
 import stat as _stat
 
+from .. import vendors as _vendors
 from ..record import Record
 
 PREFIX = "gpuhook.dev/"
@@ -22,22 +24,11 @@ INJECT = "gpuhook.dev/inject"
 VENDORS = "gpuhook.dev/vendors"
 MAX_GPUS = "gpuhook.dev/max-gpus"
 KNOWN_ANNOTATIONS = (INJECT, VENDORS, MAX_GPUS)
-VENDOR_NAMES = ("nvidia", "amd", "intel", "accel", "dxg")
-VENDOR_ALIASES = {"wsl": "dxg"}
+VENDOR_NAMES = _vendors.NAMES  # an older spelling (vendors.py's aliases) is read as the name
 FALSE = ("false", "0", "no", "off")
 TRUE = ("true", "1", "yes", "on")
 MAX_VALUE_LEN = 256
 MAX_GPUS_LIMIT = 1024
-
-# NVIDIA's env contract (nvidia-container-toolkit's names and vocabulary)
-VISIBLE_ENV = "NVIDIA_VISIBLE_DEVICES"
-CAPS_ENV = "NVIDIA_DRIVER_CAPABILITIES"
-IMEX_ENV = "NVIDIA_IMEX_CHANNELS"
-MPS_ENV = "CUDA_MPS_PIPE_DIRECTORY"
-ALL_CAPS = frozenset({"compute", "utility", "video", "graphics", "display", "ngx", "compat32"})
-DEFAULT_CAPS = frozenset({"utility", "compute"})
-# the NVIDIA device plugin's volume-mounts strategy: the ids are mount destinations under it
-VOLUME_MOUNTS_DIR = "/var/run/nvidia-container-devices"
 
 STATE_FILE = "gpu-usage.json"
 LOCK_FILE = "gpu-usage.lock"
@@ -107,7 +98,7 @@ def pod_policy(annotations: dict, warn) -> "PodPolicy":
             elif v not in TRUE:
                 warn(f"annotation {key}: {show(value)} is not true or false, ignored")
         elif key == VENDORS:
-            names = [VENDOR_ALIASES.get(t.strip(), t.strip()) for t in v.split(",") if t.strip()]
+            names = [_vendors.canonical(t.strip()) or t.strip() for t in v.split(",") if t.strip()]
             bad = [n for n in names if n not in VENDOR_NAMES]
             if bad or not names:
                 why = f"unknown vendor {show(bad[0])}" if bad else "no vendor named"
@@ -148,79 +139,6 @@ def pod_of(annotations: dict) -> dict:
 
 def pod_uid(annotations: dict) -> "str | None":
     return pod_of(annotations).get("pod_uid")
-
-
-# -- NVIDIA env contract ----------------------------------------------------------------
-
-
-class Visible(Record):
-    """mode: all (every GPU), none (driver files, no GPU), void (nothing), list (tokens)."""
-
-    mode: str
-    tokens: "tuple[str, ...]" = ()
-
-    __slots__ = ()
-
-
-def nvidia_visible(env: dict, mounts: tuple = ()) -> "Visible":
-    """NVIDIA_VISIBLE_DEVICES. Unset: every GPU (a gpu-optional container asks for what the
-    node has). Empty or "void": nothing at all. "none": driver files, no GPU. "all". Else a
-    comma-separated list of indices, UUIDs or UUID prefixes (the device plugin's envvar
-    strategy), or /var/run/nvidia-container-devices (its volume-mounts strategy: the ids
-    are the names of the spec's mounts under that directory)."""
-    if VISIBLE_ENV not in env:
-        return Visible("all")
-    value = env[VISIBLE_ENV].strip()
-    low = value.lower()
-    if low in ("", "void"):
-        return Visible("void")
-    if low in ("none", "all"):
-        return Visible(low)
-    if value.rstrip("/") == VOLUME_MOUNTS_DIR:
-        prefix = VOLUME_MOUNTS_DIR + "/"
-        tokens = tuple(m[len(prefix) :] for m in mounts if m.startswith(prefix) and "/" not in m[len(prefix) :])
-        return Visible("list", tokens) if tokens else Visible("void")
-    return Visible("list", tuple(t.strip() for t in value[:4096].split(",") if t.strip()))
-
-
-def nvidia_caps(env: dict, warn) -> frozenset:
-    """NVIDIA_DRIVER_CAPABILITIES: default utility,compute; "all"; unknown words are ignored."""
-    value = env.get(CAPS_ENV, "").strip().lower()
-    if not value:
-        return DEFAULT_CAPS
-    caps = set()
-    for t in value[:1024].split(","):
-        t = t.strip()
-        if t == "all":
-            return ALL_CAPS
-        if t in ALL_CAPS:
-            caps.add(t)
-        elif t:
-            warn(f"{CAPS_ENV}: unknown capability {show(t)} ignored")
-    return frozenset(caps) or DEFAULT_CAPS
-
-
-def imex_channels(env: dict) -> "frozenset | None":
-    """NVIDIA_IMEX_CHANNELS: None = every channel the node has; else the channel numbers."""
-    if IMEX_ENV not in env:
-        return None
-    value = env[IMEX_ENV].strip().lower()
-    if value == "all":
-        return None
-    return frozenset(
-        int(t) for t in value[:4096].split(",") if t.strip().isascii() and t.strip().isdigit() and len(t.strip()) < 7
-    )
-
-
-def container_dir(path: str) -> "str | None":
-    """A directory path the container names for itself (CUDA_MPS_PIPE_DIRECTORY): absolute,
-    normal, not / and not in /proc, /sys or /dev; None when it is not."""
-    if not path.startswith("/") or len(path) > 255 or "\0" in path:
-        return None
-    norm = os.path.normpath(path)
-    if norm != path.rstrip("/") or norm == "/" or norm.split("/")[1] in ("proc", "sys", "dev"):
-        return None
-    return norm
 
 
 # -- round robin -----------------------------------------------------------------------
@@ -294,7 +212,7 @@ def least_used(keys: "list[str]", n: int, state_dir: "str | None", warn) -> "lis
 
 # Whose GPUs a device plugin's resource hands out, by the resource name's prefix. An id under
 # one of these that gpuhook cannot map to a GPU of the node holds that vendor's GPUs back.
-GPU_RESOURCES = (("nvidia.com/", "nvidia"), ("amd.com/", "amd"), ("gpu.intel.com/", "intel"))
+GPU_RESOURCES = _vendors.gpu_resources()
 NVIDIA_REPLICA = "::"  # NVIDIA's time-slicing and MPS replicas: <id>::<n>
 AMD_SLICE = "-slice-"  # ROCm's time slices: <PCI address>-slice-<n>
 INTEL_MONITORING = "_monitoring"  # gpu.intel.com/i915_monitoring "all": telemetry, takes no GPU

@@ -1,9 +1,9 @@
 """A host directory gpuhook mounts read-write into containers (the MPS pipe directory): only
 one that no non-root user owns, can write, or can swap for another.
 
-trusted_dir(root, path) resolves the node path `path` under the host root `root` once,
-itself, one component at a time with lstat (links inside the root, as Host.resolve does),
-and checks every step on the way:
+trusted_dir(root, path) resolves the node path `path` under the host root `root` once, with
+probe/host.py's walk (one component at a time with lstat, links inside the root: Host.resolve's
+own), and checks every step on the way:
 
 - every directory passed through, from the real `/` down (the host root's own ancestors
   too), and every link followed, is owned by root (or by gpuhook's own user, for tests run
@@ -25,7 +25,7 @@ cached: the probe cache does not hold it.
 import os
 import stat
 
-_MAX_LINKS = 40
+from ..probe.host import MISSING, walk
 
 
 def _owner_ok(st: os.stat_result) -> bool:
@@ -60,47 +60,21 @@ def trusted_dir(root: str, path: str) -> "tuple[str | None, str | None]":
 
 
 def _trusted_dir(root: str, path: str) -> "tuple[str | None, str | None]":
-    base = "" if root == "/" else root.rstrip("/")
     for anc in _real_ancestors(root):
         why = _check_parent(anc, os.lstat(anc))
         if why:
             return None, f"{path}: the host root's {why}"
-    parts = [p for p in path.split("/") if p and p != "."]
-    done: list[str] = []
-    links = 0
-    last = None
-    while parts:
-        name = parts.pop(0)
-        if name == "..":
-            if done:
-                done.pop()
-            continue
-        cur = base + "/" + "/".join(done + [name])
-        try:
-            st = os.lstat(cur)
-        except FileNotFoundError:
-            return None, f"{path}: not there"
-        shown = "/" + "/".join(done + [name])
-        if stat.S_ISLNK(st.st_mode):
-            links += 1
-            if links > _MAX_LINKS:
-                return None, f"{path}: too many links"
-            if not _owner_ok(st):
-                return None, f"{path}: the link {shown} is owned by uid {st.st_uid}, not root"
-            target = os.readlink(cur)
-            if target.startswith("/"):
-                done = []
-            parts = [p for p in target.split("/") if p and p != "."] + parts
-            continue
-        if parts:
-            why = _check_parent(shown, st)
-            if why:
-                return None, f"{path}: {why}"
-        done.append(name)
-        last = st
+    w = walk(root, path, _check_step)
+    if w.stop == MISSING:
+        if not isinstance(w.error, FileNotFoundError):
+            raise w.error or OSError(path)
+        return None, f"{path}: not there"
+    if w.stop is not None:
+        return None, f"{path}: {w.stop}"
+    last, done = w.last, w.done
     if last is None or not done:
         return None, f"{path}: not a directory of its own"
-    real = base + "/" + "/".join(done)
+    real = ("" if root == "/" else root.rstrip("/")) + "/" + "/".join(done)
     shown = "/" + "/".join(done)
     if not stat.S_ISDIR(last.st_mode):
         return None, f"{path}: {shown} is not a directory"
@@ -116,3 +90,10 @@ def _trusted_dir(root: str, path: str) -> "tuple[str | None, str | None]":
     if (again.st_dev, again.st_ino) != (last.st_dev, last.st_ino):
         return None, f"{path}: changed while it was checked"
     return real, None
+
+
+def _check_step(shown: str, st: os.stat_result, more: bool) -> "str | None":
+    """Every link followed is root's; every directory passed through is _check_parent's."""
+    if stat.S_ISLNK(st.st_mode):
+        return None if _owner_ok(st) else f"the link {shown} is owned by uid {st.st_uid}, not root"
+    return _check_parent(shown, st) if more else None

@@ -4,6 +4,7 @@ Probing never decides what a container gets (that is gpuhook.plan); it only repo
 A vendor module that fails is reported as a warning: the probe itself never raises.
 """
 
+from .. import vendors as _vendors
 from ..inventory import Inventory
 
 # .host (Host) is imported by probe() itself: a create whose probe result is cached never needs it
@@ -11,21 +12,13 @@ TYPE_CHECKING = False  # mypy reads this name as typing.TYPE_CHECKING, without i
 if TYPE_CHECKING:
     from .host import Host
 
-# Where a GPU can show up: for each vendor, the signs (paths under the host root, a name may
-# end in `*` or `[0-9]*` as in sh) that it may be present. This one list gates both the C
-# front (gpuhook/runtime/gpuhook-runtime.c, which starts Python only when a sign is there;
-# tests/unit/test_front.py holds its copy equal) and probe(), which imports and runs a
-# vendor module only when one of its signs is there (this runs on every GPU container start).
-# probe/cache.py watches the directories they are in. Order matters only for display; a new
-# vendor is one new module and one line here.
-SIGNS = {
-    "nvidia": ("/dev/nvidiactl", "/dev/nvidia[0-9]*", "/proc/driver/nvidia/gpus/*"),
-    "amd": ("/dev/kfd", "/sys/class/kfd/kfd/topology/nodes", "/dev/dri/renderD*", "/sys/class/drm/renderD*"),
-    "intel": ("/dev/dri/renderD*", "/sys/class/drm/renderD*"),
-    "accel": ("/dev/accel/accel*", "/sys/class/accel/accel*"),
-    "wsl": ("/dev/dxg",),
-}
-VENDORS = tuple(SIGNS)
+# Where a GPU can show up: each vendor's signs (gpuhook/vendors.py, the one list). They gate
+# both the C front (its header is generated from SIGNS: it starts Python only when a sign is
+# there) and probe(), which imports and runs a vendor module only when one of its signs is
+# there (this runs on every GPU container start). probe/cache.py watches the directories they
+# are in.
+SIGNS = {v.name: v.signs for v in _vendors.VENDORS}
+VENDORS = _vendors.NAMES
 
 
 def sign_dirs() -> set[str]:
@@ -65,7 +58,7 @@ def probe(
     found = []
     for name in present(host, vendors) if signs else vendors or VENDORS:
         try:
-            module = __import__(f"{__name__}.{name}", fromlist=["probe"])
+            module = __import__(_vendors.BY_NAME[name].probe, fromlist=["probe"])
             inv = module.probe(host)
         except Exception as e:  # a broken vendor probe must not hide the others
             host.warn(f"{name} probe failed: {type(e).__name__}: {e}")

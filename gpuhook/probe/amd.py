@@ -112,38 +112,8 @@ def probe(host: Host) -> VendorInventory | None:
     every = drm_devices(host, drm_major)
     drm = [d for d in every if d.vendor_id == VENDOR_ID and d.driver == "amdgpu"]
     xcp = [d for d in every if is_xcp(d.sysfs) and d.render is not None]
-    by_minor = {d.render.minor: d for d in drm + xcp if d.render is not None}
-    by_pci = {d.pci: d for d in drm if d.pci}
     kfd = kfd_gpus(host)
-    addrs = [pci_address(p.get("domain", 0), p.get("location_id", 0)) for p in kfd]
-    physical = [a[:-1] + "0" for a in addrs]  # the function bits masked
-    devices: list[Device] = []
-    used: set[DrmDevice] = set()
-    ids: set[str] = set()
-    for props, addr, parent in zip(kfd, addrs, physical):
-        minor = props["drm_render_minor"]
-        partition = physical.count(parent) > 1
-        d = by_minor.get(minor) or (None if partition else by_pci.get(addr))
-        used.update(x for x in (d, by_pci.get(addr), by_pci.get(parent)) if x is not None)
-        render = d.render if d is not None and d.render is not None and d.render.minor == minor else None
-        if render is None:
-            render = device_node(host, f"/dev/dri/renderD{minor}", drm_major, minor, lazy=True)
-        card = d.card if d is not None and not partition else None
-        dev_id = addr if addr not in ids else f"{addr}/renderD{minor}"
-        ids.add(dev_id)
-        devices.append(
-            Device(
-                "amd",
-                "partition" if partition else "gpu",
-                len(devices),
-                dev_id,
-                tuple(n for n in (card, render) if n is not None),
-                parent if partition else addr,
-                model(props.get("device_id")),
-                "amdgpu",
-                parent if partition else None,
-            )
-        )
+    devices, used = _kfd_devices(host, kfd, drm, xcp, drm_major)
     for d in xcp:
         if d not in used:
             host.warn(
@@ -173,3 +143,40 @@ def probe(host: Host) -> VendorInventory | None:
             "AMD GPUs reported without the kfd control node (no compute)"
         )
     return VendorInventory("amd", tuple(devices), (kfd_dev,) if kfd_dev else ())
+
+
+def _kfd_devices(host: Host, kfd: list, drm: list, xcp: list, drm_major: int) -> "tuple[list[Device], set[DrmDevice]]":
+    """A Device for each GPU or partition the KFD topology lists, with its render node (and a
+    whole GPU's card); the DRM devices they took."""
+    by_minor = {d.render.minor: d for d in drm + xcp if d.render is not None}
+    by_pci = {d.pci: d for d in drm if d.pci}
+    addrs = [pci_address(p.get("domain", 0), p.get("location_id", 0)) for p in kfd]
+    physical = [a[:-1] + "0" for a in addrs]  # the function bits masked
+    devices: list[Device] = []
+    used: set[DrmDevice] = set()
+    ids: set[str] = set()
+    for props, addr, parent in zip(kfd, addrs, physical):
+        minor = props["drm_render_minor"]
+        partition = physical.count(parent) > 1
+        d = by_minor.get(minor) or (None if partition else by_pci.get(addr))
+        used.update(x for x in (d, by_pci.get(addr), by_pci.get(parent)) if x is not None)
+        render = d.render if d is not None and d.render is not None and d.render.minor == minor else None
+        if render is None:
+            render = device_node(host, f"/dev/dri/renderD{minor}", drm_major, minor, lazy=True)
+        card = d.card if d is not None and not partition else None
+        dev_id = addr if addr not in ids else f"{addr}/renderD{minor}"
+        ids.add(dev_id)
+        devices.append(
+            Device(
+                "amd",
+                "partition" if partition else "gpu",
+                len(devices),
+                dev_id,
+                tuple(n for n in (card, render) if n is not None),
+                parent if partition else addr,
+                model(props.get("device_id")),
+                "amdgpu",
+                parent if partition else None,
+            )
+        )
+    return devices, used

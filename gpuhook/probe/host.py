@@ -10,8 +10,66 @@ the file was expected); nothing here raises on bad host content.
 import os
 import stat as _stat
 
+from ..record import Record
+
 _MAX_LINKS = 40
 _MAX_READ = 1 << 20
+MISSING = "missing"
+LOOP = "too many links"
+
+
+class Walked(Record):
+    """Where a walk of a node path under a root stopped. done: the components resolved, from
+    the root down; rest: what was left when it stopped (the one not there first). stop: None
+    when every component resolved, MISSING (error: lstat's), LOOP, or what its check said.
+    escaped: a link climbed above the root. last: the lstat of the last component resolved."""
+
+    done: "list[str]"
+    rest: "list[str]"
+    stop: "str | None" = None
+    escaped: bool = False
+    last: "os.stat_result | None" = None
+    error: "OSError | None" = None
+
+    __slots__ = ()
+
+
+def walk(root: str, path: str, check=None) -> "Walked":
+    """Resolve the node path `path` under `root` the way chroot would: one component at a
+    time with lstat, every link followed inside the root (at most _MAX_LINKS). check(node
+    path, lstat, more), when given, sees each component found (a link before it is followed;
+    more: components follow it) and stops the walk with a reason, or None to go on."""
+    base = "" if root == "/" else root.rstrip("/")
+    parts = [p for p in path.split("/") if p and p != "."]
+    done: list[str] = []
+    links, escaped, last = 0, False, None
+    while parts:
+        name = parts.pop(0)
+        if name == "..":
+            if done:
+                done.pop()
+            elif links:
+                escaped = True
+            continue
+        shown = "/" + "/".join(done + [name])
+        try:
+            st = os.lstat(base + shown)
+        except OSError as e:
+            return Walked(done, [name, *parts], MISSING, escaped, last, e)
+        is_link = _stat.S_ISLNK(st.st_mode)
+        links += is_link
+        why = LOOP if links > _MAX_LINKS else check(shown, st, bool(parts)) if check else None
+        if why:
+            return Walked(done, [name, *parts], why, escaped, last)
+        if is_link:
+            target = os.readlink(base + shown)
+            if target.startswith("/"):
+                done = []
+            parts = [p for p in target.split("/") if p and p != "."] + parts
+            continue
+        done.append(name)
+        last = st
+    return Walked(done, [], None, escaped, last)
 
 
 class Host:
@@ -37,37 +95,9 @@ class Host:
         return self.root != "/" and self._walk(path)[1]
 
     def _walk(self, path: str) -> tuple[str, bool]:
-        parts = [p for p in path.split("/") if p and p != "."]
-        done: list[str] = []
-        links = 0
-        escaped = False
-        while parts:
-            name = parts.pop(0)
-            if name == "..":
-                if done:
-                    done.pop()
-                elif links:
-                    escaped = True
-                continue
-            cur = self.root + "/" + "/".join(done + [name])
-            try:
-                st = os.lstat(cur)
-            except OSError:
-                done.append(name)
-                done.extend(p for p in parts)
-                # the rest does not exist: keep it literal but normalise '..'
-                return self._join(done), escaped
-            if _stat.S_ISLNK(st.st_mode):
-                links += 1
-                if links > _MAX_LINKS:
-                    return self._join(done + [name] + parts), escaped
-                target = os.readlink(cur)
-                if target.startswith("/"):
-                    done = []
-                parts = [p for p in target.split("/") if p and p != "."] + parts
-                continue
-            done.append(name)
-        return self._join(done), escaped
+        w = walk(self.root, path)
+        # a missing component, or too many links: the rest is kept literal, '..' normalised
+        return self._join(w.done + w.rest), w.escaped
 
     def _join(self, parts: list[str]) -> str:
         out: list[str] = []

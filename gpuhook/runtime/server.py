@@ -5,8 +5,9 @@ every GPU container's create. A node may instead keep one interpreter warm:
 `gpuhook runtime-server`, started by systemd on its socket (systemd/gpuhook-runtime.socket)
 or by hand. The front (gpuhook-runtime.c) connects to <cache dir>/runtime.sock for each
 create, run or exec that needs Python; the server runs runtime.prepare, exactly what a fresh
-interpreter would run, in the caller's current directory, umask and command line, and answers
-with the argv the front then execs (or the exit status and the lines to print).
+interpreter would run, with the caller's current directory, umask and command line passed in
+(args.Call), and answers with the argv the front then execs (or the exit status and the
+lines to print).
 
 When there is no server, or it refuses, or does not answer within the front's deadline, the
 front starts Python itself: the server only ever saves time. Who the caller is, the server
@@ -21,15 +22,16 @@ environment and node config, never the request's: a request whose GPUHOOK_CONFIG
 GPUHOOK_CACHE_DIR is not the server's own gets "fallback" (the fresh interpreter, in the
 caller's own context, honours them); of the request's environment only CALLER_ENV is used.
 Past the front's deadline less a margin the front has started Python, so the request writes
-nothing (runtime.Abandoned). The create's log line travels in the answer and the front writes
+nothing (args.Abandoned). The create's log line travels in the answer and the front writes
 it: a server that dies before it answers has logged nothing, and the create is logged once.
 
 Requests are read concurrently (one selector): each connection has one deadline,
 REQUEST_TIMEOUT from its accept, for its whole request and answer, and a slow or silent
 client holds only its own connection. A whole request runs at once, one at a time in this
-thread: prepare changes the process's environment and current directory for the request, and
-~1-2 ms of work each leaves nothing to gain from threads under one interpreter lock. The
-socket is 0600 in a 0700 directory.
+thread (~1-2 ms of work each leaves nothing to gain from threads under one interpreter
+lock). No request changes the process: its environment, directory ("/"), umask and stderr
+stay the server's own; what a request needs is its args.Call, and what it says (the stderr
+text, the log line) comes back in its args.Answer. The socket is 0600 in a 0700 directory.
 
 The wire: NUL-terminated fields. Request: MAGIC, the front's umask, its deadline
 (CLOCK_MONOTONIC ns), the current directory, the number of env entries and the entries, the
@@ -40,19 +42,18 @@ The front acts on nothing but a reply whole and well-formed in every field.
 """
 
 import errno
-import io
 import os
 import selectors
 import signal
 import socket
 import struct
-import sys
 import time
 
-from .. import runtime
+from .. import vendors
 from ..config import cache_dir
 from ..defaults import BUNDLE_VERSIONS
-from . import EDITING_COMMANDS, parse_args, prepare
+from . import prepare
+from .args import EDITING_COMMANDS, Abandoned, Call, parse_args
 
 MAGIC = "gpuhook-runtime 3"
 SOCKET_NAME = "runtime.sock"  # in the cache dir (the front names it too: tests/unit/test_front.py)
@@ -63,9 +64,9 @@ MARGIN_NS = 1_000_000_000  # the server gives up this long before the front does
 FRONT = os.path.join("bin", "gpuhook-runtime")  # the front, in its installation's root
 # the subcommands the front brings here (delete it handles itself: it runs the runtime first)
 SERVED = EDITING_COMMANDS | {"exec"}
-# The environment a create reads (config.py, runtime, execenv). What chooses the files the
-# server reads and writes is its own: a request naming another value of these gets "fallback"
-# (a fresh interpreter honours them, as the caller's own process)...
+# The environment a create reads (config.py, runtime/). What chooses the files the server
+# reads and writes is its own: a request naming another value of these, or a relative one,
+# gets "fallback" (a fresh interpreter honours them, as the caller's own process)...
 OWN_ENV = ("GPUHOOK_CONFIG", "GPUHOOK_CACHE_DIR")
 # ...and these are the caller's: where its real runtime is on its PATH (the front execs what
 # the answer names), the $PWD its relative --root is read against, and GPUHOOK_STAGES (the
@@ -78,14 +79,12 @@ WARM = (
     "gpuhook.plan.policy",
     "gpuhook.probe.cache",
     "gpuhook.probe.host",
-    "gpuhook.probe.nvidia",
-    "gpuhook.probe.amd",
-    "gpuhook.probe.intel",
-    "gpuhook.probe.accel",
-    "gpuhook.probe.wsl",
+    *vendors.warm_up(),
     "gpuhook.spec",
     "gpuhook.fastjson",
-    "gpuhook.runtime.execenv",
+    "gpuhook.runtime.create",
+    "gpuhook.runtime.exec",
+    "gpuhook.runtime.logline",
 )
 
 
@@ -214,58 +213,36 @@ def refusal(peer: Peer | None, own: Installation) -> bytes | None:
     return None
 
 
+def call_of(req: Request) -> Call | None:
+    """The call a request is, with CALLER_ENV of its environment alone; None for one this
+    server does not run: its OWN_ENV not the server's own (or relative: then another file in
+    the caller's directory), its directory not one, its subcommand not SERVED."""
+    for name in OWN_ENV:
+        value = req.env.get(name) or ""
+        if value != (os.environ.get(name) or "") or (value and not value.startswith("/")):
+            return None
+    if not os.path.isdir(req.cwd) or parse_args(req.argv, req.cwd).command not in SERVED:
+        return None
+    env = {name: req.env[name] for name in CALLER_ENV if name in req.env}
+    return Call(env, req.cwd, req.umask, req.deadline_ns - MARGIN_NS, in_server=True)
+
+
 def handle(req: Request, own: Installation) -> bytes:
-    """Run the create path for one request (of a caller refusal() let through), in its
-    directory, umask and CALLER_ENV."""
+    """Run the create path for one request (of a caller refusal() let through), as its call
+    (call_of): its directory, umask, CALLER_ENV and deadline are passed in, never set here."""
     if time.monotonic_ns() > req.deadline_ns - MARGIN_NS:
         return _reply("fallback")
-    if any((req.env.get(name) or "") != (os.environ.get(name) or "") for name in OWN_ENV):
+    call = call_of(req)
+    if call is None:
         return _reply("fallback")
-    if parse_args(req.argv).command not in SERVED:
-        return _reply("fallback")
-    saved_env, saved_stderr = {name: os.environ.get(name) for name in CALLER_ENV}, sys.stderr
-    err = io.StringIO()
     try:
-        os.chdir(req.cwd)
-    except OSError:
+        answer = prepare(list(req.argv), call)
+    except (Exception, Abandoned):  # a bug here, or nobody waiting: Python runs it afresh
         return _reply("fallback")
-    for name in CALLER_ENV:
-        _set_env(name, req.env.get(name))
-    sys.stderr = err
-    saved_umask = os.umask(req.umask)
-    runtime.DEADLINE_NS = req.deadline_ns - MARGIN_NS
-    logged: list[tuple[str, bytes]] = []
-    runtime.DEFERRED_LOG = logged
-    try:
-        try:
-            argv = prepare(list(req.argv))
-            return _reply("exec", err.getvalue(), *_log_fields(logged), *argv)
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
-            return _reply("exit", str(code), err.getvalue(), *_log_fields(logged))
-    except (Exception, runtime.Abandoned):  # a bug here, or nobody waiting: Python runs it afresh
-        return _reply("fallback")
-    finally:
-        runtime.DEADLINE_NS = runtime.DEFERRED_LOG = None
-        os.umask(saved_umask)
-        sys.stderr = saved_stderr
-        for name, value in saved_env.items():
-            _set_env(name, value)
-        os.chdir("/")
-
-
-def _set_env(name: str, value: str | None) -> None:
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
-
-
-def _log_fields(logged: list[tuple[str, bytes]]) -> tuple[str | bytes, ...]:
-    """The log file and the create's line, for the front to write ("" and "": none)."""
-    if len(logged) > 1:
-        raise ValueError("more than one log line for one create")
-    return logged[0] if logged else ("", b"")
+    log = answer.log or ("", b"")
+    if answer.argv is None:
+        return _reply("exit", str(answer.status), answer.said, *log)
+    return _reply("exec", answer.said, *log, *answer.argv)
 
 
 def listening_socket() -> socket.socket:
@@ -317,8 +294,93 @@ class Connection:
         self.out: bytes | None = None
 
 
-def serve(sock: socket.socket) -> None:
-    """Answer requests until its installation changes under it (a stale request)."""
+class Loop:
+    """The connections being read and answered at once (one selector, this one thread)."""
+
+    def __init__(self, sock: socket.socket, own: Installation):
+        self.sock, self.own = sock, own
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(sock, selectors.EVENT_READ)
+        self.open: dict[int, Connection] = {}
+        self.stale = False  # a caller found this installation changed: the server goes
+
+    def close(self, c: Connection) -> None:
+        self.sel.unregister(c.sock)
+        del self.open[c.sock.fileno()]
+        c.sock.close()
+
+    def answer(self, c: Connection, reply: bytes) -> None:
+        c.out = reply
+        self.sel.modify(c.sock, selectors.EVENT_WRITE, c)
+        self.send(c)
+
+    def send(self, c: Connection) -> None:
+        out = c.out or b""
+        try:
+            n = c.sock.send(out, socket.MSG_NOSIGNAL)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            return self.close(c)
+        c.out = out[n:]
+        if not c.out:
+            self.close(c)
+
+    def accept(self) -> None:
+        """Every connection waiting; one of a caller refusal() refuses is answered at once."""
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # none left (BlockingIOError), or out of fds: the backlog waits
+                return
+            conn.setblocking(False)
+            c = Connection(conn, time.monotonic() + REQUEST_TIMEOUT)
+            self.open[conn.fileno()] = c
+            self.sel.register(conn, selectors.EVENT_READ, c)
+            try:
+                reply = refusal(peer_of(conn), self.own) if len(self.open) <= MAX_CONNECTIONS else _reply("fallback")
+            except OSError:
+                reply = _reply("fallback")
+            if reply is not None:
+                self.stale = self.stale or reply.startswith(b"stale\0")
+                self.answer(c, reply)
+
+    def read(self, c: Connection) -> None:
+        """More of a request; a whole one (the caller's end shut) is run now."""
+        try:
+            chunk = c.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            return self.close(c)
+        c.size += len(chunk)
+        if c.size > MAX_REQUEST:
+            self.answer(c, _reply("fallback"))
+        elif chunk:
+            c.chunks.append(chunk)
+        else:
+            req = parse_request(b"".join(c.chunks))
+            self.answer(c, handle(req, self.own) if req is not None else _reply("fallback"))
+
+    def turn(self) -> None:
+        """What is ready, once; then the connections past their deadline are closed."""
+        wait = min((c.deadline for c in self.open.values()), default=None)
+        for key, _mask in self.sel.select(None if wait is None else max(0.0, wait - time.monotonic())):
+            c = key.data
+            if key.fileobj is self.sock:
+                self.accept()
+            elif c.sock.fileno() in self.open:
+                if c.out is not None:
+                    self.send(c)
+                else:
+                    self.read(c)
+        now = time.monotonic()
+        for c in [c for c in self.open.values() if c.deadline <= now]:
+            self.close(c)
+
+
+def warm() -> None:
+    """Import what a create may import, before the first request."""
     import importlib
 
     for name in WARM:
@@ -326,84 +388,15 @@ def serve(sock: socket.socket) -> None:
             importlib.import_module(name)
         except ImportError:
             pass
-    own = Installation()
-    runtime.IN_SERVER = True
+
+
+def serve(sock: socket.socket) -> None:
+    """Answer requests until its installation changes under it (a stale request). The
+    process's environment, directory and umask are never changed for a request: its
+    directory is "/" throughout (it holds no other)."""
+    warm()
+    loop = Loop(sock, Installation())
     os.chdir("/")
     sock.setblocking(False)
-    sel = selectors.DefaultSelector()
-    sel.register(sock, selectors.EVENT_READ)
-    open_: dict[int, Connection] = {}
-
-    def close(c: Connection) -> None:
-        sel.unregister(c.sock)
-        del open_[c.sock.fileno()]
-        c.sock.close()
-
-    def answer(c: Connection, reply: bytes) -> None:
-        c.out = reply
-        sel.modify(c.sock, selectors.EVENT_WRITE, c)
-        send(c)
-
-    def send(c: Connection) -> None:
-        out = c.out or b""
-        try:
-            n = c.sock.send(out, socket.MSG_NOSIGNAL)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            return close(c)
-        c.out = out[n:]
-        if not c.out:
-            close(c)
-
-    while True:
-        wait = min((c.deadline for c in open_.values()), default=None)
-        events = sel.select(None if wait is None else max(0.0, wait - time.monotonic()))
-        stale = False
-        for key, _mask in events:
-            if key.fileobj is sock:
-                while True:
-                    try:
-                        conn, _ = sock.accept()
-                    except (BlockingIOError, InterruptedError):
-                        break
-                    except OSError:  # out of fds: the backlog waits for a connection to end
-                        break
-                    conn.setblocking(False)
-                    c = Connection(conn, time.monotonic() + REQUEST_TIMEOUT)
-                    open_[conn.fileno()] = c
-                    sel.register(conn, selectors.EVENT_READ, c)
-                    try:
-                        reply = refusal(peer_of(conn), own) if len(open_) <= MAX_CONNECTIONS else _reply("fallback")
-                    except OSError:
-                        reply = _reply("fallback")
-                    if reply is not None:
-                        stale = stale or reply.startswith(b"stale\0")
-                        answer(c, reply)
-                continue
-            c = key.data
-            if c.sock.fileno() not in open_:
-                continue
-            if c.out is not None:
-                send(c)
-                continue
-            try:
-                chunk = c.sock.recv(65536)
-            except (BlockingIOError, InterruptedError):
-                continue
-            except OSError:
-                close(c)
-                continue
-            c.size += len(chunk)
-            if c.size > MAX_REQUEST:
-                answer(c, _reply("fallback"))
-            elif chunk:
-                c.chunks.append(chunk)
-            else:  # the whole request: run now
-                req = parse_request(b"".join(c.chunks))
-                answer(c, handle(req, own) if req is not None else _reply("fallback"))
-        if stale:
-            return
-        now = time.monotonic()
-        for c in [c for c in open_.values() if c.deadline <= now]:
-            close(c)
+    while not loop.stale:
+        loop.turn()

@@ -249,26 +249,54 @@ def nvidia(
     running driver (the least a container that asks for compute needs: plan.unusable);
     userspace=False leaves that out too: a node with no driver userspace on the host."""
     minors = minors if minors is not None else list(reversed(range(gpus)))
+    _nvidia_nodes(fh, driver, minors[:gpus], model, graphics=graphics, uvm_node=uvm_node, imex=bool(imex_channels))
+    fh.proc_devices()
+    if mig:
+        nvidia_mig(fh, minors[0], {1: [0], 2: [0, 1]}, gpus=max(minors) + 1)
+    _nvidia_extras(
+        fh,
+        driver,
+        nvswitch,
+        imex_channels,
+        firmware=firmware,
+        persistenced=persistenced,
+        fabricmanager=fabricmanager,
+        mps=mps,
+    )
+    if libs:
+        nvidia_userspace(fh, driver, video=video, graphics=graphics, stale=stale, mps=mps)
+    elif userspace:
+        fh.library(HOST_LIBDIR, "libcuda.so.1", driver)
+
+
+def _nvidia_nodes(
+    fh: FakeHost, driver: str, minors: list[int], model: str, *, graphics: bool, uvm_node: bool, imex: bool
+) -> None:
+    """The kernel module's majors and version file; per GPU (of Device Minor `minors[i]`)
+    its /proc information, PCI device and /dev node (DRM card/render nodes with graphics);
+    nvidiactl and the nvidia-uvm nodes (when uvm_node)."""
     fh.majors.update({"nvidia-frontend": NVIDIA_MAJOR, "nvidia-uvm": 510, "nvidia-caps": 235, "nvidia-nvswitch": 511})
-    if imex_channels:
+    if imex:
         fh.majors["nvidia-caps-imex-channels"] = 234
+    if graphics:
+        fh.majors["drm"] = DRM_MAJOR
     fh.file(
         "/proc/driver/nvidia/version",
         f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {driver}  Thu Feb 22 01:44:30 UTC 2024\n"
         "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n",
     )
-    for i in range(gpus):
+    for i, minor in enumerate(minors):
         bdf = f"0000:{0x18 + 0x10 * i:02x}:00.0"
         uuid = f"GPU-{i:08x}-1111-2222-3333-{0x444444444444 + i:012x}"
         fh.file(
             f"/proc/driver/nvidia/gpus/{bdf}/information",
             f"Model: \t\t {model}\nIRQ:   \t\t {100 + i}\nGPU UUID: \t {uuid}\n"
             f"Video BIOS: \t 96.00.99.00.01\nBus Type: \t PCIe\nDMA Size: \t 52 bits\n"
-            f"DMA Mask: \t 0xfffffffffffff\nBus Location: \t {bdf}\nDevice Minor: \t {minors[i]}\n"
+            f"DMA Mask: \t 0xfffffffffffff\nBus Location: \t {bdf}\nDevice Minor: \t {minor}\n"
             "GPU Firmware: \t 550.54.14\nGPU Excluded:\t No\n",
         )
         path = fh.pci_device(bdf, 0x10DE, 0x2330, "nvidia", 0x030200)
-        fh.chardev(f"/dev/nvidia{minors[i]}", NVIDIA_MAJOR, minors[i])
+        fh.chardev(f"/dev/nvidia{minor}", NVIDIA_MAJOR, minor)
         if graphics:
             fh.drm(path, f"card{i + 1}", i + 1)
             fh.drm(path, f"renderD{128 + i}", 128 + i)
@@ -276,11 +304,20 @@ def nvidia(
     if uvm_node:
         fh.chardev("/dev/nvidia-uvm", 510, 0)
         fh.chardev("/dev/nvidia-uvm-tools", 510, 1)
-    if graphics:
-        fh.majors["drm"] = DRM_MAJOR
-    fh.proc_devices()
-    if mig:
-        nvidia_mig(fh, minors[0], {1: [0], 2: [0, 1]}, gpus=max(minors) + 1)
+
+
+def _nvidia_extras(
+    fh: FakeHost,
+    driver: str,
+    nvswitch: int,
+    imex_channels: int,
+    *,
+    firmware: bool,
+    persistenced: bool,
+    fabricmanager: bool,
+    mps: bool,
+) -> None:
+    """What nvidia()'s keywords of the same names add beside the GPUs."""
     if nvswitch:
         fh.chardev("/dev/nvidia-nvswitchctl", 511, 255)
         for i in range(nvswitch):
@@ -303,10 +340,6 @@ def nvidia(
         else:
             fh.file(f"{mps_dir}/control", "")
         fh.file(f"{mps_dir}/log/control.log", "")
-    if libs:
-        nvidia_userspace(fh, driver, video=video, graphics=graphics, stale=stale, mps=mps)
-    elif userspace:
-        fh.library(HOST_LIBDIR, "libcuda.so.1", driver)
 
 
 HOST_LIBDIR = "/usr/lib/x86_64-linux-gnu"

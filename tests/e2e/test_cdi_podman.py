@@ -7,63 +7,21 @@ import json
 import os
 import shutil
 import subprocess
-import sys
-import uuid
 
-import pytest
 
-from conftest import REPO, is_root, nodes_of, requires
+from conftest import NO_CONFIG, gpuhook, is_root, nodes_of, requires
 from gpuhook.testing import bundle
+from podman_cdi import CDI_DIR, PODMAN
 from gpuhook import cdi
 from gpuhook.probe import ldcache
 
 pytestmark = requires(bool(is_root() and shutil.which("podman") and shutil.which("runc") and bundle.find_busybox()),
                       "needs root, podman, runc and busybox-static (make test sets them up)")
 
-# podman 4.3 reads CDI specs from /etc/cdi and /var/run/cdi only (no --cdi-spec-dir yet)
-CDI_DIR = "/var/run/cdi"
-PODMAN = ["podman", "--runtime", "runc", "run", "--rm", "--network", "none",
-          # the default RLIMIT_NOFILE is over this machine's hard limit (docs/real-runtimes.md)
-          "--ulimit", "nofile=20000:20000", "--ulimit", "nproc=4096:4096"]
 SHOW = ("for n in /dev/nvidia*; do stat -c 'node %n %t:%T' $n; done; "
         "echo accel=$GPUHOOK_ACCELERATOR; echo devices=$GPUHOOK_DEVICES; "
         "for n in /dev/nvidia[0-9]*; do cat $n >/dev/null 2>/tmp/err; echo open $n: $(cat /tmp/err); done; "
         "grep -E 'libcuda|libnvidia-ml' /proc/self/mountinfo | while read a b c d e f g; do echo mount $e $f; done; true")
-
-
-def gpuhook(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpuhook", *args], capture_output=True, text=True, cwd=REPO,
-                          env=dict(os.environ, GPUHOOK_CONFIG="/nonexistent/gpuhook.toml"), timeout=120)
-
-
-@pytest.fixture
-def cdi_specs(tmp_path):
-    """install(paths) copies spec files into /var/run/cdi under names of this test's own;
-    everything is removed at the end (and /var/run/cdi when the test made it)."""
-    made_dir = not os.path.isdir(CDI_DIR)
-    tag = f"gpuhook-test-{uuid.uuid4().hex[:8]}-"
-    placed = []
-
-    def install(paths):
-        os.makedirs(CDI_DIR, exist_ok=True)
-        for name in os.listdir(CDI_DIR):  # another gpuhook spec there would clash with ours
-            assert not cdi.ours(name), f"{CDI_DIR}/{name}: a gpuhook spec is installed on this machine"
-        for p in paths:
-            dst = os.path.join(CDI_DIR, tag + os.path.basename(p))
-            shutil.copy(p, dst)
-            placed.append(dst)
-
-    yield install
-    for p in placed:
-        try:
-            os.unlink(p)
-        except FileNotFoundError:
-            pass
-    if made_dir:
-        try:
-            os.rmdir(CDI_DIR)
-        except OSError:
-            pass
 
 
 def podman(rootfs: str, *devices: str) -> subprocess.CompletedProcess:
@@ -80,7 +38,7 @@ def test_podman_runs_devices_from_the_generated_specs(make_host, tmp_path, cdi_s
     # the fake host's files are what podman must use: --spec-root points the host paths at them
     for out, fmt in ((out_yaml, "yaml"), (out_json, "json")):
         r = gpuhook("cdi", "generate", "--root", root, "--spec-root", root, "--output-dir", str(out),
-                    "--format", fmt, "--ldconfig", cdi.find_ldconfig() or "/sbin/ldconfig")
+                    "--format", fmt, "--ldconfig", cdi.find_ldconfig() or "/sbin/ldconfig", config=NO_CONFIG)
         assert r.returncode == 0, r.stderr
     cdi_specs([str(out_yaml / "gpuhook.dev-nvidia.yaml"), str(out_json / "gpuhook.dev-gpu.json")])
 
@@ -129,10 +87,10 @@ def test_podman_43_and_the_cdi_version_cap(make_host, tmp_path, cdi_specs):
     rootfs = str(tmp_path / "rootfs")
     bundle.make_rootfs(rootfs)
     full, capped = tmp_path / "full", tmp_path / "capped"
-    r = gpuhook("cdi", "generate", "--root", root, "--spec-root", root, "--output-dir", str(full), "--kind", "amd")
+    r = gpuhook("cdi", "generate", "--root", root, "--spec-root", root, "--output-dir", str(full), "--kind", "amd", config=NO_CONFIG)
     assert r.returncode == 0, r.stderr
     r = gpuhook("cdi", "generate", "--root", root, "--spec-root", root, "--output-dir", str(capped), "--kind", "amd",
-                "--max-cdi-version", "0.5.0", "--format", "json")
+                "--max-cdi-version", "0.5.0", "--format", "json", config=NO_CONFIG)
     assert r.returncode == 0, r.stderr
     spec = json.load(open(capped / "gpuhook.dev-amd.json"))
     assert spec["cdiVersion"] == "0.5.0"

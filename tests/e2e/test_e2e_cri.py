@@ -7,66 +7,15 @@ The handler is written into the harness's config.toml here; the installer (`gpuh
 
 from __future__ import annotations
 
-import json
 import os
-import uuid
 
 import pytest
 
-from conftest import needs_cri, nodes_of, wrapper_path
-from containerd_harness import CRI_NAMESPACE, IMAGE_NAME
+from conftest import gpuhook, needs_cri, nodes_of, records, wrapper_path
+from containerd_harness import IMAGE_NAME
+from kubelet import HANDLER, LIBDIR, SHOW, Kubelet
 
 pytestmark = needs_cri
-
-HANDLER = "gpu-optional"
-LIBDIR = "/usr/lib/x86_64-linux-gnu"
-SHOW = ("for n in /dev/nvidia*; do [ -e $n ] && stat -c 'node %n %t:%T %F' $n; done; "
-        "env | grep -E '^(GPUHOOK_|POD_)' | sort; echo accel=${GPUHOOK_ACCELERATOR:-none}; "
-        "cat /dev/nvidia0 >/dev/null 2>/tmp/err && echo open ok || echo open: $(cat /tmp/err); "
-        "grep -E 'libcuda' /proc/self/mountinfo | while read a b c d e f g; do echo mount $e $f; done; "
-        "grep -c libcuda.so.1 /etc/ld.so.cache 2>/dev/null || echo ldcache-none; true")
-
-
-class Kubelet:
-    """Just enough of kubelet: pods with host network, each in a cgroup parent of its own,
-    containers whose output goes to CRI log files that this class reads back."""
-
-    def __init__(self, ctd, client, tmp_path) -> None:
-        self.ctd = ctd
-        self.cri = client
-        self.logs = tmp_path / "pod-logs"
-
-    def run_pod(self, name: str, handler: str = HANDLER, annotations: dict | None = None):
-        cgroup_parent = f"/gpuhook-test-{uuid.uuid4().hex[:12]}"
-        self.ctd.cgroup_parents.append(cgroup_parent)
-        log_dir = self.logs / name
-        log_dir.mkdir(parents=True, exist_ok=True)
-        config = self.cri.sandbox_config(name, log_directory=str(log_dir), cgroup_parent=cgroup_parent,
-                                         annotations=annotations)
-        return self.cri.run_pod_sandbox(config, handler), config
-
-    def run_to_completion(self, pod_id: str, config, name: str, script: str, timeout: float = 30):
-        """Create, start and wait for a container; (its ContainerStatus, its output)."""
-        cid = self.cri.create_container(pod_id, config, name, IMAGE_NAME, command=["sh", "-c", script],
-                                        log_path=f"{name}/0.log", env={"POD_CONTAINER": name})
-        self.cri.start_container(cid)
-        status = self.cri.wait_exited(cid, timeout)
-        return status, self.read_log(status.log_path)
-
-    def read_log(self, path: str) -> str:
-        """A CRI log file: `<time> <stream> <P|F> <text>` lines; the text, joined back."""
-        out = []
-        with open(path) as f:
-            for line in f:
-                ts, stream, tag, text = (line.rstrip("\n").split(" ", 3) + [""])[:4]
-                out.append(text if tag == "F" else text + "\0")
-        return "\n".join(out).replace("\0\n", "")
-
-    def bundle_spec(self, cid: str) -> dict:
-        path = os.path.join(self.ctd.state, "io.containerd.runtime.v2.task", CRI_NAMESPACE, cid, "config.json")
-        with open(path) as f:
-            return json.load(f)
-
 
 @pytest.fixture
 def kubelet(make_host, runtime, containerd, cri_stubs, tmp_path):
@@ -85,10 +34,6 @@ def kubelet(make_host, runtime, containerd, cri_stubs, tmp_path):
 
 
 POD_KEYS = ("pod_namespace", "pod_name", "pod_uid", "container_name")
-
-
-def records(rt, cid: str) -> list[dict]:
-    return [rec for rec in rt.log_records() if rec["container_id"] == cid]
 
 
 def test_gpu_optional_pod_gets_the_hosts_gpus(kubelet):
@@ -197,24 +142,16 @@ def test_installed_handler_through_cri_then_uninstalled(make_host, runtime, cont
     by `gpuhook install --runtime containerd --restart none`, BinaryName at /opt/gpuhook (the
     host bundle, bind-mounted there for containerd only); after `gpuhook uninstall` and a
     restart, the handler is gone."""
-    import subprocess
-    import sys
-
     import cri_client
     import grpc
 
     node = tmp_path / "node"
     config = node / "etc" / "containerd" / "config.toml"
 
-    def gpuhook(*args):
-        r = subprocess.run([sys.executable, "-m", "gpuhook", *args, "--host-root", str(node)],
-                           capture_output=True, text=True, timeout=120)
-        assert r.returncode == 0, r.stderr
-        return r.stdout
-
     def install(path):
         original[0] = open(path, "rb").read()
-        gpuhook("install", "--runtime", "containerd", "--restart", "none", "--bundle-dir", real_bundle)
+        gpuhook("install", "--runtime", "containerd", "--restart", "none", "--bundle-dir", real_bundle, "--host-root", node,
+                check=True)
 
     original = [b""]
     rt = runtime(make_host("nvidia", mknod=True))
@@ -242,7 +179,7 @@ def test_installed_handler_through_cri_then_uninstalled(make_host, runtime, cont
     assert r.exit_code == 0 and r.stdout.decode().split() == ["nvidia"], r
 
     client.remove_all()
-    gpuhook("uninstall", "--runtime", "containerd", "--restart", "none")
+    gpuhook("uninstall", "--runtime", "containerd", "--restart", "none", "--host-root", node, check=True)
     assert config.read_bytes() == original[0]
     ctd.restart()  # the gRPC channel reconnects by itself
     client.wait_image(IMAGE_NAME)

@@ -64,7 +64,7 @@ def render() -> list[dict]:
         r = subprocess.run(["kubectl", "kustomize", DAEMONSET_DIR], capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
         return [d for d in yaml.safe_load_all(r.stdout) if d]
-    from test_install import kustomize
+    from manifests import kustomize
 
     return kustomize()
 

@@ -23,12 +23,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 
 
-from conftest import REPO, is_root, nodes_of, requires
+from conftest import gpuhook, is_root, nodes_of, requires
 from containerd_harness import Supervised, containerd_config, cri_runtimes
 from gpuhook.testing import bundle
 
@@ -53,13 +51,6 @@ services:
 pytestmark = requires(bool(is_root() and not docker_harness.missing_tools() and bundle.find_busybox()),
                       "needs root, Debian's docker.io (dockerd, docker), containerd, runc and busybox-static "
                       f"(make deps installs them); missing: {', '.join(docker_harness.missing_tools()) or 'none'}")
-
-
-def gpuhook(*args) -> str:
-    r = subprocess.run([sys.executable, "-m", "gpuhook", *map(str, args)], cwd=REPO, capture_output=True, text=True,
-                       timeout=300, stdin=subprocess.DEVNULL)
-    assert r.returncode == 0, f"exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
-    return r.stdout
 
 
 def runtimes(d: docker_harness.Dockerd) -> dict:
@@ -99,7 +90,7 @@ def test_docker_run_gets_the_gpus_through_the_installed_runtime(tmp_path, make_h
 
     # 1. install, and dockerd reloads on SIGHUP
     out = gpuhook("install", "--host-root", node, "--runtime", "docker", "--bundle-dir", real_bundle,
-                  "--restart", "signal")
+                  "--restart", "signal", check=True, timeout=300).stdout
     assert f"restart: sent SIGHUP to dockerd (pid {d.pid})" in out, out
     doc = json.loads(daemon_json.read_text())
     assert list(doc) == list(d.settings()) + ["runtimes"]
@@ -150,7 +141,7 @@ def test_docker_run_gets_the_gpus_through_the_installed_runtime(tmp_path, make_h
     assert rt.log_records()[-1]["decision"] == "no-gpu"
 
     # 3. uninstall: the bytes back, the runtime gone from the live daemon, the container kept
-    out = gpuhook("uninstall", "--host-root", node, "--restart", "signal", "--keep-bundle")
+    out = gpuhook("uninstall", "--host-root", node, "--restart", "signal", "--keep-bundle", check=True, timeout=300).stdout
     assert "original restored byte for byte" in out and f"sent SIGHUP to dockerd (pid {d.pid})" in out
     assert daemon_json.read_bytes() == original
     assert d.proc.poll() is None
@@ -182,13 +173,13 @@ def test_uninstall_reload_drops_the_runtime_when_the_file_keeps_runtimes(tmp_pat
     d.start()
     d.import_busybox(IMAGE)
     assert "plain-runc" in runtimes(d) and "gpu-optional" not in runtimes(d)
-    gpuhook("install", "--host-root", node, "--runtime", "docker", "--bundle-dir", real_bundle, "--restart", "signal")
+    gpuhook("install", "--host-root", node, "--runtime", "docker", "--bundle-dir", real_bundle, "--restart", "signal", check=True, timeout=300)
     wait_for(lambda: "gpu-optional" in runtimes(d), "dockerd lists the gpu-optional runtime")
     assert json.loads(daemon_json.read_text())["runtimes"] == {"plain-runc": {"path": "/usr/bin/runc"},
                                                                "gpu-optional": {"path": BINARY}}
     r = d.docker("run", "--rm", "--runtime", "gpu-optional", "--network", "none", IMAGE, "sh", "-c", SHOW)
     assert nodes_of(r.stdout)["/dev/nvidia1"] == (195, 1) and "accel=nvidia" in r.stdout
-    out = gpuhook("uninstall", "--host-root", node, "--restart", "signal")
+    out = gpuhook("uninstall", "--host-root", node, "--restart", "signal", check=True, timeout=300).stdout
     assert "original restored byte for byte" in out and "now has no" not in out
     assert daemon_json.read_bytes() == original
     wait_for(lambda: "gpu-optional" not in runtimes(d), "dockerd drops the gpu-optional runtime")
@@ -221,12 +212,12 @@ def test_docker_and_containerd_side_by_side(tmp_path, make_host, runtime, real_b
     try:
         assert "gpu-optional" not in cri_runtimes(sup.booted(1))
         gpuhook("install", "--host-root", node, "--runtime", "containerd", "--bundle-dir", real_bundle,
-                "--restart", "signal")
+                "--restart", "signal", check=True, timeout=300)
         assert "gpu-optional:{Type:io.containerd.runc.v2" in cri_runtimes(sup.booted(2))
         assert "gpu-optional" not in runtimes(d)
 
         (node / "var" / "lib" / "kubelet").mkdir(parents=True)
-        out = gpuhook("install", "--host-root", node, "--bundle-dir", real_bundle, "--restart", "signal")
+        out = gpuhook("install", "--host-root", node, "--bundle-dir", real_bundle, "--restart", "signal", check=True, timeout=300).stdout
         assert ("runtime auto: found dockerd (/etc/docker/daemon.json); containerd (/etc/containerd/config.toml); "
                 "a kubelet (/var/lib/kubelet): installing for containerd, the kubelet's runtime, and dockerd "
                 "beside it") in out, out
@@ -235,7 +226,7 @@ def test_docker_and_containerd_side_by_side(tmp_path, make_host, runtime, real_b
         wait_for(lambda: "gpu-optional" in runtimes(d), "dockerd lists the gpu-optional runtime")
         assert len(sup.runs) == 2  # containerd's config unchanged: not restarted
 
-        out = gpuhook("uninstall", "--host-root", node, "--runtime", "containerd", "--restart", "signal")
+        out = gpuhook("uninstall", "--host-root", node, "--runtime", "containerd", "--restart", "signal", check=True, timeout=300).stdout
         assert "kept for docker (still installed)" in out, out
         assert ctd_toml.read_bytes() == ctd_original
         assert "gpu-optional" not in cri_runtimes(sup.booted(3))
@@ -243,7 +234,7 @@ def test_docker_and_containerd_side_by_side(tmp_path, make_host, runtime, real_b
         r = d.docker("run", "--rm", "--runtime", "gpu-optional", "--network", "none", IMAGE, "sh", "-c", SHOW)
         assert nodes_of(r.stdout)["/dev/nvidia1"] == (195, 1) and "accel=nvidia" in r.stdout, r.stdout
 
-        out = gpuhook("uninstall", "--host-root", node, "--restart", "signal")
+        out = gpuhook("uninstall", "--host-root", node, "--restart", "signal", check=True, timeout=300).stdout
         assert "runtime docker" in out.splitlines()[0], out
         assert daemon_json.read_bytes() == docker_original
         wait_for(lambda: "gpu-optional" not in runtimes(d), "dockerd drops the gpu-optional runtime")

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tomllib
 
-from conftest import REPO, is_root, nodes_of, requires
+from conftest import REPO, gpuhook, is_root, nodes_of, ok, requires
 from gpuhook import __version__, modstore
 from gpuhook.testing import bundle
 
@@ -28,11 +28,6 @@ PLAIN_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/b
 
 needs_runc_root = requires(bool(is_root() and shutil.which("runc") and bundle.find_busybox()),
                            "needs root, runc and busybox-static (make deps installs them)")
-
-
-def ok(r: subprocess.CompletedProcess) -> str:
-    assert r.returncode == 0, f"exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
-    return r.stdout
 
 
 def pip_install_repo(tmp_path) -> str:
@@ -111,8 +106,7 @@ def test_pip_install_then_install_then_the_venv_is_gone(tmp_path, make_host, run
 def test_dry_run_builds_nothing(tmp_path):
     node = tmp_path / "node"
     (node / "etc/containerd").mkdir(parents=True)
-    r = subprocess.run([sys.executable, "-m", "gpuhook", "install", "--host-root", str(node), "--runtime", "containerd", "--dry-run"],
-                       cwd=REPO, capture_output=True, text=True, timeout=120, env=dict(os.environ, TMPDIR=str(tmp_path)))
-    out = ok(r)
+    out = gpuhook("install", "--host-root", node, "--runtime", "containerd", "--dry-run", env={"TMPDIR": str(tmp_path)},
+                  check=True).stdout
     assert "bundle: no --bundle-dir: one would be built from this Python" in out
     assert sorted(os.listdir(tmp_path)) == ["node"] and os.listdir(node) == ["etc"]

@@ -19,28 +19,11 @@ import time
 import pytest
 
 import debroot
-
-from conftest import REPO, assert_8_nvidia_gpus, is_root, nodes_of, requires
+from conftest import REPO, assert_8_nvidia_gpus, gpuhook, is_root, nodes_of, requires
 from containerd_harness import IMAGE_NAME, Containerd, leftovers
-from test_sid_runtimes import HANDLER, operator_config
-from test_sid_runtimes import node, sid_root  # noqa: F401 (fixtures)
+from sid_node import nri_config, operator_config
 
 pytestmark = requires(is_root(), "needs root (debootstrap, mounts, pivot_root)")
-
-
-def nri_config(root: str, ctd: Containerd, socket_path: str) -> bytes:
-    """The operator config with gpu-optional as a plain runc handler (runc's own entry,
-    copied: no BinaryName) and NRI's socket at `socket_path` (NRI itself is on by default)."""
-    import tomlkit
-
-    doc = tomlkit.parse(operator_config(root, ctd).decode())
-    runtimes = doc["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]
-    runtimes[HANDLER] = tomlkit.parse(tomlkit.dumps({"x": runtimes["runc"]}))["x"]
-    assert runtimes[HANDLER].get("options", {}).get("BinaryName", "") == ""  # runc itself
-    nri = doc["plugins"]["io.containerd.nri.v1.nri"]
-    assert nri["disable"] is False, "containerd 2.x has NRI on by default"
-    nri["socket_path"] = socket_path
-    return tomlkit.dumps(doc).encode()
 
 
 class NRIPlugin:
@@ -77,13 +60,23 @@ class NRIPlugin:
 
 
 @pytest.fixture
-def nri_node(request, node, tmp_path,  # noqa: F811 (test_sid_runtimes' fixture)
-             busybox_image_tar, cri_stubs, make_host, runtime):
+def nri_node(nri_containerd):
     """(ctd, client, kubelet, rt, plugin, host): containerd 2.x on the NRI config, the plugin
-    connected. A test that asks for real_bundle also gets gpuhook's CDI specs in the root."""
+    connected."""
+    plugin = nri_containerd[4]
+    plugin.start()
+    plugin.wait_registered()
+    return nri_containerd
+
+
+@pytest.fixture
+def nri_containerd(request, node, tmp_path,  # noqa: F811 (test_sid_runtimes' fixture)
+                   busybox_image_tar, cri_stubs, make_host, runtime):
+    """(ctd, client, kubelet, rt, plugin, host): containerd 2.x on the NRI config, the plugin
+    not started. A test that asks for real_bundle also gets gpuhook's CDI specs in the root."""
     import cri_client
-    from test_e2e_cri import Kubelet
-    from test_sid_runtimes import cdi_spec_for
+    from kubelet import Kubelet
+    from sid_node import cdi_spec_for
 
     ctd = Containerd(str(tmp_path / "ctd"), cri=True, debian_root=node, visible=(str(tmp_path), REPO),
                      config_path=os.path.join(node, "etc/containerd/config.toml"))
@@ -107,8 +100,6 @@ def nri_node(request, node, tmp_path,  # noqa: F811 (test_sid_runtimes' fixture)
         ctd.before_stop(client.close)
         ctd.before_stop(client.remove_all)
         client.wait_image(IMAGE_NAME)
-        plugin.start()
-        plugin.wait_registered()
         yield ctd, client, Kubelet(ctd, client, tmp_path), rt, plugin, host
     finally:
         plugin.kill()
@@ -122,7 +113,7 @@ def nri_records(rt, cid: str) -> list[dict]:
 
 
 def test_a_gpu_optional_pod_gets_its_gpus_through_nri_and_a_runc_pod_nothing(nri_node):
-    from test_e2e_cri import SHOW
+    from kubelet import SHOW
 
     ctd, client, k, rt, plugin, _host = nri_node
     assert client.version().runtime_version.lstrip("v").startswith("2."), client.version()
@@ -153,7 +144,7 @@ def test_a_gpu_optional_pod_gets_its_gpus_through_nri_and_a_runc_pod_nothing(nri
 
 
 def test_a_cpu_only_node_gives_nothing_through_nri(nri_node, make_host, tmp_path):
-    from test_e2e_cri import SHOW
+    from kubelet import SHOW
 
     ctd, client, k, rt, plugin, _host = nri_node
     cpu = make_host("cpu", mknod=True)  # the node config now points at a host without GPUs
@@ -168,7 +159,7 @@ def test_a_cpu_only_node_gives_nothing_through_nri(nri_node, make_host, tmp_path
 
 
 def test_pods_start_without_the_plugin_and_it_serves_again_after_restarts(nri_node):
-    from test_e2e_cri import SHOW
+    from kubelet import SHOW
 
     ctd, client, k, rt, plugin, _host = nri_node
     pod_id, pod_config = k.run_pod("nri-restarts")
@@ -215,7 +206,7 @@ Other(sys.argv[1], "other", "20", "").run_forever(retry=0.2)
 def test_a_cdi_pod_and_a_second_plugin_coexist_with_gpuhooks(nri_node, real_bundle, tmp_path):
     """A container that already has the GPUs from CDI (a device plugin's way) is not adjusted
     again and starts; another NRI plugin's adjustment lands beside gpuhook's."""
-    from test_e2e_cri import SHOW
+    from kubelet import SHOW
 
     ctd, client, k, rt, plugin, _host = nri_node
     other = NRIPlugin(plugin.env, plugin.argv[plugin.argv.index("--socket") + 1], "", str(tmp_path / "other.out"))
@@ -245,8 +236,63 @@ def test_a_cdi_pod_and_a_second_plugin_coexist_with_gpuhooks(nri_node, real_bund
         other.kill()
 
 
+# -- the agent's NRI front: `gpuhook agent --front nri` runs the plugin, supervised -------------
+
+def agent_process(plugin: NRIPlugin, tmp_path) -> NRIPlugin:
+    """`gpuhook agent --front nri` on this machine (its / the node's: nothing installed, no
+    files written), its plugin child given the test's socket and rootfs template."""
+    sock = plugin.argv[plugin.argv.index("--socket") + 1]
+    template = plugin.argv[plugin.argv.index("--rootfs-template") + 1]
+    env = {k: v for k, v in plugin.env.items() if not k.startswith("KUBERNETES_")}
+    agent = NRIPlugin(env, sock, template, str(tmp_path / "agent.out"))
+    agent.argv = [sys.executable, "-m", "gpuhook", "agent", "--root", "/", "--front", "nri", "--nri-socket", sock,
+                  "--nri-rootfs-template", template, "--no-install", "--no-udev", "--cdi-dir", "", "--nfd-dir", "",
+                  "--ready-file", str(tmp_path / "ready"), "--runtime-log", "", "--log-format", "json"]
+    return agent
+
+
+def agent_records(agent: NRIPlugin) -> list[dict]:
+    import json
+
+    return [json.loads(line) for line in agent.said().splitlines() if line.startswith("{")]
+
+
+def test_the_agent_with_front_nri_serves_and_restarts_its_killed_plugin(nri_containerd, tmp_path):
+    from kubelet import SHOW
+
+    ctd, client, k, rt, plugin, _host = nri_containerd
+    agent = agent_process(plugin, tmp_path)
+    agent.start()
+    try:
+        agent.wait_registered()  # the plugin child's "configured by containerd", as the agent's log line
+        (first,) = [r["pid"] for r in agent_records(agent) if r["event"] == "nri.started"]
+        assert first != agent.proc.pid
+        pod_id, pod_config = k.run_pod("nri-agent")
+        status, out = k.run_to_completion(pod_id, pod_config, "app", SHOW)
+        assert status.exit_code == 0, out
+        assert_8_nvidia_gpus(out)
+        assert [(r["decision"], r["front"]) for r in nri_records(rt, status.id)] == [("injected", "nri")]
+
+        os.kill(first, signal.SIGKILL)  # the plugin child dies: the agent starts another, which serves
+        agent.wait_registered(2)
+        exited = [r for r in agent_records(agent) if r["event"] == "nri.exited"]
+        assert [(r["pid"], r["code"]) for r in exited] == [(first, -signal.SIGKILL)], exited
+        second = [r["pid"] for r in agent_records(agent) if r["event"] == "nri.started"][-1]
+        assert second != first
+        status, out = k.run_to_completion(pod_id, pod_config, "again", SHOW)
+        assert status.exit_code == 0, out
+        assert_8_nvidia_gpus(out)
+        assert [r["front"] for r in nri_records(rt, status.id)] == ["nri"]
+
+        agent.proc.send_signal(signal.SIGTERM)  # the agent stops: its plugin with it
+        assert agent.proc.wait(timeout=15) == 0, agent.said()
+        assert not os.path.exists(f"/proc/{second}"), agent.said()
+    finally:
+        agent.kill()
+
+
 def test_install_front_nri_into_containerd_2_and_the_plugin_its_unit_runs(
-        node, tmp_path, busybox_image_tar, cri_stubs, make_host, runtime, real_bundle):  # noqa: F811
+        node, tmp_path, busybox_image_tar, cri_stubs, make_host, runtime, real_bundle):
     """`gpuhook install --front nri` into the operator's containerd 2.1 config (NRI's socket
     moved, the harness's state dir): the handler plain runc, NRI left on, gpuhook-nri.service
     naming that socket and state. The unit's command line runs in containerd's mount namespace
@@ -254,7 +300,7 @@ def test_install_front_nri_into_containerd_2_and_the_plugin_its_unit_runs(
     a gpu-optional pod gets its GPUs, a runc pod nothing; uninstall gives the config back."""
     import cri_client
     import tomlkit
-    from test_e2e_cri import SHOW, Kubelet
+    from kubelet import HANDLER, SHOW, Kubelet
 
     ctd = Containerd(str(tmp_path / "ctd"), cri=True, debian_root=node, visible=(str(tmp_path), REPO),
                      config_path=os.path.join(node, "etc/containerd/config.toml"))
@@ -267,10 +313,8 @@ def test_install_front_nri_into_containerd_2_and_the_plugin_its_unit_runs(
     os.makedirs(os.path.join(node, "etc/systemd/system"), exist_ok=True)
     with open(ctd.config_path, "wb") as f:
         f.write(original)
-    r = subprocess.run([sys.executable, "-m", "gpuhook", "install", "--host-root", node, "--runtime", "containerd",
-                        "--front", "nri", "--bundle-dir", real_bundle], capture_output=True, text=True, timeout=300,
-                       stdin=subprocess.DEVNULL, cwd=REPO)
-    assert r.returncode == 0, r.stderr
+    r = gpuhook("install", "--host-root", node, "--runtime", "containerd", "--front", "nri", "--bundle-dir",
+                real_bundle, check=True, timeout=300)
     assert "handler gpu-optional (plain runc, for gpuhook's NRI plugin) added (config version 3" in r.stdout, r.stdout
     assert "NRI turned on" not in r.stdout  # on by default in 2.x
     with open(os.path.join(node, "etc/systemd/system/gpuhook-nri.service")) as f:
@@ -310,9 +354,7 @@ def test_install_front_nri_into_containerd_2_and_the_plugin_its_unit_runs(
         forced = ctd.cleanup()
         assert not leftovers(ctd), leftovers(ctd)
         assert not [f for f in forced if not f.startswith("shim ")], forced
-    r = subprocess.run([sys.executable, "-m", "gpuhook", "uninstall", "--host-root", node], capture_output=True,
-                       text=True, timeout=300, stdin=subprocess.DEVNULL, cwd=REPO)
-    assert r.returncode == 0, r.stderr
+    gpuhook("uninstall", "--host-root", node, check=True, timeout=300)
     with open(ctd.config_path, "rb") as f:
         assert f.read() == original  # byte for byte
     assert not os.path.exists(os.path.join(node, "etc/systemd/system/gpuhook-nri.service"))

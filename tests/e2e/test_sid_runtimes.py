@@ -16,77 +16,17 @@ import json
 import os
 import shlex
 import subprocess
-import sys
 
 import pytest
 
 import debroot
-from conftest import assert_8_nvidia_gpus, is_root, log_records, nodes_of, requires
+from conftest import assert_8_nvidia_gpus, gpuhook, is_root, log_records, nodes_of, requires
 from containerd_harness import CRI_NAMESPACE, IMAGE_NAME, Containerd, leftovers
+from sid_node import cdi_spec_for, in_namespace, operator_config
 
 pytestmark = requires(is_root(), "needs root (debootstrap, mounts, pivot_root)")
 
-RELEASE = "sid"
-# what these tests run inside the root (docker.io has no `docker` in sid: docker-cli)
-PACKAGES = ("containerd", "runc", "crun", "podman", "docker.io", "docker-cli", "busybox-static",
-            "ca-certificates", "iproute2")
-MUST_HAVE = ("usr/bin/containerd", "usr/bin/ctr", "usr/sbin/runc", "usr/bin/crun", "usr/bin/podman", "usr/sbin/dockerd",
-             "usr/bin/docker")
-HANDLER = "gpu-optional"
-LIBDIR = "/usr/lib/x86_64-linux-gnu"
-
-
-@pytest.fixture(scope="session")
-def sid_root():
-    """The cached sid root (built when missing or stale), held shared for the session."""
-    try:
-        with debroot.ensure(RELEASE, PACKAGES, must_have=MUST_HAVE) as root:
-            yield root
-    except debroot.RootUnavailable as e:
-        pytest.fail(str(e), pytrace=False)
-
-
-@pytest.fixture
-def node(sid_root, tmp_path):
-    """A writable overlay of the sid root: this test's node."""
-    with debroot.overlay(sid_root, str(tmp_path / "sid")) as root:
-        yield root
-
-
-def gpuhook(*args, node: str) -> str:
-    r = subprocess.run([sys.executable, "-m", "gpuhook", *args, "--host-root", node],
-                       capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-    assert r.returncode == 0, f"gpuhook {' '.join(args)}: exit {r.returncode}\n{r.stderr}"
-    return r.stdout
-
-
-def in_root(node: str, argv: list[str], timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
-    """Run a tool of the root (chroot is enough for what starts no container)."""
-    r = subprocess.run(["chroot", node, *argv], capture_output=True, text=True, timeout=timeout,
-                       stdin=subprocess.DEVNULL)
-    assert not check or r.returncode == 0, f"{argv}: exit {r.returncode}\n{r.stderr}"
-    return r
-
-
 # -- containerd 2.x: its own default config (version 3), gpuhook install, CRI -----------------
-
-def operator_config(node: str, ctd: Containerd) -> bytes:
-    """`containerd config default` of the root's containerd with what this machine needs
-    (../shared/docs/real-runtimes.md, "Newer runtimes") and the harness's paths."""
-    import tomlkit
-
-    doc = tomlkit.parse(in_root(node, ["containerd", "config", "default"]).stdout)
-    assert doc["version"] == 3, "sid's containerd writes config version 3"
-    doc["root"], doc["state"] = ctd.root, ctd.state
-    doc["grpc"]["address"], doc["ttrpc"]["address"] = ctd.address, ctd.ttrpc_address
-    doc["disabled_plugins"] = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
-                               "io.containerd.snapshotter.v1.devmapper"]
-    plugins = doc["plugins"]
-    plugins["io.containerd.cri.v1.runtime"]["restrict_oom_score_adj"] = True  # no CAP_SYS_RESOURCE here
-    plugins["io.containerd.cri.v1.runtime"]["disable_apparmor"] = True
-    plugins["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"] = IMAGE_NAME
-    return tomlkit.dumps(doc).encode()
-
 
 @pytest.fixture
 def sid_containerd(node, tmp_path, busybox_image_tar, cri_stubs):
@@ -119,7 +59,8 @@ def sid_containerd(node, tmp_path, busybox_image_tar, cri_stubs):
 def test_install_into_containerd_2_config_and_a_cri_pod_gets_the_gpus(node, sid_containerd, make_host, runtime,
                                                                       real_bundle, tmp_path):
     import grpc
-    from test_e2e_cri import SHOW, Kubelet, records
+    from conftest import records
+    from kubelet import SHOW, Kubelet
 
     ctd = sid_containerd
     config = os.path.join(node, "etc/containerd/config.toml")
@@ -127,7 +68,7 @@ def test_install_into_containerd_2_config_and_a_cri_pod_gets_the_gpus(node, sid_
     original = operator_config(node, ctd)
     with open(config, "wb") as f:
         f.write(original)
-    out = gpuhook("install", "--runtime", "containerd", "--restart", "none", "--bundle-dir", real_bundle, node=node)
+    out = gpuhook("install", "--runtime", "containerd", "--restart", "none", "--bundle-dir", real_bundle, "--host-root", node, check=True).stdout
     assert "handler gpu-optional added (config version 3" in out, out
 
     rt = runtime(make_host("nvidia", mknod=True))
@@ -173,7 +114,7 @@ def test_install_into_containerd_2_config_and_a_cri_pod_gets_the_gpus(node, sid_
     assert records(rt, status.id) == [] and records(rt, plain_id) == []
 
     client.remove_all()
-    gpuhook("uninstall", "--runtime", "containerd", "--restart", "none", node=node)
+    gpuhook("uninstall", "--runtime", "containerd", "--restart", "none", "--host-root", node, check=True)
     with open(config, "rb") as f:
         assert f.read() == original  # byte for byte
     ctd.restart()  # the gRPC channel reconnects by itself
@@ -184,30 +125,11 @@ def test_install_into_containerd_2_config_and_a_cri_pod_gets_the_gpus(node, sid_
     assert 'no runtime for "gpu-optional" is configured' in e.value.details()
 
 
-def in_namespace(node: str, command: str, visible: tuple[str, ...], env: dict | None = None,
-                 timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run a shell command with the node as its real root (what starts containers needs it),
-    `visible` mounted at the same paths."""
-    argv = debroot.enter_argv(node, command, binds=tuple((d, d) for d in dict.fromkeys(visible)), env=env)
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-
-
-def cdi_spec_for(node: str, host: str, real_bundle: str) -> None:
-    """gpuhook's CDI specs for the fake host `host`, written by the bundle's gpuhook inside the
-    root where its runtimes read them (/etc/cdi): the spec's host paths are the fake host's
-    (visible inside at the same path), its ld-cache hook the bundle's and the root's ldconfig."""
-    r = in_namespace(node, f"{real_bundle}/bin/gpuhook cdi generate --root {host} --spec-root {host} "
-                     "--output-dir /etc/cdi --ldconfig /sbin/ldconfig", (host, real_bundle),
-                     env={"GPUHOOK_CONFIG": "/nonexistent/gpuhook.toml"})
-    assert r.returncode == 0, r.stderr
-    assert os.path.exists(os.path.join(node, "etc/cdi/gpuhook.dev-gpu.yaml")), os.listdir(os.path.join(node, "etc/cdi"))
-
-
 def test_containerd_2_cdi_takes_gpuhooks_spec_for_a_plain_runc_pod(node, sid_containerd, make_host, real_bundle,
                                                                    tmp_path):
     """No gpuhook at create at all: containerd's own CDI (on by default in 2.x) reads
     gpuhook's spec for a `cdi.k8s.io/` annotation on a pod of the default runc handler."""
-    from test_e2e_cri import SHOW, Kubelet
+    from kubelet import SHOW, Kubelet
 
     ctd = sid_containerd
     config = os.path.join(node, "etc/containerd/config.toml")
@@ -298,7 +220,7 @@ def test_docker_28_runtime_gpu_optional_and_docker_exec(node, dockerd, make_host
     with open(daemon_json, "w") as f:
         json.dump(d.settings(), f, indent=2)
     original = open(daemon_json, "rb").read()
-    out = gpuhook("install", "--runtime", "docker", "--restart", "none", "--bundle-dir", real_bundle, node=node)
+    out = gpuhook("install", "--runtime", "docker", "--restart", "none", "--bundle-dir", real_bundle, "--host-root", node, check=True).stdout
     assert "gpu-optional" in out, out
     d.start()
     assert d.docker("version", "--format", "{{.Server.Version}}").stdout.startswith("28."), "sid's dockerd"
@@ -314,7 +236,7 @@ def test_docker_28_runtime_gpu_optional_and_docker_exec(node, dockerd, make_host
     assert out[0] == "accel=none" and not [n for n in out if n.startswith("nvidia")], out
     d.docker("rm", "-f", cid, plain)
     d.stop()
-    gpuhook("uninstall", "--runtime", "docker", "--restart", "none", node=node)
+    gpuhook("uninstall", "--runtime", "docker", "--restart", "none", "--host-root", node, check=True)
     assert open(daemon_json, "rb").read() == original
 
 

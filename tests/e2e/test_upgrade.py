@@ -23,18 +23,11 @@ import time
 
 import pytest
 
-from conftest import REPO, needs_runc
+from conftest import REPO, gpuhook, needs_runc
 from gpuhook.install import build, files
 
 PREFIX = "opt/gpuhook"
 MARK_ENV = "GPUHOOK_TEST_UPGRADE_MARK"
-
-
-def gpuhook(*args, env=None) -> str:
-    r = subprocess.run([sys.executable, "-m", "gpuhook", *map(str, args)], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-    assert r.returncode == 0, f"exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
-    return r.stdout
 
 
 def tree(root) -> dict:
@@ -78,7 +71,7 @@ def test_one_changed_file_is_one_new_file_the_rest_hard_links(tmp_path):
     node = crio_node(tmp_path)
     before = tree(node)
     a = small_bundle(tmp_path / "a")
-    out = gpuhook("install", "--host-root", node, "--bundle-dir", a)
+    out = gpuhook("install", "--host-root", node, "--bundle-dir", a, check=True).stdout
     assert "3 files, 3 written, 0 removed" in out
     dst = node / PREFIX
     first = files.current_version(str(dst))
@@ -86,11 +79,11 @@ def test_one_changed_file_is_one_new_file_the_rest_hard_links(tmp_path):
     for top in ("bin", "lib", files.MANIFEST):  # the handler's path and the rest: through .current
         assert os.readlink(dst / top) == f".current/{top}"
     assert (dst / "bin/gpuhook-runtime").read_bytes() == open(os.path.join(a, "bin/gpuhook-runtime"), "rb").read()
-    assert "all up to date" in gpuhook("install", "--host-root", node, "--bundle-dir", a)
+    assert "all up to date" in gpuhook("install", "--host-root", node, "--bundle-dir", a, check=True).stdout
 
     b = shutil.copytree(a, tmp_path / "b")
     (tmp_path / "b/lib/mod.py").write_text("x = 2\n")
-    out = gpuhook("install", "--host-root", node, "--bundle-dir", b)
+    out = gpuhook("install", "--host-root", node, "--bundle-dir", b, check=True).stdout
     assert "3 files, 1 written, 0 removed, 2 unchanged linked" in out, out
     second = files.current_version(str(dst))
     assert second != first and os.path.isdir(first), "the previous version is kept"
@@ -103,25 +96,25 @@ def test_one_changed_file_is_one_new_file_the_rest_hard_links(tmp_path):
     # a third version: the first is removed once retired for the grace period, not before
     c = shutil.copytree(b, tmp_path / "c")
     (tmp_path / "c/lib/mod.py").write_text("x = 3\n")
-    out = gpuhook("install", "--host-root", node, "--bundle-dir", c)
+    out = gpuhook("install", "--host-root", node, "--bundle-dir", c, check=True).stdout
     third = files.current_version(str(dst))
     assert os.path.isdir(first) and "removed:" not in out  # retired just now
     os.utime(second, (time.time() - files.RETIRE_GRACE - 5,) * 2)
     os.utime(first, (time.time() - files.RETIRE_GRACE - 5,) * 2)
     d = shutil.copytree(c, tmp_path / "d")
     (tmp_path / "d/lib/mod.py").write_text("x = 4\n")
-    out = gpuhook("install", "--host-root", node, "--bundle-dir", d)
+    out = gpuhook("install", "--host-root", node, "--bundle-dir", d, check=True).stdout
     # the current one and the previous stay; those before went (retired long enough)
     assert sorted(os.listdir(dst / ".versions")) == sorted(
         os.path.basename(v) for v in (third, files.current_version(str(dst)))), out
     # (names are content hashes: their order is no version's age)
     assert os.path.basename(first) in out.partition("older versions removed: ")[2].partition("\n")[0].split(", "), out
     # back to a version still kept: a switch, nothing written
-    out = gpuhook("install", "--host-root", node, "--bundle-dir", c)
+    out = gpuhook("install", "--host-root", node, "--bundle-dir", c, check=True).stdout
     assert "0 written" in out and (dst / "lib/mod.py").read_text() == "x = 3\n", out
 
     # uninstall: every version, the links, and the node as it was, byte for byte
-    gpuhook("uninstall", "--host-root", node)
+    gpuhook("uninstall", "--host-root", node, check=True)
     nondirs = lambda t: {k: v for k, v in t.items() if v[0] != "dir"}  # noqa: E731 (empty parents stay, as before)
     assert nondirs(tree(node)) == nondirs(before) and not dst.exists()
 
@@ -135,7 +128,7 @@ def test_a_bundle_copied_file_by_file_becomes_an_old_version(tmp_path):
     (node / "etc/gpuhook/backup/install-state.json").write_text(json.dumps(
         {"bundle": {"path": "/opt/gpuhook", "copied": True}, "runtime": "crio"}))
     b = small_bundle(tmp_path / "b", {"lib/mod.py": "x = 2\n", "lib/new.py": "y = 1\n"})
-    out = gpuhook("install", "--host-root", node, "--bundle-dir", b)
+    out = gpuhook("install", "--host-root", node, "--bundle-dir", b, check=True).stdout
     assert "4 files, 3 written, 0 removed, 1 unchanged linked" in out, out  # mod.py, new.py, the manifest
     dst = node / PREFIX
     legacy = [v for v in os.listdir(dst / ".versions") if v.startswith("legacy-")]
@@ -143,7 +136,7 @@ def test_a_bundle_copied_file_by_file_becomes_an_old_version(tmp_path):
     assert sorted(os.listdir(dst / ".versions" / legacy[0])) == ["bin", "gpuhook-bundle.json", "lib"]
     assert sorted(os.listdir(dst)) == [".current", ".versions", "bin", "gpuhook-bundle.json", "lib"]
     assert (dst / "lib/new.py").read_text() == "y = 1\n"
-    gpuhook("uninstall", "--host-root", node)
+    gpuhook("uninstall", "--host-root", node, check=True)
     assert not dst.exists()
 
 

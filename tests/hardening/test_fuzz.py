@@ -24,8 +24,10 @@ from hypothesis import strategies as st
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from gpuhook.testing import bundle, fakehost
-from gpuhook import config as gconfig, fastjson, runtime  # noqa: E402
+from gpuhook import config as gconfig, fastjson  # noqa: E402
+from gpuhook.runtime import args as runtime_args, create  # noqa: E402
 from gpuhook.edits import DeviceNode, Edits, Hook, Mount  # noqa: E402
+from gpuhook.inventory import VendorInventory  # noqa: E402
 from gpuhook.probe import amd, common, drm, ldcache, nvidia  # noqa: E402
 from gpuhook.probe.host import Host  # noqa: E402
 from gpuhook.spec import SpecError, apply, check  # noqa: E402
@@ -102,10 +104,11 @@ def test_apply_on_hostile_specs(muts):
 @settings(max_examples=300, deadline=None)
 @given(json_value)
 def test_check_raises_only_spec_error(value):
+    """Any JSON: check passes it or raises SpecError, whose message is one line saying what."""
     try:
         check(value if isinstance(value, dict) else {"process": value})
-    except SpecError:
-        pass
+    except SpecError as e:
+        assert str(e) and "\n" not in str(e), repr(str(e))
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +121,7 @@ def fake_node():
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(muts=mutations)
 def test_whole_config_json_read_on_hostile_specs(fake_node, muts, monkeypatch):
-    """The create path's own reading (runtime.edit_bundle: JSON, checks, planner, editor,
+    """The create path's own reading (runtime/create.py edit_bundle: JSON, checks, planner, editor,
     write) on hostile specs on an 8-GPU node: it either writes a spec that passes check()
     or raises ValueError/OSError (fail open) with config.json untouched; no other exception
     (a TypeError in some reader) escapes."""
@@ -131,7 +134,7 @@ def test_whole_config_json_read_on_hostile_specs(fake_node, muts, monkeypatch):
         f.write(raw)
     conf = gconfig.Config(host_root=os.path.join(fake_node, "host"), log_file="")
     try:
-        runtime.edit_bundle(b, conf, runtime.Outcome())
+        create.edit_bundle(b, conf, create.Outcome(), runtime_args.Call(os.environ, b))
     except (ValueError, OSError):
         with open(path, "rb") as f:
             assert f.read() == raw
@@ -143,10 +146,12 @@ def test_whole_config_json_read_on_hostile_specs(fake_node, muts, monkeypatch):
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=200) | st.text(max_size=200).map(str.encode))
 def test_fastjson_raises_only_value_error(data):
+    """Any bytes: ValueError, or the value the json module reads from them."""
     try:
-        fastjson.loads(data)
+        value = fastjson.loads(data)
     except ValueError:
-        pass
+        return
+    assert value == json.loads(data)
 
 
 CLEAN_CHECK = r"""
@@ -207,7 +212,7 @@ flag_words = st.sampled_from(["create", "run", "start", "state", "--root", "--lo
 @settings(max_examples=400, deadline=None)
 @given(st.lists(st.one_of(flag_words, any_text), max_size=12))
 def test_parse_args_never_raises(argv):
-    inv = runtime.parse_args(argv)
+    inv = runtime_args.parse_args(argv)
     if inv.command in ("create", "run"):
         assert isinstance(inv.bundle, str) and inv.bundle.startswith("/")
 
@@ -237,16 +242,19 @@ def test_ldcache_parse_on_mutated_real_cache(data):
         entries = ldcache.parse(bytes(raw))
     except ldcache.LdCacheError:
         return
-    ldcache.lookup(entries)
+    found = ldcache.lookup(entries)
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in found.items()), found
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.sampled_from([b"", b"glibc-ld.so.cache1.1", b"ld.so-1.7.0\0"]), st.binary(max_size=400))
 def test_ldcache_parse_raises_only_ldcache_error(prefix, body):
+    """Any bytes after a magic (or none): LdCacheError, or name -> path strings."""
     try:
-        ldcache.lookup(ldcache.parse(prefix + body))
+        found = ldcache.lookup(ldcache.parse(prefix + body))
     except ldcache.LdCacheError:
-        pass
+        return
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in found.items()), found
 
 
 # -- probe file parsers ---------------------------------------------------------------------
@@ -308,7 +316,8 @@ def test_vendor_probes_on_hostile_files(files):
             with open(full, "w", encoding="utf-8", errors="surrogatepass") as f:
                 f.write(text)
         for mod in (nvidia, amd):
-            mod.probe(Host(d))
+            inv = mod.probe(Host(d))
+            assert inv is None or isinstance(inv, VendorInventory), inv
 
 
 # -- the node config ------------------------------------------------------------------------
@@ -360,7 +369,8 @@ import copy, sys
 import atheris
 
 with atheris.instrument_imports(include=["gpuhook"]):
-    from gpuhook import config as gconfig, fastjson, runtime
+    from gpuhook import config as gconfig, fastjson
+    from gpuhook.runtime import args as runtime_args
     from gpuhook.edits import DeviceNode, Edits, Hook, Mount
     from gpuhook.probe import amd, common, drm, ldcache, nvidia
     from gpuhook.probe.host import Host
@@ -406,7 +416,7 @@ def json_spec_target(data):
 
 
 def args_target(data):
-    runtime.parse_args([a.decode("utf-8", "surrogateescape") for a in data.split(b"\0")])
+    runtime_args.parse_args([a.decode("utf-8", "surrogateescape") for a in data.split(b"\0")])
 
 
 def probe_text_target(data):

@@ -21,18 +21,16 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 
 import pytest
 
-from conftest import needs_runc, requires
+from conftest import NO_CONFIG, gpuhook, needs_runc, records, requires
 from gpuhook.testing import bundle as oci_bundle
 from gpuhook import hook, spec as ocispec
 from gpuhook.plan import find_ldconfig, plan, request_from_spec
 from gpuhook.probe import ldcache, probe
-from test_cdi_podman import PODMAN, cdi_specs  # noqa: F401 (a fixture)
-from test_cdi_podman import gpuhook as cdi_gpuhook
-from test_hostile import Watch, records_for, snapshot, tree
+from gpuhook.testing.hostwatch import Watch, snapshot, tree
+from podman_cdi import PODMAN
 
 pytestmark = needs_runc
 
@@ -133,7 +131,7 @@ def test_hostile_images_reach_nothing_of_the_host(make_host, runtime, tmp_path, 
     check_untouched(s, before, events, f"{magic} as {target}")
     assert r.returncode == 0, r.stderr
     assert "started" in r.stdout and "accel=nvidia" in r.stdout, r.stdout + r.stderr
-    recs = records_for(rt, cid)
+    recs = records(rt, cid)
     assert [r["decision"] for r in recs if r["event"] == "create"] == ["injected"]
     if target != "etc":  # the image's own /etc took the cache, with the driver libraries
         found = cache_of(rootfs)
@@ -148,7 +146,7 @@ def _run_unisolated(b: str, root: str, helper: str, cid: str, state: str) -> sub
     path = os.path.join(b, "config.json")
     with open(path) as f:
         spec = json.load(f)
-    edits = plan(probe(root), request_from_spec(spec, b), find_ldconfig(), helper=helper)
+    edits = plan(probe(root), request_from_spec(spec, b), find_ldconfig(), helper=helper).edits
     assert [h.kind for h in edits.hooks] == [hook.LDCACHE]
     with open(path, "w") as f:
         json.dump(ocispec.apply(spec, edits), f)
@@ -227,8 +225,8 @@ def test_hostile_images_through_the_cdi_spec(make_host, tmp_path, cdi_specs, mag
     changes, and the container's ld cache lists the driver libraries."""
     root = make_host("nvidia", mknod=True, gpus=2)
     out = tmp_path / "cdi"
-    r = cdi_gpuhook("cdi", "generate", "--root", root, "--spec-root", root, "--output-dir", str(out),
-                    "--ldconfig", find_ldconfig() or "/sbin/ldconfig", "--kind", "gpu")
+    r = gpuhook("cdi", "generate", "--root", root, "--spec-root", root, "--output-dir", str(out),
+                "--ldconfig", find_ldconfig() or "/sbin/ldconfig", "--kind", "gpu", config=NO_CONFIG)
     assert r.returncode == 0, r.stderr
     text = (out / "gpuhook.dev-gpu.yaml").read_text()
     assert hook.NAME in text and hook.LDCACHE in text
@@ -346,19 +344,17 @@ def test_a_hook_that_could_not_fill_the_ld_cache_says_so_in_the_node_log(make_ho
     cid = f"ldconf-{conf}"
     r = rt.run(b, cid, timeout=60)
     assert r.returncode == 0 and "accel=nvidia" in r.stdout, r.stdout + r.stderr
-    creates = [x for x in records_for(rt, cid) if x.get("event") == "create"]
+    creates = [x for x in records(rt, cid) if x.get("event") == "create"]
     assert [x["decision"] for x in creates] == ["injected"]
     (line,) = _hook_records(rt, cid)
     assert line["kind"] == hook.LDCACHE and line["outcome"] == "timeout", line
     assert "driver libraries need LD_LIBRARY_PATH" in line["error"], line
     # gpuhook log: the create's row says the ld cache was not updated
-    shown = subprocess.run([sys.executable, "-m", "gpuhook", "log", "--file", rt.log, "--wide"],
-                           capture_output=True, text=True, timeout=30)
+    shown = gpuhook("log", "--file", rt.log, "--wide", timeout=30)
     row = [x for x in shown.stdout.splitlines() if cid in x]
     assert shown.returncode == 0 and len(row) == 1, shown.stdout + shown.stderr
     assert f"ldcache {line['outcome']}" in row[0] and "LD_LIBRARY_PATH" in row[0], row
-    js = subprocess.run([sys.executable, "-m", "gpuhook", "log", "--file", rt.log, "--json"],
-                        capture_output=True, text=True, timeout=30)
+    js = gpuhook("log", "--file", rt.log, "--json", timeout=30)
     (rec,) = [json.loads(x) for x in js.stdout.splitlines() if json.loads(x).get("container_id") == cid]
     assert rec["event"] == "create" and [h["outcome"] for h in rec["hook_errors"]] == [line["outcome"]], rec
 
@@ -368,7 +364,7 @@ def test_a_hook_that_did_its_work_writes_no_line(make_host, runtime):
     rt = runtime(root)
     r = rt.run(rt.bundle("b", ["/bin/busybox", "true"]), "ldcache-fine")
     assert r.returncode == 0, r.stderr
-    assert [x["event"] for x in records_for(rt, "ldcache-fine")] == ["create"]
+    assert [x["event"] for x in records(rt, "ldcache-fine")] == ["create"]
 
 
 def _helper(argv, log: str, stdin: bytes = b"", cwd=None) -> subprocess.CompletedProcess:

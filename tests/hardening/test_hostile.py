@@ -9,7 +9,6 @@ node config) may be broken: containers still start, and the log says why. See SE
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
@@ -17,81 +16,13 @@ import subprocess
 
 import pytest
 
-from conftest import is_root, needs_runc, requires, wrapper_path
+from conftest import is_root, needs_runc, records, requires, wrapper_path
 from gpuhook.probe import ldcache
+from gpuhook.testing.hostwatch import Watch, snapshot, tree
 
 pytestmark = needs_runc
 
 HAVE_GCC = bool(shutil.which("gcc"))
-
-# -- inotify: proof that nothing read (or wrote) a host path ------------------------------
-
-IN_ALL_EVENTS = 0x00000FFF  # access, modify, attrib, close, open, move, create, delete, *_self
-IN_DONT_FOLLOW = 0x02000000
-_IN_NAMES = {0x1: "access", 0x2: "modify", 0x4: "attrib", 0x8: "close_write", 0x10: "close_nowrite",
-             0x20: "open", 0x40: "moved_from", 0x80: "moved_to", 0x100: "create", 0x200: "delete",
-             0x400: "delete_self", 0x800: "move_self"}
-
-
-class Watch:
-    """Every inotify event (open, read, write, attribute change, create, delete, move) on the
-    given host paths, whoever causes it and through whatever mount or link."""
-
-    def __init__(self, paths: list[str]) -> None:
-        self._libc = ctypes.CDLL(None, use_errno=True)
-        self.fd = self._libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
-        if self.fd < 0:
-            raise OSError(ctypes.get_errno(), "inotify_init1")
-        self.paths = {}
-        for p in paths:
-            wd = self._libc.inotify_add_watch(self.fd, os.fsencode(p), IN_ALL_EVENTS | IN_DONT_FOLLOW)
-            if wd < 0:
-                raise OSError(ctypes.get_errno(), f"inotify_add_watch {p}")
-            self.paths[wd] = p
-
-    def events(self) -> list[str]:
-        out = []
-        while True:
-            try:
-                buf = os.read(self.fd, 1 << 16)
-            except BlockingIOError:
-                break
-            i = 0
-            while i < len(buf):
-                wd, mask, _cookie, n = int.from_bytes(buf[i:i + 4], "little", signed=True), \
-                    int.from_bytes(buf[i + 4:i + 8], "little"), 0, int.from_bytes(buf[i + 12:i + 16], "little")
-                name = buf[i + 16:i + 16 + n].rstrip(b"\0").decode("utf-8", "replace")
-                kinds = ",".join(v for k, v in _IN_NAMES.items() if mask & k)
-                if kinds:
-                    out.append(f"{kinds} {os.path.join(self.paths.get(wd, '?'), name)}")
-                i += 16 + n
-        return out
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-
-def tree(root: str) -> list[str]:
-    """root and everything under it (links not followed)."""
-    out = [root]
-    for d, dirs, files in os.walk(root):
-        out += [os.path.join(d, x) for x in dirs + files]
-    return out
-
-
-def snapshot(root: str) -> dict:
-    """Type, inode, size, mtime, ctime and content (files) or listing (dirs) of a host tree."""
-    snap = {}
-    for p in tree(root):
-        st = os.lstat(p)
-        if os.path.isdir(p):
-            body = sorted(os.listdir(p))
-        else:
-            with open(p, "rb") as f:
-                body = f.read()
-        snap[p] = (st.st_mode, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, body)
-    return snap
-
 
 def host_secrets(tmp_path) -> str:
     """Sentinel files and directories on the host, outside any container."""
@@ -110,10 +41,6 @@ def host_secrets(tmp_path) -> str:
             f.write(data)
     os.makedirs(os.path.join(s, "emptydir"), exist_ok=True)
     return s
-
-
-def records_for(rt, cid: str) -> list[dict]:
-    return [r for r in rt.log_records() if r.get("container_id") == cid]
 
 
 def log_lines_are_whole_json(path: str, max_len: int = 64 << 10) -> list[dict]:
@@ -215,7 +142,7 @@ def test_image_env_and_tools_never_run_in_the_hook(make_host, runtime, tmp_path)
         hooks = json.load(f)["hooks"]["createContainer"]
     assert len(hooks) == 1 and "env" in hooks[0], hooks
     assert not [e for e in hooks[0]["env"] if e.split("=")[0] in ("LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "ENV", "BASH_ENV")]
-    assert records_for(rt, "evil-env")[-1]["decision"] == "injected"
+    assert records(rt, "evil-env")[-1]["decision"] == "injected"
 
 
 # -- links in the image that point at host paths ------------------------------------------
@@ -255,7 +182,7 @@ def test_image_links_to_host_paths_touch_nothing_on_the_host(make_host, runtime,
     assert snapshot(s) == before
     assert r.returncode == 0, r.stderr
     assert "started" in r.stdout and "accel=nvidia" in r.stdout, r.stdout
-    assert records_for(rt, f"links-{style}")[-1]["decision"] == "injected"
+    assert records(rt, f"links-{style}")[-1]["decision"] == "injected"
     # the container's own cache was refreshed, inside the rootfs
     with open(os.path.join(rootfs, "etc", "ld.so.cache"), "rb") as f:
         assert "libcuda.so.1" in ldcache.lookup(ldcache.parse(f.read()))
@@ -411,7 +338,7 @@ def test_bad_config_json_is_left_to_the_real_runtime(make_host, runtime, case):
     assert os.lstat(path).st_ino == ino
     assert sorted(os.listdir(b)) == ["config.json", "rootfs"], "a temp file was left in the bundle"
     assert "Traceback" not in r.stderr
-    recs = records_for(rt, f"spec-{case}")
+    recs = records(rt, f"spec-{case}")
     assert len(recs) == 1 and recs[0]["decision"] == "error" and recs[0]["error"], recs
     assert "accel=nvidia" not in r.stdout
     if r.returncode != 0:  # the real runtime's own words, on stderr or in its --log
@@ -434,7 +361,7 @@ def test_config_json_symlink_is_not_followed(make_host, runtime, tmp_path):
     rt.run(b, "spec-link")
     assert os.path.islink(os.path.join(b, "config.json"))
     assert (open(target, "rb").read(), os.stat(target).st_ino) == before
-    assert records_for(rt, "spec-link")[-1]["decision"] == "error"
+    assert records(rt, "spec-link")[-1]["decision"] == "error"
 
 
 def test_config_json_fifo_never_hangs_the_create(make_host, runtime, tmp_path):
@@ -447,7 +374,7 @@ def test_config_json_fifo_never_hangs_the_create(make_host, runtime, tmp_path):
     os.unlink(os.path.join(b, "config.json"))
     os.mkfifo(os.path.join(b, "config.json"))
     rt.run(b, "spec-fifo", timeout=20)  # subprocess.TimeoutExpired if it hung
-    rec = records_for(rt, "spec-fifo")[-1]
+    rec = records(rt, "spec-fifo")[-1]
     assert rec["decision"] == "error" and "not a regular file" in rec["error"], rec
 
 

@@ -35,8 +35,10 @@ def node(tmp_path) -> fakehost.FakeHost:
 
 
 def mps_mount(fh, config: Config, warnings: "list[str] | None" = None):
-    e = plan(probe(fh.root), Request({}, {}, "/rootfs"), config=config, warnings=warnings)
-    found = [m for m in e.mounts if m.container_path == MPS]
+    p = plan(probe(fh.root), Request({}, {}, "/rootfs"), config=config)
+    if warnings is not None:
+        warnings += p.warnings
+    found = [m for m in p.edits.mounts if m.container_path == MPS]
     return found[0] if found else None
 
 
@@ -133,12 +135,11 @@ def test_checked_on_every_create_not_from_the_probe_cache(tmp_path):
     config = Config(mps_pipe_dir=MPS)
     inv = cache.probe_cached(fh.root, cache_dir, 3600)
     assert not any("mps" in lib.path for v in inv.vendors for lib in v.libraries)
-    e = plan(inv, Request({}, {}, "/rootfs"), config=config)
+    e = plan(inv, Request({}, {}, "/rootfs"), config=config).edits
     assert MPS in {m.container_path for m in e.mounts}
     _user_link_to_root_only_dir(fh)
-    warnings: list[str] = []
-    e = plan(cache.probe_cached(fh.root, cache_dir, 3600), Request({}, {}, "/rootfs"), config=config, warnings=warnings)
-    assert MPS not in {m.container_path for m in e.mounts} and any("mps_pipe_dir" in w for w in warnings)
+    p = plan(cache.probe_cached(fh.root, cache_dir, 3600), Request({}, {}, "/rootfs"), config=config)
+    assert MPS not in {m.container_path for m in p.edits.mounts} and any("mps_pipe_dir" in w for w in p.warnings)
 
 
 @needs_runc

@@ -3,7 +3,6 @@ the Kubernetes API, SIGTERM."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -15,13 +14,12 @@ import time
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, make_agent, read_state
 from gpuhook.agent import core as agent_mod
 from gpuhook import cdi, log
 from gpuhook.testing import fakehost
 from gpuhook.agent import labels
-from test_cdi import load_yaml
-from test_labels import FakeAPI
+from gpuhook.testing.kubeapi import FakeAPI
 
 SLACK = 1.0  # probe + write + the test's own polling, on a slow 2-core VM
 
@@ -51,24 +49,6 @@ def remove_nvidia_gpu(fh: fakehost.FakeHost, i: int, minor: int) -> None:
     os.unlink(fh.p(f"/dev/nvidia{minor}"))
 
 
-@pytest.fixture
-def logs():
-    """Agent logs as JSON lines in memory: logs() -> list of records."""
-    out = io.StringIO()
-    log.configure(stream=out, fmt="json", level="debug")
-    yield lambda: [json.loads(line) for line in out.getvalue().splitlines()]
-    log.configure(stream=io.StringIO(), fmt="json")
-
-
-def make_agent(tmp_path, root, **kw):
-    opts = dict(root=root, spec_root=root, interval=60.0, debounce=0.3, cdi_dir=str(tmp_path / "cdi"),
-                nfd_dir=str(tmp_path / "nfd"), install=False, udev=False, ready_file=str(tmp_path / "ready"),
-                ldconfig="/sbin/ldconfig")
-    opts.update(kw.pop("opts", {}))
-    kw.setdefault("kube", None)
-    return agent_mod.Agent(agent_mod.Options(**opts), log=log.get(), **kw)
-
-
 class Running:
     def __init__(self, agent):
         self.agent = agent
@@ -95,34 +75,6 @@ def wait_for(cond, timeout: float, step: float = 0.01):
         if time.monotonic() - t0 > timeout:
             raise AssertionError(f"not within {timeout}s")
         time.sleep(step)
-
-
-def read_state(tmp_path) -> tuple[dict, dict]:
-    """What a CDI registry and NFD see now: {kind: spec}, {label: value}. Raises on anything
-    that does not parse: a half-written file would."""
-    specs = {}
-    d = tmp_path / "cdi"
-    for name in sorted(os.listdir(d)) if d.is_dir() else ():
-        if name.startswith("."):
-            continue  # CDI reads *.yaml/*.json, NFD skips dotfiles: the temporary files
-        try:
-            text = (d / name).read_text()
-        except FileNotFoundError:
-            continue  # removed between listdir and open: the node lost that vendor
-        spec = load_yaml(text)
-        cdi.validate(spec)
-        specs[spec["kind"]] = spec
-    try:
-        text = (tmp_path / "nfd" / "gpuhook").read_text()
-    except FileNotFoundError:
-        return specs, {}
-    assert text.endswith("\n") and text.startswith("# Written by gpuhook")
-    found = labels.parse_nfd(text)
-    assert "gpuhook.dev/accelerator" in found, text
-    # gpuhook.dev/ labels, and gpu.type (the node config's vendor_label) = the primary vendor
-    assert all(labels.valid_key(k) or (k == "gpu.type" and v == found["gpuhook.dev/accelerator"])
-               for k, v in found.items()), text
-    return specs, found
 
 
 def device_names(specs, kind="gpuhook.dev/nvidia"):
@@ -563,7 +515,7 @@ def test_agent_from_a_workstation_with_a_kubeconfig(tmp_path, make_host):
     CA and token (no service account, no KUBERNETES_ env); bad kubeconfigs: one line, exit 2."""
     if not shutil.which("openssl"):
         pytest.skip("no openssl to make a certificate")
-    from test_labels import write_kubeconfig
+    from gpuhook.testing.kubeapi import write_kubeconfig
 
     (tmp_path / "tls").mkdir()
     api = FakeAPI(tls_dir=str(tmp_path / "tls"))

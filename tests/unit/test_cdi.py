@@ -6,70 +6,16 @@ import json
 import os
 import re
 import subprocess
-import sys
 import threading
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from conftest import REPO
+from conftest import NO_CONFIG, gpuhook
 from gpuhook import cdi, hook
 from gpuhook.inventory import Device, Inventory, Library, Node, VendorInventory
 from gpuhook.probe import probe
-
-
-# -- a reader for the YAML gpuhook writes (no YAML library in the venv) -----------------------
-# Block mappings and sequences, every string a double-quoted JSON string, plain ints, booleans,
-# null, [] and {}: exactly what cdi.to_yaml emits, and a strict subset of YAML.
-
-_KEY = re.compile(r'^("(?:[^"\\]|\\.)*"|[A-Za-z_][A-Za-z0-9_.-]*):(?: (.*))?$')
-
-
-def load_yaml(text: str):
-    lines = [[len(raw) - len(raw.lstrip(" ")), raw.strip()] for raw in text.splitlines()
-             if raw.strip() and not raw.lstrip().startswith("#")]
-    value, i = _block(lines, 0, lines[0][0])
-    assert i == len(lines), f"trailing lines from {lines[i]}"
-    return value
-
-
-def _block(lines, i, indent):
-    if lines[i][1].startswith("- "):
-        return _seq(lines, i, indent)
-    return _map(lines, i, indent)
-
-
-def _seq(lines, i, indent):
-    out = []
-    while i < len(lines) and lines[i][0] == indent and lines[i][1].startswith("- "):
-        rest = lines[i][1][2:]
-        if _KEY.match(rest) or rest.startswith("- "):
-            lines[i] = [indent + 2, rest]  # "- key: v" opens a block two columns in
-            value, i = _block(lines, i, indent + 2)
-        else:
-            value, i = json.loads(rest), i + 1
-        out.append(value)
-    return out, i
-
-
-def _map(lines, i, indent):
-    out = {}
-    while i < len(lines) and lines[i][0] == indent and not lines[i][1].startswith("- "):
-        m = _KEY.match(lines[i][1])
-        assert m, f"not a mapping line: {lines[i]}"
-        key = json.loads(m.group(1)) if m.group(1).startswith('"') else m.group(1)
-        assert key not in out, f"duplicate key {key}"
-        i += 1
-        if m.group(2) is not None:
-            out[key] = json.loads(m.group(2))
-            continue
-        nxt_indent, nxt = lines[i]
-        if nxt_indent == indent and nxt.startswith("- "):
-            out[key], i = _seq(lines, i, indent)
-        else:
-            assert nxt_indent > indent, f"empty value for {key}"
-            out[key], i = _block(lines, i, nxt_indent)
-    return out, i
+from gpuhook.testing.cdi_yaml import load_yaml
 
 
 # -- fixtures ------------------------------------------------------------------------------
@@ -339,7 +285,7 @@ def test_no_ldconfig_on_the_node_no_hook(make_host, tmp_path):
     assert "hooks" not in specs["gpuhook.dev/gpu"]["devices"][0]["containerEdits"]
     # the command looks for the node's ldconfig under --root: a fake host has none
     root = make_host("nvidia", mknod=False)
-    r = gpuhook("cdi", "generate", "--root", root, "--output", "-", "--format", "json", "--kind", "gpu")
+    r = gpuhook("cdi", "generate", "--root", root, "--output", "-", "--format", "json", "--kind", "gpu", config=NO_CONFIG)
     assert r.returncode == 0 and "hooks" not in r.stdout
 
 
@@ -421,31 +367,26 @@ def test_readers_never_see_a_partial_spec(tmp_path):
 
 # -- the command ---------------------------------------------------------------------------------
 
-def gpuhook(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpuhook", *args], capture_output=True, text=True, cwd=REPO,
-                          env=dict(os.environ, GPUHOOK_CONFIG="/nonexistent/gpuhook.toml"), timeout=60)
-
-
 def test_cdi_generate_command(make_host, tmp_path):
     root = make_host("nvidia+intel", mknod=False)
     out = tmp_path / "cdi"
-    r = gpuhook("cdi", "generate", "--root", root, "--output-dir", str(out))
+    r = gpuhook("cdi", "generate", "--root", root, "--output-dir", str(out), config=NO_CONFIG)
     assert r.returncode == 0, r.stderr
     assert sorted(os.listdir(out)) == ["gpuhook.dev-gpu.yaml", "gpuhook.dev-intel.yaml", "gpuhook.dev-nvidia.yaml"]
     assert "gpuhook.dev/nvidia (cdiVersion 0.4.0): 0, GPU-" in r.stdout
     nv = load_yaml((out / "gpuhook.dev-nvidia.yaml").read_text())
     assert nv["kind"] == "gpuhook.dev/nvidia" and len(nv["devices"]) == 5
-    r = gpuhook("cdi", "generate", "--root", root, "--output", "-", "--format", "json", "--kind", "intel")
+    r = gpuhook("cdi", "generate", "--root", root, "--output", "-", "--format", "json", "--kind", "intel", config=NO_CONFIG)
     assert r.returncode == 0 and json.loads(r.stdout)["kind"] == "gpuhook.dev/intel"
-    r = gpuhook("cdi", "generate", "--root", root, "--output", "-")
+    r = gpuhook("cdi", "generate", "--root", root, "--output", "-", config=NO_CONFIG)
     assert r.returncode == 0 and r.stdout.count("\n---\n") == 2
-    r = gpuhook("cdi", "generate", "--root", root, "--output", str(tmp_path / "one.json"))
+    r = gpuhook("cdi", "generate", "--root", root, "--output", str(tmp_path / "one.json"), config=NO_CONFIG)
     assert r.returncode == 2 and "--kind" in r.stderr and "Traceback" not in r.stderr
-    r = gpuhook("cdi", "generate", "--root", root, "--output", str(tmp_path / "one.json"), "--kind", "gpu", "--format", "json")
+    r = gpuhook("cdi", "generate", "--root", root, "--output", str(tmp_path / "one.json"), "--kind", "gpu", "--format", "json", config=NO_CONFIG)
     assert r.returncode == 0 and json.load(open(tmp_path / "one.json"))["kind"] == "gpuhook.dev/gpu"
     # the node loses its GPUs: the specs go
-    r = gpuhook("cdi", "generate", "--root", make_host("cpu"), "--output-dir", str(out))
+    r = gpuhook("cdi", "generate", "--root", make_host("cpu"), "--output-dir", str(out), config=NO_CONFIG)
     assert r.returncode == 0 and "No GPU" in r.stdout
     assert os.listdir(out) == []
-    r = gpuhook("cdi", "generate", "--root", str(tmp_path / "nope"))
+    r = gpuhook("cdi", "generate", "--root", str(tmp_path / "nope"), config=NO_CONFIG)
     assert r.returncode == 2 and "not a directory" in r.stderr

@@ -3,34 +3,26 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import NO_CONFIG, gpuhook
 from gpuhook.models import InventoryModel
 
 
-def gpuhook(*args, stdin: bytes | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpuhook", *args], input=stdin, capture_output=True, cwd=REPO,
-                          env={**os.environ, "GPUHOOK_CONFIG": "/nonexistent/gpuhook.toml", **(env or {})})
-
-
 SPEC = json.dumps({"ociVersion": "1.0.2", "process": {"args": ["sh"], "env": ["PATH=/bin"]},
-                   "root": {"path": "/run/c/rootfs"}, "x-unknown": {"kept": [1, 2]}}, indent=1).encode()
+                   "root": {"path": "/run/c/rootfs"}, "x-unknown": {"kept": [1, 2]}}, indent=1)
 
 
 def test_probe_on_this_cpu_only_machine():
-    r = gpuhook("probe")
+    r = gpuhook("probe", config=NO_CONFIG)
     assert r.returncode == 0
-    assert b"CPU-only node" in r.stdout
+    assert "CPU-only node" in r.stdout
 
 
 def test_probe_json_follows_the_schema(make_host):
     root = make_host("nvidia", mknod=False)
-    r = gpuhook("probe", "--root", root, "--json")
+    r = gpuhook("probe", "--root", root, "--json", config=NO_CONFIG)
     assert r.returncode == 0, r.stderr
     inv = InventoryModel.model_validate_json(r.stdout)
     assert len(inv.vendors[0].devices) == 8
@@ -38,7 +30,7 @@ def test_probe_json_follows_the_schema(make_host):
 
 def test_precreate_on_an_8_gpu_host(make_host):
     root = make_host("nvidia", mknod=False)
-    r = gpuhook("precreate", "--root", root, stdin=SPEC)
+    r = gpuhook("precreate", "--root", root, stdin=SPEC, config=NO_CONFIG)
     assert r.returncode == 0, r.stderr
     spec = json.loads(r.stdout)
     devices = {d["path"]: (d["major"], d["minor"]) for d in spec["linux"]["devices"]}
@@ -58,39 +50,39 @@ def test_precreate_on_an_8_gpu_host(make_host):
 
 def test_precreate_on_a_cpu_only_host_is_byte_for_byte(make_host):
     root = make_host("cpu")
-    r = gpuhook("precreate", "--root", root, stdin=SPEC)
-    assert r.returncode == 0 and r.stdout == SPEC
+    r = gpuhook("precreate", "--root", root, stdin=SPEC.encode(), text=False, config=NO_CONFIG)
+    assert r.returncode == 0 and r.stdout == SPEC.encode()
 
 
 def test_plan_dry_run(make_host):
     root = make_host("amd", mknod=False)
-    r = gpuhook("plan", "--root", root)
+    r = gpuhook("plan", "--root", root, config=NO_CONFIG)
     assert r.returncode == 0, r.stderr
-    assert b"GPUHOOK_ACCELERATOR=amd" in r.stdout and b"/dev/kfd" in r.stdout
-    r = gpuhook("plan", "--simulate", "nvidia+intel", "--json")
+    assert "GPUHOOK_ACCELERATOR=amd" in r.stdout and "/dev/kfd" in r.stdout
+    r = gpuhook("plan", "--simulate", "nvidia+intel", "--json", config=NO_CONFIG)
     edits = json.loads(r.stdout)["edits"]
     assert "GPUHOOK_ACCELERATOR=nvidia,intel" in edits["env"]
     assert any(h["hookName"] == "createContainer" for h in edits["hooks"])
 
 
 @pytest.mark.parametrize("args, stdin, message", [
-    (("precreate",), b"{not json", b"stdin: not valid JSON"),
-    (("precreate",), b"[1, 2]", b"must be a JSON object"),
-    (("precreate",), b"", b"stdin: not valid JSON"),
-    (("probe", "--root", "/nonexistent"), None, b"--root /nonexistent: not a directory"),
-    (("plan", "--spec", "/nonexistent.json"), None, b"--spec /nonexistent.json: No such file"),
-    (("plan", "--simulate", "quantum"), None, b"--simulate quantum: unknown"),
+    (("precreate",), "{not json", "stdin: not valid JSON"),
+    (("precreate",), "[1, 2]", "must be a JSON object"),
+    (("precreate",), "", "stdin: not valid JSON"),
+    (("probe", "--root", "/nonexistent"), None, "--root /nonexistent: not a directory"),
+    (("plan", "--spec", "/nonexistent.json"), None, "--spec /nonexistent.json: No such file"),
+    (("plan", "--simulate", "quantum"), None, "--simulate quantum: unknown"),
 ])
 def test_bad_input_is_one_line_and_nonzero(args, stdin, message):
-    r = gpuhook(*args, stdin=stdin)
+    r = gpuhook(*args, stdin=stdin, config=NO_CONFIG)
     assert r.returncode == 2
-    assert message in r.stderr and b"Traceback" not in r.stderr
-    assert r.stderr.count(b"\n") == 1
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert r.stderr.count("\n") == 1
 
 
 def test_version():
-    r = gpuhook("--version")
-    assert r.returncode == 0 and r.stdout.startswith(b"gpuhook 0.")
+    r = gpuhook("--version", config=NO_CONFIG)
+    assert r.returncode == 0 and r.stdout.startswith("gpuhook 0.")
 
 
 @pytest.mark.parametrize("scenario, words", [
@@ -101,12 +93,12 @@ def test_plan_describes_each_hook_kind(make_host, tmp_path, scenario, words):
     """`gpuhook plan --spec` says what each hook does, by its kind, whatever the image holds."""
     root = make_host(scenario, mknod=False)
     spec = tmp_path / "config.json"
-    spec.write_bytes(SPEC)
+    spec.write_text(SPEC)
     (tmp_path / "node.toml").write_text('ldconfig = "/sbin/ldconfig"\n')
-    r = gpuhook("plan", "--root", root, "--spec", str(spec), env={"GPUHOOK_CONFIG": str(tmp_path / "node.toml")})
+    r = gpuhook("plan", "--root", root, "--spec", str(spec), config=str(tmp_path / "node.toml"))
     assert r.returncode == 0, r.stderr
-    lines = [x for x in r.stdout.decode().splitlines() if "createContainer hook:" in x]
-    assert len(lines) == 1 and words in lines[0], r.stdout.decode()
+    lines = [x for x in r.stdout.splitlines() if "createContainer hook:" in x]
+    assert len(lines) == 1 and words in lines[0], r.stdout
 
 
 def test_plan_shows_the_gpus_held_back_and_why(make_host, tmp_path):
@@ -115,25 +107,25 @@ def test_plan_shows_the_gpus_held_back_and_why(make_host, tmp_path):
     from gpuhook.testing import fakehost
 
     root = make_host("nvidia", mknod=False, gpus=2)
-    uuids = [d["id"] for d in json.loads(gpuhook("probe", "--root", root, "--json").stdout)["vendors"][0]["devices"]]
+    uuids = [d["id"] for d in json.loads(gpuhook("probe", "--root", root, "--json", config=NO_CONFIG).stdout)["vendors"][0]["devices"]]
     fakehost.FakeHost(root).file("/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint", json.dumps({
         "Data": {"PodDeviceEntries": [{"PodUID": "trainer-uid", "ContainerName": "c", "ResourceName": "nvidia.com/gpu",
                                        "DeviceIDs": {"0": [uuids[1]]}, "AllocResp": "CgA="}]}, "Checksum": 1}))
-    r = gpuhook("plan", "--root", root)
+    r = gpuhook("plan", "--root", root, config=NO_CONFIG)
     assert r.returncode == 0, r.stderr
-    out = r.stdout.decode()
+    out = r.stdout
     assert f"GPUHOOK_DEVICES=nvidia:{uuids[0]}\n" in out
     assert ('held back (1; share = "unallocated", set share = "all" in the node config to give them anyway):\n'
             f"  nvidia:{uuids[1]}: allocated by the kubelet to pod 'trainer-uid' (nvidia.com/gpu '{uuids[1]}')") in out
-    r = gpuhook("plan", "--root", root, "--json")
+    r = gpuhook("plan", "--root", root, "--json", config=NO_CONFIG)
     assert json.loads(r.stdout)["held_back"] == [{"device": f"nvidia:{uuids[1]}", "why": (
         f"allocated by the kubelet to pod 'trainer-uid' (nvidia.com/gpu '{uuids[1]}')")}]
     (tmp_path / "all.toml").write_text('share = "all"\n')
-    r = gpuhook("plan", "--root", root, env={"GPUHOOK_CONFIG": str(tmp_path / "all.toml")})
-    assert "held back" not in r.stdout.decode() and uuids[1] in r.stdout.decode()
+    r = gpuhook("plan", "--root", root, config=str(tmp_path / "all.toml"))
+    assert "held back" not in r.stdout and uuids[1] in r.stdout
     # every GPU allocated to someone else: the container runs without, and plan says why
     fakehost.FakeHost(root).file("/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint", json.dumps({
         "Data": {"PodDeviceEntries": [{"PodUID": "t", "ContainerName": "c", "ResourceName": "nvidia.com/gpu",
                                        "DeviceIDs": uuids}]}, "Checksum": 1}))
-    out = gpuhook("plan", "--root", root).stdout.decode()
+    out = gpuhook("plan", "--root", root, config=NO_CONFIG).stdout
     assert 'No GPU for this container: all 2 GPU(s) held back: allocated by the kubelet to other pods' in out

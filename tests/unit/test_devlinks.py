@@ -6,12 +6,10 @@ from __future__ import annotations
 import io
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO, is_root
+from conftest import gpuhook, is_root
 from gpuhook.agent import core as agent_mod
 from gpuhook import log
 from gpuhook.install import devlinks
@@ -98,11 +96,6 @@ def test_dry_run_and_a_cpu_only_node_make_nothing(make_host):
     cpu = make_host("cpu")
     assert devlinks.ensure(cpu, probe(cpu)) == []
     assert not os.path.exists(os.path.join(cpu, "dev", "char"))
-
-
-def gpuhook(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpuhook", *map(str, args)], cwd=REPO, capture_output=True,
-                          text=True, timeout=120, stdin=subprocess.DEVNULL)
 
 
 def test_install_makes_them_and_uninstall_leaves_them(make_host, tmp_path):

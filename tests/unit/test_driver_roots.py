@@ -8,13 +8,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import NO_CONFIG, gpuhook
 from gpuhook.agent import core as agent_mod
-from gpuhook import cdi, config as cfg, log
+from gpuhook import cdi, config as cfg
 from gpuhook.testing import fakehost
 from gpuhook.agent import labels
 from gpuhook.config_model import check
@@ -84,9 +83,9 @@ def test_gke_driver_root(tmp_path):
 def test_plan_mounts_the_driver_root_at_the_container_paths(tmp_path, scenario, libdir):
     fh = host(tmp_path, scenario)
     inv = probe(fh.root)
-    warnings: list = []
-    e = plan(inv, request(tmp_path), "/sbin/ldconfig", warnings=warnings)
-    assert warnings == []
+    p = plan(inv, request(tmp_path), "/sbin/ldconfig")
+    e = p.edits
+    assert p.warnings == ()
     got = mounts(e)
     src = inv.vendor("nvidia").driver_root
     assert got[f"{libdir}/libcuda.so.{V}"] == fh.root + src + ("/lib64" if scenario == "gke" else LIB) + f"/libcuda.so.{V}"
@@ -115,7 +114,7 @@ def test_a_stale_host_driver_gives_way_to_the_operator_root(tmp_path):
     inv = probe(fh.root)
     v = inv.vendor("nvidia")
     assert v.driver_root == "/run/nvidia/driver" and inv.warnings == ()
-    e = plan(inv, request(tmp_path), "/sbin/ldconfig")
+    e = plan(inv, request(tmp_path), "/sbin/ldconfig").edits
     assert not any(OLD in h for h in mounts(e).values())
     assert mounts(e)[f"{LIB}/libcuda.so.{V}"].endswith(f"/run/nvidia/driver{LIB}/libcuda.so.{V}")
 
@@ -135,9 +134,9 @@ def test_no_driver_userspace_means_no_nvidia_injection(tmp_path, installed, why)
     (w,) = nvidia_warnings(inv)
     assert why in w and "/home/kubernetes/bin/nvidia: missing" in w and "/: no libcuda.so.1" in w
     assert unusable(v)[0] == "no-libcuda"
-    warnings: list = []
-    assert not plan(inv, request(tmp_path), "/sbin/ldconfig", warnings=warnings)
-    (w,) = warnings
+    p = plan(inv, request(tmp_path), "/sbin/ldconfig")
+    assert not p.edits
+    (w,) = p.warnings
     assert w.startswith("nvidia: 2 device(s) not given: no libcuda.so.1 of driver 550.54.14")
     assert "runs without them" in w
 
@@ -145,7 +144,7 @@ def test_no_driver_userspace_means_no_nvidia_injection(tmp_path, installed, why)
 def test_another_vendor_is_still_given_when_nvidia_cannot_work(tmp_path):
     fh = host(tmp_path, "gpu_operator", installed=False)
     fakehost.intel(fh, dgpu=False)
-    e = plan(probe(fh.root), request(tmp_path), "/sbin/ldconfig")
+    e = plan(probe(fh.root), request(tmp_path), "/sbin/ldconfig").edits
     assert "GPUHOOK_ACCELERATOR=intel" in e.env
     assert not any(n.path.startswith("/dev/nvidia") for n in e.device_nodes)
 
@@ -154,25 +153,24 @@ def test_a_utility_only_container_needs_nvml_not_libcuda(tmp_path):
     fh = host(tmp_path, "nvidia", gpus=1, libs=False, userspace=False)
     fh.library(LIB, "libnvidia-ml.so.1", V)
     inv = probe(fh.root)
-    assert not plan(inv, request(tmp_path), "/sbin/ldconfig")  # default caps: compute, utility
-    e = plan(inv, request(tmp_path, {"NVIDIA_DRIVER_CAPABILITIES": "utility"}), "/sbin/ldconfig")
+    assert not plan(inv, request(tmp_path), "/sbin/ldconfig").edits  # default caps: compute, utility
+    e = plan(inv, request(tmp_path, {"NVIDIA_DRIVER_CAPABILITIES": "utility"}), "/sbin/ldconfig").edits
     assert "GPUHOOK_ACCELERATOR=nvidia" in e.env and f"{LIB}/libnvidia-ml.so.{V}" in mounts(e)
     bare = host(tmp_path, "nvidia", name="bare", gpus=1, libs=False, userspace=False)
-    warnings: list = []
-    assert not plan(probe(bare.root), request(tmp_path, {"NVIDIA_DRIVER_CAPABILITIES": "utility"}),
-                    "/sbin/ldconfig", warnings=warnings)
-    assert "no libnvidia-ml.so.1" in warnings[0]
+    p = plan(probe(bare.root), request(tmp_path, {"NVIDIA_DRIVER_CAPABILITIES": "utility"}), "/sbin/ldconfig")
+    assert not p.edits
+    assert "no libnvidia-ml.so.1" in p.warnings[0]
 
 
 def test_wsl_without_libdxcore_is_not_given(tmp_path):
     fh = fakehost.FakeHost(str(tmp_path / "wsl"), mknod=False)
     fh.proc_devices({"dxg": 240})
     fh.file("/dev/dxg", "")
-    warnings: list = []
-    assert not plan(probe(fh.root), request(tmp_path), None, warnings=warnings)
-    assert "no libdxcore.so" in warnings[0]
+    p = plan(probe(fh.root), request(tmp_path), None)
+    assert not p.edits
+    assert "no libdxcore.so" in p.warnings[0]
     fh.file("/usr/lib/wsl/lib/libdxcore.so", b"\x7fELF")
-    assert "GPUHOOK_ACCELERATOR=dxg" in plan(probe(fh.root), request(tmp_path), None).env
+    assert "GPUHOOK_ACCELERATOR=dxg" in plan(probe(fh.root), request(tmp_path), None).edits.env
 
 
 # -- bad input: one warning, no crash, never another version's library ------------------------------
@@ -206,7 +204,7 @@ def test_bad_driver_root_is_one_warning_and_no_driver(tmp_path, case):
     assert len(inv.warnings) == 1, inv.warnings
     assert inv.warnings[0].startswith(f"nvidia: no driver userspace of driver {V}: {root}: ")
     assert v.libraries == () and v.binaries == () and v.driver_root is None
-    assert not plan(inv, request(tmp_path), "/sbin/ldconfig")
+    assert not plan(inv, request(tmp_path), "/sbin/ldconfig").edits
     reason = inv.warnings[0].split(f"{root}: ", 1)[1]
     assert {"missing": "missing", "file": "not a directory", "dangling": "a dangling link",
             "relative-link-out": "a link that leads out of the host root",
@@ -343,7 +341,7 @@ def test_cdi_uses_the_driver_root_and_skips_an_unusable_vendor(tmp_path):
 
 
 def test_agent_follows_the_driver_root(tmp_path):
-    from test_agent import make_agent, read_state
+    from conftest import make_agent, read_state
 
     fh = host(tmp_path, "gpu_operator", installed=False)
     events = []
@@ -363,7 +361,7 @@ def test_agent_follows_the_driver_root(tmp_path):
 
 
 def test_agent_options_carry_the_setting(tmp_path):
-    from test_agent import make_agent
+    from conftest import make_agent
 
     fh = host(tmp_path, "gpu_operator", gpus=1)
     a = make_agent(tmp_path, fh.root, opts={"nvidia_driver_root": "/"})
@@ -373,18 +371,13 @@ def test_agent_options_carry_the_setting(tmp_path):
 
 # -- the CLI -----------------------------------------------------------------------------------
 
-def gpuhook(*args, config: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpuhook", *args], capture_output=True, text=True, cwd=REPO,
-                          env=dict(os.environ, GPUHOOK_CONFIG=config or "/nonexistent/gpuhook.toml"))
-
-
 def test_cli_probe_says_where_the_driver_is(tmp_path):
     fh = host(tmp_path, "gpu_operator")
-    r = gpuhook("probe", "--root", fh.root)
+    r = gpuhook("probe", "--root", fh.root, config=NO_CONFIG)
     assert r.returncode == 0, r.stderr
     assert "driver userspace: from /run/nvidia/driver (mounted at: /run/nvidia/driver -> /)" in r.stdout
     assert f"/run/nvidia/driver{LIB}/libcuda.so.{V}  [compute] -> {LIB}/libcuda.so.{V}" in r.stdout
-    r = gpuhook("probe", "--root", fh.root, "--json")
+    r = gpuhook("probe", "--root", fh.root, "--json", config=NO_CONFIG)
     assert json.loads(r.stdout)["vendors"][0]["driver_root"] == "/run/nvidia/driver"
     # the node config's setting, and the flag over it
     conf = tmp_path / "gpuhook.toml"
@@ -397,14 +390,14 @@ def test_cli_probe_says_where_the_driver_is(tmp_path):
 
 def test_cli_plan_and_cdi_say_why_nothing(tmp_path):
     fh = host(tmp_path, "gpu_operator", installed="partial")
-    r = gpuhook("plan", "--root", fh.root)
+    r = gpuhook("plan", "--root", fh.root, config=NO_CONFIG)
     assert r.returncode == 0, r.stderr
     assert "Nothing to inject" in r.stdout
     assert "warning: nvidia: 2 device(s) not given: no libcuda.so.1 of driver 550.54.14" in r.stdout
     assert "warning: nvidia: no driver userspace of driver 550.54.14: " in r.stdout
-    r = gpuhook("cdi", "generate", "--root", fh.root, "--spec-root", fh.root, "--output", "-")
+    r = gpuhook("cdi", "generate", "--root", fh.root, "--spec-root", fh.root, "--output", "-", config=NO_CONFIG)
     assert r.returncode == 0 and r.stdout == "" and "no driver userspace" in r.stderr
-    r = gpuhook("plan", "--simulate", "gke", "--json")
+    r = gpuhook("plan", "--simulate", "gke", "--json", config=NO_CONFIG)
     edits = json.loads(r.stdout)["edits"]
     assert any(m["containerPath"] == f"/usr/local/nvidia/lib64/libcuda.so.{V}" for m in edits["mounts"])
 
@@ -412,7 +405,7 @@ def test_cli_plan_and_cdi_say_why_nothing(tmp_path):
 @pytest.mark.parametrize("command", [["probe"], ["plan"], ["cdi", "generate", "--output", "-"]])
 def test_cli_bad_driver_root_flag_is_one_line(tmp_path, command):
     fh = host(tmp_path, "gke", gpus=1)
-    r = gpuhook(*command, "--root", fh.root, "--nvidia-driver-root", "opt/x")
+    r = gpuhook(*command, "--root", fh.root, "--nvidia-driver-root", "opt/x", config=NO_CONFIG)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--nvidia-driver-root opt/x" in r.stderr
 
 
@@ -439,12 +432,12 @@ def test_cli_agent_once_takes_the_setting(tmp_path):
     common = ["agent", "--once", "--no-install", "--no-udev", "--root", fh.root, "--spec-root", fh.root,
               "--cdi-dir", str(tmp_path / "cdi"), "--nfd-dir", str(tmp_path / "nfd"), "--ready-file", "",
               "--log-format", "json"]
-    r = gpuhook(*common, "--nvidia-driver-root", "/")
+    r = gpuhook(*common, "--nvidia-driver-root", "/", config=NO_CONFIG)
     assert r.returncode == 0, r.stderr
     found = labels.parse_nfd((tmp_path / "nfd" / "gpuhook").read_text())
     assert found["gpuhook.dev/accelerator"] == "none" and found["gpuhook.dev/nvidia.unusable"] == "no-libcuda"
     assert not (tmp_path / "cdi" / "gpuhook.dev-nvidia.yaml").exists()
-    r = gpuhook(*common)  # auto: the Operator's root
+    r = gpuhook(*common, config=NO_CONFIG)  # auto: the Operator's root
     assert r.returncode == 0, r.stderr
     assert labels.parse_nfd((tmp_path / "nfd" / "gpuhook").read_text())["gpuhook.dev/accelerator"] == "nvidia"
     assert f"/usr/lib/x86_64-linux-gnu/libcuda.so.{V}" in (tmp_path / "cdi" / "gpuhook.dev-nvidia.yaml").read_text()

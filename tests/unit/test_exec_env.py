@@ -1,4 +1,4 @@
-"""exec sees the env gpuhook added at create (gpuhook/runtime/execenv.py, the front's exec path).
+"""exec sees the env gpuhook added at create (gpuhook/runtime/exec.py, the front's exec path).
 
 Against a fake runtime that shows what it was given (argv, the --process file as it read it),
 then real runc: a process exec'd the way containerd's shim does it sees GPUHOOK_*.
@@ -16,9 +16,9 @@ import sys
 import pytest
 
 from conftest import needs_runc, wrapper_path
-from gpuhook.runtime import execenv
+from gpuhook.runtime import exec as execenv
 from gpuhook.testing.front import prime
-from gpuhook.runtime import EXEC_VALUE_FLAGS, parse_args
+from gpuhook.runtime.args import EXEC_VALUE_FLAGS, parse_args
 
 FRONT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "gpuhook", "runtime", "gpuhook-runtime")
 ENV = ["GPUHOOK_ACCELERATOR=nvidia", "GPUHOOK_DEVICES=nvidia:GPU-1,nvidia:GPU-2"]

@@ -22,11 +22,11 @@ from hypothesis import strategies as st
 from conftest import FRONT, REPO, is_root, log_records
 from gpuhook.testing import fakehost
 from gpuhook.testing.front import prime
-from gpuhook import config, defaults, probe, runtime
+from gpuhook import config, defaults, probe
 from gpuhook.install import build
 from gpuhook.probe import cache
 from gpuhook.probe.host import Host
-from gpuhook.runtime import execenv
+from gpuhook.runtime import args as runtime_args, exec as execenv, logline
 
 SOURCE = os.path.join(REPO, "gpuhook", "runtime", "gpuhook-runtime.c")
 TEXT = open(SOURCE).read()
@@ -55,13 +55,13 @@ def test_the_front_is_built_from_its_source():
 
 def test_global_value_flags_are_runtimes():
     flags = strings("GLOBAL_VALUE_FLAGS")
-    assert len(flags) == len(set(flags)) and set(flags) == set(runtime.GLOBAL_VALUE_FLAGS)
+    assert len(flags) == len(set(flags)) and set(flags) == set(runtime_args.GLOBAL_VALUE_FLAGS)
 
 
 def test_create_and_exec_value_flags_are_runtimes():
-    assert set(strings("CREATE_VALUE_FLAGS")) == set(runtime.CREATE_VALUE_FLAGS)
-    assert set(strings("EXEC_VALUE_FLAGS")) == set(runtime.EXEC_VALUE_FLAGS)
-    assert strings("NO_FLAGS") == [] and runtime.VALUE_FLAGS["delete"] == frozenset()
+    assert set(strings("CREATE_VALUE_FLAGS")) == set(runtime_args.CREATE_VALUE_FLAGS)
+    assert set(strings("EXEC_VALUE_FLAGS")) == set(runtime_args.EXEC_VALUE_FLAGS)
+    assert strings("NO_FLAGS") == [] and runtime_args.VALUE_FLAGS["delete"] == frozenset()
 
 
 def test_gpu_signs_are_the_probes():
@@ -193,11 +193,11 @@ def test_the_front_parses_as_python_does(tmp_path_factory, argv):
     here = os.getcwd()
     os.chdir(tmp)  # a relative bundle is the caller's current directory's
     try:
-        inv = runtime.parse_args(list(argv))
+        inv = runtime_args.parse_args(list(argv))
     finally:
         os.chdir(here)
     recs = log_records(str(log))
-    if inv.command not in runtime.EDITING_COMMANDS:
+    if inv.command not in runtime_args.EDITING_COMMANDS:
         assert recs == []
         return
     (rec,) = recs
@@ -215,7 +215,7 @@ def test_no_gpu_log_never_follows_a_link(tmp_path):
     assert r.returncode == 0, r.stderr
     assert target.read_text() == "" and link.is_symlink()
     # Python's append_line refuses it the same way
-    runtime.append_line(str(link), "x")
+    logline.append_line(str(link), "x")
     assert target.read_text() == ""
 
 

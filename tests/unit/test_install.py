@@ -31,7 +31,7 @@ import tomllib
 
 import pytest
 
-from conftest import REPO, fake_systemctl, is_root, run_as_pod
+from conftest import REPO, fake_systemctl, gpuhook, is_root, ok, refused, run_as_pod
 from containerd_harness import Supervised, containerd_config, cri_runtimes
 from gpuhook import __version__
 from gpuhook.testing import bundle, fakehost
@@ -94,26 +94,6 @@ state = '/run/containerd'
 
 
 # -- helpers -------------------------------------------------------------------------------
-
-def gpuhook(*args, env=None) -> subprocess.CompletedProcess:
-    """`python -m gpuhook ...` from this source tree."""
-    return subprocess.run([sys.executable, "-m", "gpuhook", *map(str, args)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-
-
-def ok(r: subprocess.CompletedProcess) -> str:
-    assert r.returncode == 0, f"exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
-    return r.stdout
-
-
-def refused(r: subprocess.CompletedProcess) -> str:
-    """One clear line on stderr, exit 2, no traceback."""
-    assert r.returncode == 2, f"exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
-    assert "Traceback" not in r.stderr + r.stdout
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("gpuhook: "), r.stderr
-    return lines[0]
-
 
 @pytest.fixture(scope="module")
 def stock() -> str:
@@ -749,39 +729,7 @@ def test_containerfile_is_from_scratch_with_the_bundle():
 
 # -- the DaemonSet ---------------------------------------------------------------------------
 
-DAEMONSET = os.path.join(REPO, "daemonset")
-
-
-def load_yaml(path) -> list[dict]:
-    yaml = pytest.importorskip("yaml", reason="PyYAML (pip install kubernetes-validate brings it)")
-    with open(path) as f:
-        return [d for d in yaml.safe_load_all(f) if d is not None]
-
-
-def kustomize() -> list[dict]:
-    """What `kustomize build daemonset/` yields, for the fields this kustomization uses:
-    every resource listed exists and parses; namespace, images and labels applied."""
-    (k,) = load_yaml(os.path.join(DAEMONSET, "kustomization.yaml"))
-    assert k["apiVersion"] == "kustomize.config.k8s.io/v1beta1" and k["kind"] == "Kustomization"
-    assert set(k) <= {"apiVersion", "kind", "namespace", "resources", "images", "labels"}, set(k)
-    out = []
-    for res in k["resources"]:
-        path = os.path.join(DAEMONSET, res)
-        assert os.path.isfile(path), f"{res} listed in kustomization.yaml does not exist"
-        out += load_yaml(path)
-    images = {i["name"]: i for i in k.get("images", [])}
-    for doc in out:
-        if "namespace" in k and doc["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding", "RuntimeClass",
-                                                     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
-            doc["metadata"]["namespace"] = k["namespace"]  # kustomize overrides explicit ones too
-        for pairs in k.get("labels", []):
-            doc["metadata"].setdefault("labels", {}).update(pairs["pairs"])
-        spec = doc.get("spec", {}).get("template", {}).get("spec", {})
-        for c in spec.get("containers", []):
-            name = c["image"].split(":")[0]
-            assert name in images, f"image {c['image']} has no images: entry"
-            c["image"] = f"{images[name].get('newName', name)}:{images[name]['newTag']}"
-    return out
+from manifests import DAEMONSET, kustomize, load_yaml  # noqa: E402
 
 
 def validate(doc: dict) -> None:

@@ -35,7 +35,7 @@ OPERATOR = """{
 """
 
 
-from test_install import gpuhook, ok, refused  # noqa: E402  (the install tests' runners)
+from conftest import gpuhook, ok, refused  # noqa: E402  (the install tests' runners)
 
 
 @pytest.fixture

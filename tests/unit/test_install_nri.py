@@ -27,7 +27,7 @@ import tomllib
 import pytest
 
 import debroot
-from conftest import REPO, fake_systemctl, is_root, run_as_pod
+from conftest import REPO, fake_systemctl, gpuhook as cli, is_root, run_as_pod
 from gpuhook.install import containerd as ctd
 from gpuhook.install import core, units
 
@@ -102,11 +102,6 @@ def uninstall(root) -> list[str]:
     said: list[str] = []
     core.uninstall(core.Options(host_root=str(root)), said.append)
     return said
-
-
-def cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpuhook", *map(str, args)], cwd=REPO, capture_output=True,
-                          text=True, timeout=120, stdin=subprocess.DEVNULL)
 
 
 def tree(root) -> dict:

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO
-from gpuhook import log, runtime
+from conftest import NO_CONFIG, gpuhook
+from gpuhook import log
+from gpuhook.runtime import create
+from gpuhook.runtime.args import Call, Invocation
+from gpuhook.runtime.logline import write_log
 
 TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
@@ -40,9 +40,9 @@ def test_same_shape_as_the_runtimes_create_line(tmp_path):
     class Config:
         log_file = str(tmp_path / "gpuhook.log")
 
-    out = runtime.Outcome()
+    out = create.Outcome()
     out.decision, out.vendors, out.nodes = "injected", ["nvidia"], ["/dev/nvidia0"]
-    runtime.log_line(Config, runtime.Invocation("create", "/b", "c1", None, None), out, 0.0)
+    write_log(create.log_line(Config, Invocation("create", "/b", "c1", None, None), out, Call({}, "/")))
     rt = json.loads(open(Config.log_file).read())
     buf = io.StringIO()
     log.configure(stream=buf, fmt="json")
@@ -126,18 +126,13 @@ def test_tail_reads_backwards_across_blocks(tmp_path):
     assert len(records) == 20000
 
 
-def gpuhook(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpuhook", *args], capture_output=True, text=True, cwd=REPO,
-                          env=dict(os.environ, GPUHOOK_CONFIG="/nonexistent/gpuhook.toml"), timeout=60)
-
-
 def test_log_command(tmp_path):
     p = tmp_path / "gpuhook.log"
     cid = "f" * 64
     p.write_text("\n".join([rec(1), "\x00\xff torn", rec(2, "no-gpu"), rec(3, "sandbox"),
                             json.dumps({**json.loads(rec(4, "error")), "container_id": cid, "error": "x" * 300}),
                             rec(5, pod_namespace="ml", pod_name="trainer-0", pod_uid="u-1", container_name="worker")]) + "\n")
-    r = gpuhook("log", "--file", str(p), "-n", "3")
+    r = gpuhook("log", "--file", str(p), "-n", "3", config=NO_CONFIG)
     assert r.returncode == 0, r.stderr
     rows = r.stdout.splitlines()
     assert rows[0].split() == ["TIME", "CONTAINER", "POD", "FRONT", "DECISION", "VENDORS", "NODES", "MOUNTS", "MS",
@@ -146,16 +141,16 @@ def test_log_command(tmp_path):
     assert [row.split()[2] for row in rows[1:]] == ["-", "-", "ml/trainer-0:worker"]
     assert cid[:15] + "…" in r.stdout and cid not in r.stdout  # long ids shortened
     assert r.stderr == ""  # the garbage is further back than the last 3
-    r = gpuhook("log", "--file", str(p))
+    r = gpuhook("log", "--file", str(p), config=NO_CONFIG)
     assert len(r.stdout.splitlines()) == 6 and "1 unreadable line(s) skipped" in r.stderr
-    r = gpuhook("log", "--file", str(p), "--decision", "injected", "--wide")
+    r = gpuhook("log", "--file", str(p), "--decision", "injected", "--wide", config=NO_CONFIG)
     assert [row.split()[1] for row in r.stdout.splitlines()[1:]] == ["c1", "c5"]
-    r = gpuhook("log", "--file", str(p), "-n", "1", "--json")
+    r = gpuhook("log", "--file", str(p), "-n", "1", "--json", config=NO_CONFIG)
     assert json.loads(r.stdout)["container_id"] == "c5"
-    r = gpuhook("log", "--file", str(tmp_path / "none.log"))
+    r = gpuhook("log", "--file", str(tmp_path / "none.log"), config=NO_CONFIG)
     assert r.returncode == 2 and "no such file" in r.stderr and "Traceback" not in r.stderr
     (tmp_path / "empty.log").write_text("")
-    r = gpuhook("log", "--file", str(tmp_path / "empty.log"))
+    r = gpuhook("log", "--file", str(tmp_path / "empty.log"), config=NO_CONFIG)
     assert r.returncode == 0 and "No container creates" in r.stdout
 
 
@@ -183,11 +178,16 @@ def test_the_create_line_names_the_pod(tmp_path):
     class Config:
         log_file = str(tmp_path / "gpuhook.log")
 
-    out = runtime.Outcome()
+    out = create.Outcome()
     out.pod = want
     out.decision = "declined"
-    out.explain = {"held_back": [{"device": "nvidia:GPU-1", "why": "x"}], "reason": "all 1 GPU(s) held back"}
-    runtime.log_line(Config, runtime.Invocation("create", "/b", "c1", None, None), out, 0.0)
+    from gpuhook.edits import Edits
+    from gpuhook.plan import ALLOCATED, Held, Plan
+    from gpuhook.plan.policy import Allocation
+
+    held = Held("nvidia:GPU-1", ALLOCATED, Allocation("nvidia.com/gpu", "GPU-1", "pod-2"))
+    out.plan = Plan(Edits(), held_back=(held,), reason="all 1 GPU(s) held back")
+    write_log(create.log_line(Config, Invocation("create", "/b", "c1", None, None), out, Call({}, "/")))
     line = json.loads(open(Config.log_file).read())
     assert {k: line[k] for k in want} == want
     assert line["held_back"] == ["nvidia:GPU-1"] and line["reason"] == "all 1 GPU(s) held back"
@@ -200,11 +200,11 @@ def test_a_pod_cannot_bloat_the_node_log(tmp_path):
     class Config:
         log_file = str(tmp_path / "gpuhook.log")
 
-    out = runtime.Outcome()
+    out = create.Outcome()
     out.decision = "error"
     out.error = "E" * 100_000
     out.warnings = [f"w{i}:" + "x" * 10_000 for i in range(300)]
-    runtime.log_line(Config, runtime.Invocation("create", "/b", "c1", None, None), out, 0.0)
+    write_log(create.log_line(Config, Invocation("create", "/b", "c1", None, None), out, Call({}, "/")))
     with open(Config.log_file) as f:
         lines = f.read().splitlines()
     assert len(lines) == 1

@@ -169,7 +169,7 @@ def planned(req: pb.CreateContainerRequest):
 
     config, _ = load()
     return plan(probe(config.host_root), nri.request_from_nri(req.container, "/run/c/c1/rootfs"), "/sbin/ldconfig",
-                config, os.environ["GPUHOOK_CACHE_DIR"], [])
+                config, os.environ["GPUHOOK_CACHE_DIR"]).edits
 
 
 def records(log) -> list[dict]:

@@ -83,10 +83,9 @@ def test_a_pod_naming_itself_another_does_not_get_its_gpu(tmp_path, runtime):
                          "550.54.14")
     spec = as_written(runtime, FORGED, passthrough=("*",))
     spec["root"] = {"path": "rootfs"}
-    explain: dict = {}
-    plan(Inventory(root, (nv,)), request_from_spec(spec, None), config=Config(share="unallocated"), explain=explain)
-    assert explain["devices"] == ["nvidia:GPU-0"]
-    assert [h["device"] for h in explain["held_back"]] == ["nvidia:GPU-1"]
+    planned = plan(Inventory(root, (nv,)), request_from_spec(spec, None), config=Config(share="unallocated"))
+    assert planned.devices == ("nvidia:GPU-0",)
+    assert [h.device for h in planned.held_back] == ["nvidia:GPU-1"]
 
 
 def test_the_agent_reads_the_pod_of_a_bundle_the_same_way(tmp_path):

@@ -1,11 +1,10 @@
 """Which pods really got a GPU: the agent follows the runtime's log and posts pod Events
 (GPUsInjected / RanOnCPU, aggregated, rate-limited), sets the pod label
 gpuhook.dev/accelerator, and serves Prometheus metrics. The API is a fake one on 127.0.0.1
-(test_labels.FakeAPI); end to end, the log comes from real creates through CRI."""
+(gpuhook.testing.kubeapi.FakeAPI); end to end, the log comes from real creates through CRI."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
@@ -20,15 +19,6 @@ from gpuhook.testing.front import prime
 from gpuhook.agent import core as agent_mod
 from gpuhook import log
 from gpuhook.agent import podevents
-from test_labels import fake_api  # noqa: F401 (fixture)
-
-
-@pytest.fixture
-def logs():
-    out = io.StringIO()
-    log.configure(stream=out, fmt="json", level="debug")
-    yield lambda: [json.loads(line) for line in out.getvalue().splitlines()]
-    log.configure(stream=io.StringIO(), fmt="json")
 
 
 def create(decision="injected", pod="trainer-0", ns="ml", uid="uid-trainer-0", ctr="app", **kw) -> dict:
@@ -218,7 +208,7 @@ def test_cri_creates_become_pod_events_and_metrics(make_host, runtime, container
     second, labels both, and its metrics endpoint counts the creates."""
     import cri_client
     from containerd_harness import IMAGE_NAME
-    from test_e2e_cri import HANDLER, Kubelet
+    from kubelet import HANDLER, Kubelet
 
     gpu_host, cpu_host = make_host("nvidia", mknod=True), make_host("cpu", mknod=True)
     rt = runtime(gpu_host)

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import REPO, request
 from gpuhook.testing import fakehost
-from gpuhook.plan import policy
+from gpuhook.plan import nvidia, policy
 from gpuhook.config import Config
 from gpuhook.edits import DeviceNode
 from gpuhook.inventory import Device, Inventory, Library, Node, VendorInventory
@@ -54,6 +54,11 @@ def req(annotations=None, **kw):
     return request(annotations=annotations, **{"rootfs": None, **kw})
 
 
+def plan_edits(*args, **kw):
+    """The edits of plan_edits(), what most of these tests look at."""
+    return plan(*args, **kw).edits
+
+
 def vendors(e) -> list[str]:
     acc = next((x.split("=", 1)[1] for x in e.env if x.startswith("GPUHOOK_ACCELERATOR=")), "")
     return acc.split(",") if acc else []
@@ -68,26 +73,26 @@ def devices(e) -> list[str]:
 
 @pytest.mark.parametrize("value", ["false", "FALSE", " no ", "0", "off"])
 def test_inject_false(value):
-    assert not plan(INV, req({"gpuhook.dev/inject": value}))
+    assert not plan_edits(INV, req({"gpuhook.dev/inject": value}))
 
 
 def test_vendors_narrow():
-    e = plan(INV, req({"gpuhook.dev/vendors": "nvidia,amd"}))
+    e = plan_edits(INV, req({"gpuhook.dev/vendors": "nvidia,amd"}))
     assert vendors(e) == ["nvidia", "amd"]
     assert not any(n.path == "/dev/dri/renderD130" for n in e.device_nodes)
-    e = plan(INV, req({"gpuhook.dev/vendors": " Intel "}))
+    e = plan_edits(INV, req({"gpuhook.dev/vendors": " Intel "}))
     assert vendors(e) == ["intel"] and [n.path for n in e.device_nodes] == ["/dev/dri/card0", "/dev/dri/renderD130"]
     # a vendor the node does not have: nothing (the pod said only that vendor)
-    assert not plan(Inventory("/", (nv(),)), req({"gpuhook.dev/vendors": "amd"}))
+    assert not plan_edits(Inventory("/", (nv(),)), req({"gpuhook.dev/vendors": "amd"}))
 
 
 def test_max_gpus_counts_devices_across_vendors():
-    e = plan(INV, req({"gpuhook.dev/max-gpus": "1"}))
+    e = plan_edits(INV, req({"gpuhook.dev/max-gpus": "1"}))
     assert devices(e) == ["nvidia:GPU-0000"] and vendors(e) == ["nvidia"]
     assert not any(n.path == "/dev/kfd" for n in e.device_nodes)  # a vendor without device gets nothing
-    e = plan(INV, req({"gpuhook.dev/max-gpus": "9"}))
+    e = plan_edits(INV, req({"gpuhook.dev/max-gpus": "9"}))
     assert len(devices(e)) == 9
-    assert not plan(INV, req({"gpuhook.dev/max-gpus": "0"}))
+    assert not plan_edits(INV, req({"gpuhook.dev/max-gpus": "0"}))
 
 
 @pytest.mark.parametrize("annotations, reason", [
@@ -104,29 +109,27 @@ def test_max_gpus_counts_devices_across_vendors():
     ({"gpuhook.dev/host-path": "/etc"}, "not a gpuhook annotation"),
 ])
 def test_invalid_annotations_fall_back_to_node_policy_with_a_reason(annotations, reason):
-    w: list[str] = []
-    e = plan(INV, req(annotations), warnings=w)
-    assert e == plan(INV, req())  # as the node policy says: everything
+    p = plan(INV, req(annotations))
+    e, w = p.edits, p.warnings
+    assert e == plan(INV, req()).edits  # as the node policy says: everything
     assert len(w) == 1 and reason in w[0], w
     assert len(w[0]) < 400  # a huge value is never copied whole into the log
 
 
 def test_other_annotations_are_not_ours():
-    w: list[str] = []
-    plan(INV, req({"io.kubernetes.cri.sandbox-uid": "x", "gpuhook.devx/y": "1"}), warnings=w)
-    assert w == []
+    assert plan(INV, req({"io.kubernetes.cri.sandbox-uid": "x", "gpuhook.devx/y": "1"})).warnings == ()
 
 
 def test_valid_and_invalid_together():
-    w: list[str] = []
-    e = plan(INV, req({"gpuhook.dev/vendors": "amd", "gpuhook.dev/max-gpus": "lots"}), warnings=w)
+    p = plan(INV, req({"gpuhook.dev/vendors": "amd", "gpuhook.dev/max-gpus": "lots"}))
+    e, w = p.edits, p.warnings
     assert vendors(e) == ["amd"] and len(devices(e)) == 2 and len(w) == 1
 
 
 # -- device plugins on the same node -------------------------------------------------------------
 
 def test_device_plugin_gpu_in_spec_gets_no_other_gpu_of_that_vendor():
-    e = plan(INV, req(spec_devices={"/dev/nvidia2": ("c", 195, 2)}))
+    e = plan_edits(INV, req(spec_devices={"/dev/nvidia2": ("c", 195, 2)}))
     nv_nodes = [n.path for n in e.device_nodes if n.path.startswith("/dev/nvidia")]
     assert nv_nodes == ["/dev/nvidia2", "/dev/nvidiactl"]  # what the GPU needs, no other GPU
     assert [d for d in devices(e) if d.startswith("nvidia:")] == ["nvidia:GPU-0002"]
@@ -135,28 +138,28 @@ def test_device_plugin_gpu_in_spec_gets_no_other_gpu_of_that_vendor():
 
 def test_device_plugin_match_is_by_number_not_path():
     # a plugin that put the host's /dev/nvidia5 at /dev/nvidia0 in the container
-    e = plan(INV, req(spec_devices={"/dev/nvidia0": ("c", 195, 5)}))
+    e = plan_edits(INV, req(spec_devices={"/dev/nvidia0": ("c", 195, 5)}))
     assert [d for d in devices(e) if d.startswith("nvidia:")] == ["nvidia:GPU-0005"]
     # an unrelated device at a GPU's path does not count
-    e = plan(INV, req(spec_devices={"/dev/nvidia0": ("c", 10, 200)}))
+    e = plan_edits(INV, req(spec_devices={"/dev/nvidia0": ("c", 10, 200)}))
     assert len([d for d in devices(e) if d.startswith("nvidia:")]) == 8
 
 
 def test_device_plugin_amd_render_node():
-    e = plan(INV, req(spec_devices={"/dev/dri/renderD129": ("c", 226, 129)}, annotations={"gpuhook.dev/vendors": "amd"}))
+    e = plan_edits(INV, req(spec_devices={"/dev/dri/renderD129": ("c", 226, 129)}, annotations={"gpuhook.dev/vendors": "amd"}))
     assert devices(e) == ["amd:0000:44:00.0"]
     assert [n.path for n in e.device_nodes] == ["/dev/dri/card2", "/dev/dri/renderD129", "/dev/kfd"]
 
 
 def test_device_plugin_env_narrows_nvidia():
-    e = plan(INV, req(env={"NVIDIA_VISIBLE_DEVICES": "GPU-0003,GPU-0006"}))
+    e = plan_edits(INV, req(env={"NVIDIA_VISIBLE_DEVICES": "GPU-0003,GPU-0006"}))
     assert [d for d in devices(e) if d.startswith("nvidia:")] == ["nvidia:GPU-0003", "nvidia:GPU-0006"]
 
 
 def test_device_plugin_gpus_count_against_max_gpus():
-    e = plan(INV, req({"gpuhook.dev/max-gpus": "2"}, spec_devices={"/dev/nvidia2": ("c", 195, 2)}))
+    e = plan_edits(INV, req({"gpuhook.dev/max-gpus": "2"}, spec_devices={"/dev/nvidia2": ("c", 195, 2)}))
     assert devices(e) == ["nvidia:GPU-0002", "amd:0000:43:00.0"]
-    e = plan(INV, req({"gpuhook.dev/max-gpus": "0"}, spec_devices={"/dev/nvidia2": ("c", 195, 2)}))
+    e = plan_edits(INV, req({"gpuhook.dev/max-gpus": "0"}, spec_devices={"/dev/nvidia2": ("c", 195, 2)}))
     assert devices(e) == ["nvidia:GPU-0002"]  # never taken away
 
 
@@ -191,44 +194,41 @@ def test_unallocated_honours_the_checkpoint(tmp_path):
                       entry("pod-b", "amd.com/gpu", ["0000:43:00.0"], v1=True),
                       entry("pod-me", "nvidia.com/gpu", ["GPU-0007"])])
     inv = Inventory(root, INV.vendors)
-    e = plan(inv, req({"io.kubernetes.cri.sandbox-uid": "pod-me"}), config=Config(share="unallocated"))
+    e = plan_edits(inv, req({"io.kubernetes.cri.sandbox-uid": "pod-me"}), config=Config(share="unallocated"))
     assert [d for d in devices(e) if d.startswith("nvidia:")] == [
         f"nvidia:GPU-{i:04d}" for i in (0, 2, 3, 5, 6, 7)]  # pod-me's own GPU is not someone else's
     assert [d for d in devices(e) if d.startswith("amd:")] == ["amd:0000:44:00.0"]
     # the default is share = "unallocated"; share = "all" does not even read the checkpoint
-    assert devices(plan(inv, req({"io.kubernetes.cri.sandbox-uid": "pod-me"}))) == devices(e)
-    assert len(devices(plan(inv, req(), config=Config(share="all")))) == 11
+    assert devices(plan_edits(inv, req({"io.kubernetes.cri.sandbox-uid": "pod-me"}))) == devices(e)
+    assert len(devices(plan_edits(inv, req(), config=Config(share="all")))) == 11
 
 
 def test_plan_explains_what_it_held_back(tmp_path):
     root = str(tmp_path)
     checkpoint(root, [entry("pod-a", "nvidia.com/gpu", ["GPU-0001", "GPU-0004"])])
-    explain: dict = {}
-    e = plan(Inventory(root, INV.vendors), req(), explain=explain)
-    assert len(devices(e)) == 9 and "reason" not in explain and explain["devices"] == devices(e)
-    assert explain["held_back"] == [
-        {"device": f"nvidia:GPU-{i:04d}", "why": "allocated by the kubelet to pod 'pod-a' (nvidia.com/gpu 'GPU-%04d')" % i}
+    p = plan(Inventory(root, INV.vendors), req())
+    e = p.edits
+    assert len(devices(e)) == 9 and p.reason is None and list(p.devices) == devices(e)
+    assert [(h.device, h.why) for h in p.held_back] == [
+        (f"nvidia:GPU-{i:04d}", "allocated by the kubelet to pod 'pod-a' (nvidia.com/gpu 'GPU-%04d')" % i)
         for i in (1, 4)]
-    explain = {}
-    assert len(devices(plan(Inventory(root, INV.vendors), req(), config=Config(share="all"), explain=explain))) == 11
-    assert list(explain) == ["vendors", "devices"] and explain["vendors"] == vendors(e_all := plan(
-        Inventory(root, INV.vendors), req(), config=Config(share="all")))
-    assert explain["devices"] == devices(e_all)
+    p = plan(Inventory(root, INV.vendors), req(), config=Config(share="all"))
+    assert len(devices(p.edits)) == 11 and p.held_back == () and p.reason is None
+    assert list(p.vendors) == vendors(p.edits) and list(p.devices) == devices(p.edits)
 
 
 def test_plan_says_why_a_gpu_node_gave_nothing(tmp_path):
     root = str(tmp_path)
     checkpoint(root, [entry("pod-a", "nvidia.com/gpu", [f"GPU-{i:04d}" for i in range(8)])])
     nvidia_only = Inventory(root, tuple(v for v in INV.vendors if v.vendor == "nvidia"))
-    explain: dict = {}
-    assert not plan(nvidia_only, req(), explain=explain)
-    assert explain["reason"] == 'all 8 GPU(s) held back: allocated by the kubelet to other pods (share = "unallocated")'
+    p = plan(nvidia_only, req())
+    assert not p.edits
+    assert p.reason == 'all 8 GPU(s) held back: allocated by the kubelet to other pods (share = "unallocated")'
     for annotations, reason in [({"gpuhook.dev/inject": "false"}, 'the pod says gpuhook.dev/inject: "false"'),
                                 ({"gpuhook.dev/max-gpus": "0"}, 'the pod says gpuhook.dev/max-gpus: "0"'),
                                 ({"gpuhook.dev/vendors": "intel"}, "the pod's gpuhook.dev/vendors names no vendor of this node")]:
-        explain = {}
-        assert not plan(Inventory(str(tmp_path / "none"), nvidia_only.vendors), req(annotations), explain=explain)
-        assert explain == {"reason": reason}
+        p = plan(Inventory(str(tmp_path / "none"), nvidia_only.vendors), req(annotations))
+        assert not p.edits and (p.vendors, p.devices, p.held_back, p.reason) == ((), (), (), reason)
 
 
 def test_unallocated_partitions_of_an_allocated_gpu_and_intel_cards(tmp_path):
@@ -237,12 +237,12 @@ def test_unallocated_partitions_of_an_allocated_gpu_and_intel_cards(tmp_path):
                                                 (Node(f"/dev/dri/renderD{128 + i}", "c", 226, 128 + i),),
                                                 "0000:05:00.0", None, None, "0000:05:00.0") for i in range(4)))
     checkpoint(root, [entry("p", "amd.com/gpu", ["0000:05:00.0"]), entry("p", "gpu.intel.com/i915", ["card0-0"])])
-    e = plan(Inventory(root, (parts, intel())), req(), config=Config(share="unallocated"))
+    e = plan_edits(Inventory(root, (parts, intel())), req(), config=Config(share="unallocated"))
     assert not e
 
 
 def test_unallocated_without_a_checkpoint_gives_everything(tmp_path):
-    e = plan(Inventory(str(tmp_path), INV.vendors), req(), config=Config(share="unallocated"))
+    e = plan_edits(Inventory(str(tmp_path), INV.vendors), req(), config=Config(share="unallocated"))
     assert len(devices(e)) == 11
 
 
@@ -250,9 +250,9 @@ def test_unallocated_without_a_checkpoint_gives_everything(tmp_path):
 def test_unallocated_with_an_unreadable_checkpoint_gives_no_gpu(tmp_path, raw):
     root = str(tmp_path)
     checkpoint(root, [], raw=raw)
-    w: list[str] = []
-    assert not plan(Inventory(root, INV.vendors), req(), config=Config(share="unallocated"), warnings=w)
-    assert any("no GPU is given" in x for x in w)
+    p = plan(Inventory(root, INV.vendors), req(), config=Config(share="unallocated"))
+    assert not p.edits
+    assert any("no GPU is given" in x for x in p.warnings)
 
 
 # -- round robin -------------------------------------------------------------------------------------
@@ -261,13 +261,13 @@ def test_round_robin_spreads_4_containers_over_8_gpus(tmp_path):
     inv = Inventory("/", (nv(8),))
     given = []
     for _ in range(4):
-        e = plan(inv, req({"gpuhook.dev/max-gpus": "1"}), state_dir=str(tmp_path))
+        e = plan_edits(inv, req({"gpuhook.dev/max-gpus": "1"}), state_dir=str(tmp_path))
         given += devices(e)
     assert len(given) == 4 and len(set(given)) == 4
     for _ in range(4):  # the next four take the other GPUs, then it starts over
-        given += devices(plan(inv, req({"gpuhook.dev/max-gpus": "1"}), state_dir=str(tmp_path)))
+        given += devices(plan_edits(inv, req({"gpuhook.dev/max-gpus": "1"}), state_dir=str(tmp_path)))
     assert sorted(given) == sorted(f"nvidia:GPU-{i:04d}" for i in range(8))
-    assert devices(plan(inv, req({"gpuhook.dev/max-gpus": "1"}), state_dir=str(tmp_path))) == [given[0]]
+    assert devices(plan_edits(inv, req({"gpuhook.dev/max-gpus": "1"}), state_dir=str(tmp_path))) == [given[0]]
 
 
 def test_round_robin_least_used_first(tmp_path):
@@ -294,7 +294,7 @@ def _create(state_dir: str, out) -> None:
     sys.path.insert(0, REPO)
     from gpuhook.plan import plan as plan_
 
-    e = plan_(Inventory("/", (nv(8),)), req({"gpuhook.dev/max-gpus": "1"}), state_dir=state_dir)
+    e = plan_(Inventory("/", (nv(8),)), req({"gpuhook.dev/max-gpus": "1"}), state_dir=state_dir).edits
     out.put(devices(e)[0])
 
 
@@ -330,7 +330,7 @@ def test_fake_host_device_plugin_nvidia2(tmp_path):
     fh = fakehost.FakeHost(str(tmp_path / "h"), mknod=False)
     fakehost.nvidia(fh, gpus=4, libs=False)  # minors reversed: /dev/nvidia2 is GPU index 1
     spec = {"linux": {"devices": [{"path": "/dev/nvidia2", "type": "c", "major": 195, "minor": 2}]}}
-    e = plan(probe(fh.root), request_from_spec(spec))
+    e = plan_edits(probe(fh.root), request_from_spec(spec))
     assert [n.path for n in e.device_nodes if n.path[11:].isdigit()] == ["/dev/nvidia2"]
     assert "GPUHOOK_DEVICES=nvidia:GPU-00000001-1111-2222-3333-444444444445" in e.env
 
@@ -495,7 +495,7 @@ def test_a_checkpoint_index_counts_only_for_nvidias_own_resource(tmp_path):
     root = str(tmp_path)
     checkpoint(root, [entry("pod-f", "example.com/fpga", ["0"], v1=True),
                       entry("pod-n", "nvidia.com/gpu", ["2", "5"])])
-    e = plan(Inventory(root, INV.vendors), req())
+    e = plan_edits(Inventory(root, INV.vendors), req())
     assert [d for d in devices(e) if d.startswith("nvidia:")] == [
         f"nvidia:GPU-{i:04d}" for i in (0, 1, 3, 4, 6, 7)]
     assert [d for d in devices(e) if d.startswith("amd:")] == ["amd:0000:43:00.0", "amd:0000:44:00.0"]
@@ -507,12 +507,12 @@ def test_a_checkpoint_id_that_only_looks_like_an_index_is_no_index(tmp_path, ide
     indexes: such an id maps to no GPU, so which GPU it takes is unknown and every NVIDIA GPU
     is held back (a plain "3" holds back GPU 3 alone)."""
     checkpoint(str(tmp_path), [entry("pod-x", "nvidia.com/gpu", [ident], v1=True)])
-    w: list = []
-    given = devices(plan(Inventory(str(tmp_path), INV.vendors), req(), warnings=w))
+    p = plan(Inventory(str(tmp_path), INV.vendors), req())
+    given, w = devices(p.edits), p.warnings
     assert [d for d in given if d.startswith("nvidia:")] == []
     assert any("no nvidia GPU is given" in x for x in w)
     checkpoint(str(tmp_path), [entry("pod-x", "nvidia.com/gpu", ["3"], v1=True)])
-    given = devices(plan(Inventory(str(tmp_path), INV.vendors), req()))
+    given = devices(plan_edits(Inventory(str(tmp_path), INV.vendors), req()))
     assert [d for d in given if d.startswith("nvidia:")] == [f"nvidia:GPU-{i:04d}" for i in (0, 1, 2, 4, 5, 6, 7)]
 
 
@@ -521,14 +521,10 @@ def test_held_back_explains_long_pod_and_device_names_cut_short(tmp_path):
     readable line, cut with '...', and a short one is shown whole."""
     long_pod, long_id = "p" * 500, "GPU-0003" + "x" * 500
     checkpoint(str(tmp_path), [entry(long_pod, "nvidia.com/gpu", ["GPU-0001"], v1=True)])
-    explain: dict = {}
-    plan(Inventory(str(tmp_path), INV.vendors), req(), explain=explain)
-    whys = [h["why"] for h in explain.get("held_back", [])]
+    whys = [h.why for h in plan(Inventory(str(tmp_path), INV.vendors), req()).held_back]
     assert len(whys) == 1 and len(whys[0]) < 200 and "..." in whys[0] and "'GPU-0001'" in whys[0]
     checkpoint(str(tmp_path), [entry("pod-b", "nvidia.com/gpu", [long_id.upper()], v1=True)])
-    explain = {}
-    plan(Inventory(str(tmp_path), INV.vendors), req(), explain=explain)
-    whys = [h["why"] for h in explain.get("held_back", [])]
+    whys = [h.why for h in plan(Inventory(str(tmp_path), INV.vendors), req()).held_back]
     assert len(whys) == 8 and all(len(x) < 250 and "..." in x and "'pod-b'" in x for x in whys)
     assert policy.show("x" * 10) == repr("x" * 10)
     cut = policy.show("y" * 1000)
@@ -545,7 +541,7 @@ def test_held_back_explains_long_pod_and_device_names_cut_short(tmp_path):
 def test_container_dir_takes_only_a_plain_absolute_directory(path, want):
     """CUDA_MPS_PIPE_DIRECTORY is the tenant's: a directory gpuhook mounts the node's MPS
     pipes at, so never /, never /proc, /sys or /dev, nothing to normalise, no NUL, not too long."""
-    assert policy.container_dir(path) == want
+    assert nvidia.container_dir(path) == want
 
 
 def test_request_from_spec_reads_what_the_runtime_wrote(tmp_path):
@@ -570,9 +566,8 @@ def test_request_from_spec_reads_what_the_runtime_wrote(tmp_path):
 def test_round_robin_that_cannot_keep_its_state_says_so_in_the_plans_warnings(tmp_path):
     blocked = tmp_path / "file"
     blocked.write_text("")
-    warnings: list = []
-    e = plan(Inventory("/", (nv(4),)), req({"gpuhook.dev/max-gpus": "1"}), state_dir=str(blocked / "sub"),
-             warnings=warnings)
+    p = plan(Inventory("/", (nv(4),)), req({"gpuhook.dev/max-gpus": "1"}), state_dir=str(blocked / "sub"))
+    e, warnings = p.edits, p.warnings
     assert devices(e) == ["nvidia:GPU-0000"]
     assert any("round robin" in w for w in warnings)
 
@@ -582,7 +577,7 @@ def test_a_node_without_ldconfig_still_gets_its_libraries_without_the_ld_cache_h
 
     monkeypatch.setattr(plan_mod, "LDCONFIG_CANDIDATES", (str(tmp_path / "no-ldconfig"),))
     assert plan_mod.find_ldconfig() is None
-    e = plan(Inventory("/", (nv(1),)), req(rootfs=str(tmp_path)))
+    e = plan_edits(Inventory("/", (nv(1),)), req(rootfs=str(tmp_path)))
     assert devices(e) == ["nvidia:GPU-0000"] and any(m.container_path.endswith("libcuda.so.550.54.14") for m in e.mounts)
     assert not e.hooks
 
@@ -593,7 +588,7 @@ def test_planned_nodes_are_the_probes_numbers_owner_and_mode():
     nodes = (Node("/dev/dri/card1", "c", 226, 1, 0o660, 0, 44), Node("/dev/dri/renderD128", "c", 226, 128, 0o666, 7, 109))
     amd1 = VendorInventory("amd", (Device("amd", "gpu", 0, "0000:43:00.0", nodes, "0000:43:00.0"),),
                            (Node("/dev/kfd", "b", 235, 3, 0o600, 0, 0),))
-    e = plan(Inventory("/", (amd1,)), req())
+    e = plan_edits(Inventory("/", (amd1,)), req())
     by_path = {n.path: n for n in e.device_nodes}
     assert by_path["/dev/dri/card1"] == DeviceNode("/dev/dri/card1", "c", 226, 1, "rwm", 0o660, 0, 44)
     assert by_path["/dev/dri/renderD128"] == DeviceNode("/dev/dri/renderD128", "c", 226, 128, "rwm", 0o666, 7, 109)
@@ -607,14 +602,14 @@ def test_planned_nodes_are_the_probes_numbers_owner_and_mode():
 def test_a_node_brings_its_group_only_when_only_its_group_may_open_it(mode, needs_group):
     node = Node("/dev/dri/renderD128", "c", 226, 128, mode, 0, 44)
     amd1 = VendorInventory("amd", (Device("amd", "gpu", 0, "0000:43:00.0", (node,), "0000:43:00.0"),))
-    assert plan(Inventory("/", (amd1,)), req()).additional_gids == ((44,) if needs_group else ())
+    assert plan_edits(Inventory("/", (amd1,)), req()).additional_gids == ((44,) if needs_group else ())
 
 
 @pytest.mark.parametrize("root", ["/srv/nodeX", "/srv/nodeX/"])
 def test_a_host_root_is_joined_to_node_paths_cleanly(root):
     """A fake host root (dry runs, tests), with or without a trailing '/': the runtime gets
     the libraries under it, each path written plainly."""
-    e = plan(Inventory(root, (nv(1),)), req())
+    e = plan_edits(Inventory(root, (nv(1),)), req())
     assert f"/srv/nodeX{CUDA.path}" in {m.host_path for m in e.mounts}
     assert all("//" not in m.host_path for m in e.mounts)
 
@@ -627,9 +622,8 @@ def test_visible_void_is_nothing_and_no_warning(value, plugin):
     (not even when the node's NVIDIA userspace is missing: the container asked for nothing)."""
     spec_devices = {"/dev/nvidia0": ("c", 195, 0)} if plugin else None
     for inv in (Inventory("/", (nv(2),)), Inventory("/", (nv(2)._replace(libraries=()),))):
-        warnings: list = []
-        e = plan(inv, req(env={"NVIDIA_VISIBLE_DEVICES": value}, spec_devices=spec_devices), warnings=warnings)
-        assert not e and warnings == []
+        p = plan(inv, req(env={"NVIDIA_VISIBLE_DEVICES": value}, spec_devices=spec_devices))
+        assert not p.edits and p.warnings == ()
 
 
 @pytest.mark.parametrize("value, want", [
@@ -639,9 +633,9 @@ def test_visible_void_is_nothing_and_no_warning(value, plugin):
 def test_imex_channels_are_all_or_the_numbers_given(value, want):
     """NVIDIA_IMEX_CHANNELS: "all" (any case) is every channel; else the plain ASCII numbers
     listed (up to 6 digits), the rest ignored."""
-    got = policy.imex_channels({"NVIDIA_IMEX_CHANNELS": value})
+    got = nvidia.imex_channels({"NVIDIA_IMEX_CHANNELS": value})
     assert (got if got is None else set(got)) == want
-    assert policy.imex_channels({}) is None
+    assert nvidia.imex_channels({}) is None
 
 
 def test_every_vendors_share_is_kept_whichever_comes_first(tmp_path):
@@ -650,7 +644,7 @@ def test_every_vendors_share_is_kept_whichever_comes_first(tmp_path):
     amd_libs = amd(1)._replace(libraries=(Library("/opt/rocm/lib/libhsa-runtime64.so.1", "libhsa-runtime64.so.1", "compute"),),
                                binaries=("/opt/rocm/bin/rocminfo",))
     for vendors_ in ((amd_libs, nv(1)), (nv(1), amd_libs)):
-        e = plan(Inventory("/srv/node", vendors_), req(rootfs=str(tmp_path)), ldconfig="/opt/node/ldconfig")
+        e = plan_edits(Inventory("/srv/node", vendors_), req(rootfs=str(tmp_path)), ldconfig="/opt/node/ldconfig")
         paths = {n.path for n in e.device_nodes}
         assert {"/dev/nvidia0", "/dev/nvidiactl", "/dev/dri/card1", "/dev/kfd"} <= paths
         mounts = {m.container_path: m.host_path for m in e.mounts}

@@ -71,12 +71,10 @@ def write_checkpoint(root: str, entries: list) -> None:
 
 def given(root: str, entries: list, vendors=(nvidia, amd, intel)):
     write_checkpoint(root, entries)
-    warnings: list[str] = []
-    explain: dict = {}
-    e = plan(Inventory(root, tuple(v() for v in vendors)),
+    p = plan(Inventory(root, tuple(v() for v in vendors)),
              request(annotations={"io.kubernetes.cri.sandbox-uid": ME}, rootfs=None),
-             config=Config(share="unallocated"), warnings=warnings, explain=explain)
-    return set(explain.get("devices", [])) if e else set(), explain.get("held_back", []), warnings
+             config=Config(share="unallocated"))
+    return set(p.devices) if p.edits else set(), list(p.held_back), list(p.warnings)
 
 
 ALL_NV = {f"nvidia:{u}" for u in UUIDS}
@@ -116,8 +114,8 @@ EVERYTHING = ALL_NV | ALL_AMD | ALL_INTEL
 def test_each_device_plugin_id_takes_its_gpu(tmp_path, resource, ident, taken):
     got, held, warnings = given(str(tmp_path), [(OTHER, resource, [ident]), (ME, "nvidia.com/gpu", [f"{UUIDS[0]}::1"])])
     assert got == EVERYTHING - taken
-    assert {h["device"] for h in held} == taken
-    assert all(OTHER in h["why"] for h in held)
+    assert {h.device for h in held} == taken
+    assert all(OTHER in h.why for h in held)
     assert not [w for w in warnings if "cannot map" in w]
 
 
@@ -127,7 +125,7 @@ def test_an_amd_partition_on_an_xcp_platform_device(tmp_path):
     os.makedirs(os.path.join(root, "sys/devices/platform/amdgpu_xcp_2/drm/renderD130"))
     os.makedirs(os.path.join(root, "sys/devices/platform/amdgpu_xcp_2/drm/card12"))
     got, held, warnings = given(root, [(OTHER, "amd.com/cpx_nps4", ["amdgpu_xcp_2-slice-0"])], vendors=(amd,))
-    assert {h["device"] for h in held} == {"amd:0000:05:00.2"}
+    assert {h.device for h in held} == {"amd:0000:05:00.2"}
     assert got == ALL_AMD - {"amd:0000:05:00.2"} and warnings == []
 
 
@@ -147,13 +145,13 @@ def test_an_id_gpuhook_cannot_map_holds_that_vendors_gpus_back(tmp_path, resourc
     got, held, warnings = given(str(tmp_path), [(OTHER, resource, [ident])])
     mine = {"nvidia": ALL_NV, "amd": ALL_AMD, "intel": ALL_INTEL}[vendor]
     assert got == EVERYTHING - mine  # the other vendors' GPUs are still given
-    assert {h["device"] for h in held} == mine
-    assert all("cannot map" in h["why"] and resource in h["why"] for h in held)
+    assert {h.device for h in held} == mine
+    assert all("cannot map" in h.why and resource in h.why for h in held)
     assert [w for w in warnings if "cannot map" in w and f"no {vendor} GPU is given" in w]
-    explain: dict = {}
     only = Inventory(str(tmp_path), tuple(v() for v in (nvidia, amd, intel) if v().vendor == vendor))
-    assert not plan(only, request(rootfs=None), config=Config(share="unallocated"), explain=explain)
-    assert explain["reason"] == (f'all {len(mine)} GPU(s) held back: the kubelet allocated {resource} '
+    p = plan(only, request(rootfs=None), config=Config(share="unallocated"))
+    assert not p.edits
+    assert p.reason == (f'all {len(mine)} GPU(s) held back: the kubelet allocated {resource} '
                                  f"{ident!r} to pod {OTHER!r}, which gpuhook cannot map to a GPU of this node "
                                  '(share = "unallocated")')
 
@@ -213,15 +211,13 @@ def test_a_mig_uuid_is_mapped_to_its_parent_by_the_plugins_device_nodes(tmp_path
     data = json.load(open(path))
     data["Data"]["PodDeviceEntries"][0]["AllocResp"] = resp
     json.dump(data, open(path, "w"))
-    warnings: list[str] = []
-    explain: dict = {}
-    plan(Inventory(root, (nvidia(),)), request(annotations={"io.kubernetes.cri.sandbox-uid": ME}, rootfs=None),
-         config=Config(share="unallocated"), warnings=warnings, explain=explain)
-    assert [h["device"] for h in explain["held_back"]] == [f"nvidia:{UUIDS[2]}"]
-    assert set(explain["devices"]) == ALL_NV - {f"nvidia:{UUIDS[2]}"} and warnings == []
+    p = plan(Inventory(root, (nvidia(),)), request(annotations={"io.kubernetes.cri.sandbox-uid": ME}, rootfs=None),
+             config=Config(share="unallocated"))
+    assert [h.device for h in p.held_back] == [f"nvidia:{UUIDS[2]}"]
+    assert set(p.devices) == ALL_NV - {f"nvidia:{UUIDS[2]}"} and p.warnings == ()
     # without device nodes in the answer (the default, passDeviceSpecs=false): every NVIDIA GPU held back
     got, held, warnings = given(str(tmp_path / "b"), [(OTHER, "nvidia.com/mig-1g.10gb", [MIG_UUID])], vendors=(nvidia,))
-    assert got == set() and {h["device"] for h in held} == ALL_NV and any("cannot map" in w for w in warnings)
+    assert got == set() and {h.device for h in held} == ALL_NV and any("cannot map" in w for w in warnings)
 
 
 @pytest.mark.parametrize("raw,paths", [("", ()), ("CgA=", ()), ("not base64!", ()), ("////", ()),

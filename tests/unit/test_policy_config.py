@@ -4,19 +4,12 @@ agreement between the runtime's fast reader (config.py) and the pydantic model (
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import NO_CONFIG, gpuhook
 from gpuhook import config as cfg
 from gpuhook.config_model import check
-
-
-def gpuhook(*args, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpuhook", *args], capture_output=True, text=True, cwd=REPO,
-                          env={**os.environ, "GPUHOOK_CONFIG": "/nonexistent/gpuhook.toml", **(env or {})})
 
 
 CASES = [
@@ -109,14 +102,14 @@ def test_cached_config_from_before_the_new_keys_still_loads(tmp_path, monkeypatc
 def test_config_check_ok(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text('share = "unallocated"\nfail_mode = "closed"\n')
-    r = gpuhook("config", "check", "--config", str(path))
+    r = gpuhook("config", "check", "--config", str(path), config=NO_CONFIG)
     assert r.returncode == 0 and r.stdout.strip().endswith(": OK") and r.stderr == ""
 
 
 def test_config_check_prints_every_error_with_its_key(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text('share = "some"\nfail_mode = "shut"\nprobe_cache_ttl = -1\nbogus = 1\nmps_pipe_dir = "x"\n')
-    r = gpuhook("config", "check", "--config", str(path))
+    r = gpuhook("config", "check", "--config", str(path), config=NO_CONFIG)
     assert r.returncode == 1 and "Traceback" not in r.stdout + r.stderr
     lines = r.stdout.strip().splitlines()
     assert len(lines) == 5
@@ -134,22 +127,22 @@ def test_config_check_bad_files(tmp_path, content, words):
     path = tmp_path / "c.toml"
     if content is not None:
         path.write_bytes(content)
-    r = gpuhook("config", "check", "--config", str(path))
+    r = gpuhook("config", "check", "--config", str(path), config=NO_CONFIG)
     assert r.returncode == 1 and words in r.stdout and "Traceback" not in r.stderr
     assert len(r.stdout.strip().splitlines()) == 1
 
 
 def test_config_check_default_path(tmp_path):
-    r = gpuhook("config", "check")
+    r = gpuhook("config", "check", config=NO_CONFIG)
     assert r.returncode == 0 and "defaults apply" in r.stdout
     path = tmp_path / "c.toml"
     path.write_text('share = "nope"\n')
-    r = gpuhook("config", "check", env={"GPUHOOK_CONFIG": str(path)})
+    r = gpuhook("config", "check", config=str(path))
     assert r.returncode == 1 and "share:" in r.stdout
 
 
 def test_config_without_subcommand_is_usage():
-    r = gpuhook("config")
+    r = gpuhook("config", config=NO_CONFIG)
     assert r.returncode == 2 and "check" in r.stderr
 
 

@@ -75,7 +75,7 @@ def test_the_agent_keeps_the_cache_current_past_the_ttl(tmp_path, monkeypatch):
     """On a node where the agent runs, a lone create after a quiet spell longer than the TTL
     still finds the agent's last probe: no cold probe on the create path. Once the host
     changes, the fingerprint sends the create to a probe at once."""
-    from test_agent import make_agent
+    from conftest import make_agent
 
     from gpuhook import probe as probe_pkg
     from gpuhook.config import cache_dir

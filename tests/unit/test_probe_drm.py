@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from gpuhook.testing import fakehost
 from gpuhook.testing.fakehost import DRM_MAJOR, FakeHost
 from gpuhook.probe import accel, amd, common, drm, intel, probe, wsl
+from gpuhook.inventory import VendorInventory
 from gpuhook.probe.host import Host
 
 try:  # loaded now: the vendor modules must be imported before pyfakefs hides the sources
@@ -420,7 +422,10 @@ def test_dev_parser_never_raises(text):
 
 @given(st.text(alphabet="0123456789:\n ²٣x"))
 def test_dev_parser_digits_like_text(text):
-    common.parse_dev(text)
+    """Only ASCII MAJOR:MINOR is read; digits of other scripts (², ٣) are not numbers here."""
+    got = common.parse_dev(text)
+    assert got is None or (re.fullmatch(r"[0-9]+:[0-9]+", text.strip()) and
+                           got == tuple(int(x) for x in text.strip().split(":"))), (text, got)
 
 
 @given(st.integers(), st.integers())
@@ -451,7 +456,8 @@ def test_probes_on_garbage_sysfs_never_raise(vendor, device, ev, dev, props, gpu
         fh.file("/dev/dxg", "")
         host = Host(root)
         for mod in (amd, intel, accel, wsl):
-            mod.probe(host)
+            inv = mod.probe(host)
+            assert inv is None or isinstance(inv, VendorInventory), inv
 
 
 def test_common_parsers_on_unicode_digits():

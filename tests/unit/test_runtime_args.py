@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuhook import config as cfg
-from gpuhook.runtime import parse_args
+from gpuhook.runtime.args import parse_args
 
 FRONT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "gpuhook", "runtime", "gpuhook-runtime")
 
@@ -63,9 +63,29 @@ def test_relative_bundle_and_log_flags(tmp_path, monkeypatch):
     assert (inv.log, inv.log_format) == ("/x/log.json", "json")
 
 
+def test_the_callers_directory_is_the_one_given(tmp_path, monkeypatch):
+    """The runtime server's way: the caller's directory passed in, whatever this process's is;
+    of repeated flags the last counts, whichever spelling (-b, --bundle; -d, --detach=...)."""
+    monkeypatch.chdir(tmp_path)
+    assert parse_args(["create", "id"], "/caller").bundle == "/caller"
+    assert parse_args(["create", "--bundle", "rel", "id"], "/caller").bundle == "/caller/rel"
+    assert parse_args(["create", "-b", "/abs", "id"], "/caller").bundle == "/abs"
+    inv = parse_args(["create", "-b", "x", "--bundle", "y", "-b=z", "id"], "/c")
+    assert (inv.bundle, inv.container_id) == ("/c/z", "id")
+    assert parse_args(["run", "-d", "--detach=false", "id"], "/c").detach is False
+    assert parse_args(["run", "--detach=false", "-d", "id"], "/c").detach is True
+    assert parse_args(["run", "--detach=T", "id"], "/c").detach is True
+    inv = parse_args(["--root", "r", "exec", "-p", "a.json", "--process", "b.json", "id", "-p", "c"], "/c")
+    assert (inv.root, inv.process, inv.container_id, inv.exec_at) == ("r", "b.json", "id", 2)
+
+
 @given(st.lists(st.text(min_size=0, max_size=12), max_size=10))
 def test_parse_args_never_raises(argv):
-    parse_args(argv)
+    """Any argv parses; what it finds are words of argv (exec's where it stands)."""
+    inv = parse_args(argv)
+    assert inv.command is None or inv.command in argv, (argv, inv.command)
+    assert inv.exec_at is None or argv[inv.exec_at] == inv.command == "exec", (argv, inv.exec_at)
+    assert inv.container_id is None or inv.container_id in argv, (argv, inv.container_id)
 
 
 # -- the front and Python agree on the node config ------------------------------------

@@ -9,11 +9,14 @@ socket activation (LISTEN_FDS) is served too, and the socket unit names the same
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -23,7 +26,7 @@ import pytest
 
 from conftest import FRONT, REPO, SERVER_SPEC, ServerNode, is_root, log_records, wrapper_path
 from gpuhook import defaults
-from gpuhook.runtime import server
+from gpuhook.runtime import exec as execenv, server
 
 pytestmark = pytest.mark.skipif(wrapper_path() is None, reason="no installed gpuhook-runtime (make venv)")
 SPEC = SERVER_SPEC
@@ -282,6 +285,7 @@ def test_a_request_past_its_deadline_writes_nothing(node, monkeypatch):
     for name, value in node.env().items():
         monkeypatch.setenv(name, value)
     own = server.Installation()
+    here = os.getcwd()
     argv = ("--root", str(node.tmp / "state"), "create", "--bundle", str(node.bundle), "c11")
     late = server.parse_request(server._reply(*request(node, time.monotonic_ns() - 1, *argv)))
     assert server.handle(late, own) == b"fallback\0"
@@ -293,7 +297,7 @@ def test_a_request_past_its_deadline_writes_nothing(node, monkeypatch):
     assert reply[0] == b"exec" and reply[2] == node.log.encode() and b'"decision":"injected"' in reply[3]
     assert "GPUHOOK_ACCELERATOR=nvidia" in (node.bundle / "config.json").read_text()
     assert log_records(node.log) == []
-    assert os.getcwd() == "/" and os.environ["GPUHOOK_CONFIG"] == str(node.config)
+    assert os.getcwd() == here and os.environ["GPUHOOK_CONFIG"] == str(node.config)
 
 
 def test_fail_closed_exits_as_python_would(tmp_path, make_host):
@@ -408,3 +412,177 @@ def test_a_file_in_the_sockets_place_is_one_clear_line(tmp_path):
                        text=True, timeout=30, env={"PATH": "/usr/bin:/bin", "GPUHOOK_CACHE_DIR": str(cache)})
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not a socket" in r.stderr, r.stderr
     assert (cache / server.SOCKET_NAME).read_text() == "not a socket" and os.listdir(cache) == [server.SOCKET_NAME]
+
+
+# -- one request, one call: nothing of the server's process changes (issue 23) --------------
+
+class Caller:
+    """A caller of its own: a directory with its bundle and its own runtime at bin/rt (found
+    through the relative PATH entry "bin", so only in this directory), and its environment."""
+
+    def __init__(self, node, name: str, **env: str):
+        self.dir = node.tmp / name
+        (self.dir / "bundle").mkdir(parents=True)
+        (self.dir / "bin").mkdir()
+        rt = self.dir / "bin" / "rt"
+        rt.write_text("#!/bin/sh\nexit 0\n")
+        rt.chmod(0o755)
+        self.runtime = str(rt)
+        self.env = {"PATH": "bin", "PWD": str(self.dir), **env}
+        self.reset()
+
+    def reset(self) -> None:
+        (self.dir / "bundle" / "config.json").write_text(json.dumps(SPEC))
+
+    def request(self, node, *argv: str, umask: int = 0o22):
+        env = {"GPUHOOK_CONFIG": os.environ["GPUHOOK_CONFIG"], "GPUHOOK_CACHE_DIR": node.cache, **self.env}
+        fields = request(node, time.monotonic_ns() + 10**10, *argv, **env)
+        fields[1], fields[3] = str(umask), str(self.dir)
+        return server.parse_request(server._reply(*fields))
+
+
+@pytest.fixture
+def callers(node, monkeypatch):
+    """Two callers with their own directory, PATH, PWD and GPUHOOK_STAGES (the first only), and
+    a node config whose runtime is a name each finds on its own PATH."""
+    config = node.tmp / "by-name.toml"
+    config.write_text(f'runtime = "rt"\nhost_root = "{node.host}"\nlog_file = "{node.log}"\n')
+    monkeypatch.setenv("GPUHOOK_CONFIG", str(config))
+    monkeypatch.setenv("GPUHOOK_CACHE_DIR", node.cache)
+    monkeypatch.delenv("GPUHOOK_STAGES", raising=False)
+    return Caller(node, "a", GPUHOOK_STAGES="1"), Caller(node, "b")
+
+
+@contextlib.contextmanager
+def untouchable():
+    """The process-wide state a request must not change, made to fail the test when it does
+    (within the block only: pytest itself sets the environment between a test's phases): the
+    environment, the current directory, the umask, sys.stderr (the sentinel yielded)."""
+    def forbidden(name):
+        def call(*a, **k):
+            raise AssertionError(f"a request called os.{name}{a}")
+        return call
+
+    saved = {name: getattr(os, name) for name in ("chdir", "fchdir", "umask", "putenv", "unsetenv")}
+    saved_stderr, sys.stderr = sys.stderr, io.StringIO()
+    for name in saved:
+        setattr(os, name, forbidden(name))
+    try:
+        yield sys.stderr
+    finally:
+        for name, real in saved.items():
+            setattr(os, name, real)
+        sys.stderr = saved_stderr
+
+
+def served(node, caller: Caller, cid: str) -> tuple[list[bytes], dict]:
+    """A create of the caller's relative bundle, relative --root, answered by handle(): the
+    answer's fields and its log line."""
+    reply = server.handle(caller.request(node, "--root", "state", "create", "--bundle", "bundle", cid),
+                          server.Installation()).split(b"\0")
+    assert reply[0] == b"exec" and reply[2] == node.log.encode(), reply
+    return reply, json.loads(reply[3])
+
+
+def test_each_request_is_served_as_its_own_call(node, callers):
+    """Two callers back to back, then at once (threads): each gets its own directory (its
+    relative bundle, --root and PATH entry read there), its own PATH and GPUHOOK_STAGES; and
+    the process's environment, directory, umask and stderr are never changed (each change
+    fails the test, as the server before issue 23 made each of them per request)."""
+    env_before, cwd_before = dict(os.environ), os.getcwd()
+    a, b = callers
+    with untouchable() as stderr:
+        served_apart_and_at_once(node, a, b)
+        assert sys.stderr is stderr and stderr.getvalue() == ""
+    assert (dict(os.environ), os.getcwd()) == (env_before, cwd_before)
+    assert log_records(node.log) == []  # the answers carry them: the front writes them
+
+
+def served_apart_and_at_once(node, a: Caller, b: Caller) -> None:
+    import threading
+
+    for rounds in range(3):
+        for c in (a, b):
+            c.reset()
+        if rounds == 0:
+            replies = [served(node, c, "c1") for c in (a, b)]
+        else:
+            replies = [None, None]
+            start = threading.Barrier(2)
+
+            def run(i, c):
+                start.wait()
+                replies[i] = served(node, c, "c1")
+            threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate((a, b))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=60)
+        for c, (reply, line) in zip((a, b), replies):
+            assert reply[4:-1] == [os.fsencode(p) for p in (c.runtime, "--root", "state", "create", "--bundle",
+                                                              "bundle", "c1")]
+            assert line["decision"] == "injected" and line["bundle"] == str(c.dir / "bundle")
+            assert line["runtime_server"] is True
+            assert "GPUHOOK_ACCELERATOR=nvidia" in (c.dir / "bundle" / "config.json").read_text()
+            record = execenv.record_path(node.cache, str(c.dir / "state"), "c1", c.runtime)
+            assert execenv.read_record(record), f"no exec record under {c.dir}/state"
+        assert "stages_ms" in replies[0][1] and "stages_ms" not in replies[1][1]
+
+
+def test_a_requests_umask_is_its_own(node, callers):
+    """What the call creates for its caller (runc's --log, relative: in the caller's directory)
+    has the caller's umask, and the server's own umask is not changed for it."""
+    a, _ = callers
+    a.env["PATH"] = "/nonexistent"
+    req = a.request(node, "--log", "runc.log", "create", "--bundle", "bundle", "c2", umask=0o77)
+    with untouchable():
+        reply = server.handle(req, server.Installation()).split(b"\0")
+    assert reply[:2] == [b"exit", b"127"] and b"no real OCI runtime" in reply[2], reply
+    assert stat.S_IMODE(os.stat(a.dir / "runc.log").st_mode) == 0o600
+    assert "no real OCI runtime" in (a.dir / "runc.log").read_text()
+
+
+def test_the_server_process_is_unchanged_by_the_fronts_it_serves(node):
+    """Through the socket: two fronts at once, from their own directories with their own umask
+    and GPUHOOK_STAGES, each served with its relative bundle; the server's directory stays /
+    and its umask its own (/proc)."""
+    proc = node.start_server()
+    status = f"/proc/{proc.pid}/status"
+
+    def umask_of() -> str:
+        return next(line.split()[1] for line in open(status) if line.startswith("Umask:"))
+
+    before = umask_of()
+    dirs = [node.tmp / "one", node.tmp / "two"]
+    fronts = []
+    for i, d in enumerate(dirs):
+        (d / "bundle").mkdir(parents=True)
+        (d / "bundle" / "config.json").write_text(json.dumps(SPEC))
+        env = node.env(**({"GPUHOOK_STAGES": "1"} if i == 0 else {}))
+        fronts.append(subprocess.Popen([wrapper_path(), "create", "--bundle", "bundle", f"u{i}"], env=env, cwd=d,
+                                       umask=0o77 if i == 0 else 0o2, stderr=subprocess.PIPE, text=True))
+    for f in fronts:
+        assert f.wait(timeout=30) == 0, f.stderr.read()
+    assert not node.mark.exists(), "the front started Python although the server answered"
+    lines = {rec["container_id"]: rec for rec in log_records(node.log)}
+    for i, d in enumerate(dirs):
+        assert "GPUHOOK_ACCELERATOR=nvidia" in (d / "bundle" / "config.json").read_text()
+        assert lines[f"u{i}"]["bundle"] == str(d / "bundle") and lines[f"u{i}"]["runtime_server"] is True
+    assert "stages_ms" in lines["u0"] and "stages_ms" not in lines["u1"]
+    assert os.readlink(f"/proc/{proc.pid}/cwd") == "/" and umask_of() == before
+
+
+@pytest.mark.parametrize("name", ["GPUHOOK_CONFIG", "GPUHOOK_CACHE_DIR"])
+def test_a_relative_own_env_is_not_served(node, callers, monkeypatch, name):
+    """GPUHOOK_CONFIG or GPUHOOK_CACHE_DIR relative, the same string for the server and the
+    request: another file in each one's directory, so "fallback" (the caller's own Python
+    reads its own), and nothing is written."""
+    a, _ = callers
+    (node.tmp / "server-cwd").mkdir()
+    monkeypatch.chdir(node.tmp / "server-cwd")  # where this server's relative setting would be read
+    value = os.path.relpath(os.environ[name], a.dir)
+    monkeypatch.setenv(name, value)
+    req = a.request(node, "create", "--bundle", "bundle", "c3")
+    req.env[name] = value
+    assert server.handle(req, server.Installation()) == b"fallback\0"
+    assert json.loads((a.dir / "bundle" / "config.json").read_text()) == SPEC

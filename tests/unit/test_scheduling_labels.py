@@ -6,7 +6,6 @@ those labels by Kubernetes' rules (tests/node_affinity.py)."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
@@ -21,7 +20,7 @@ from gpuhook.plan import Request, plan
 from gpuhook.probe import probe
 from gpuhook.testing import fakehost
 from node_affinity import eligible, preference, term_matches
-from test_labels import INTEL, NV, fake_api  # noqa: F401 (fixture)
+from conftest import INTEL, NV
 
 yaml = pytest.importorskip("yaml", reason="PyYAML (pip install kubernetes-validate brings it)")
 
@@ -42,14 +41,6 @@ def make_kind(root: str, kind: str) -> None:
 # kind -> the gpu.type the agent must write (None: no gpu.type at all)
 KINDS = {"nvidia": "nvidia", "amd": "amd", "intel": "intel", "mixed": "nvidia", "cpu": None,
          "driver-root-not-yet": None}
-
-
-@pytest.fixture
-def logs():
-    out = io.StringIO()
-    log.configure(stream=out, fmt="json", level="debug")
-    yield lambda: [json.loads(line) for line in out.getvalue().splitlines()]
-    log.configure(stream=io.StringIO(), fmt="json")
 
 
 def run_agent(tmp_path, root: str, api, vendor_label: str | None = None) -> tuple[dict, dict]:
@@ -95,9 +86,8 @@ def test_gpu_type_on_each_kind_of_node_through_both_paths(node_kind, tmp_path, k
     if kind == "driver-root-not-yet":
         assert nfd["gpuhook.dev/nvidia.unusable"] == "no-libcuda"  # the GPUs are there, not usable yet
     # the vendor a gpu-optional container's GPUHOOK_ACCELERATOR names first, on that node
-    explain: dict = {}
-    plan(probe(str(tmp_path / kind)), Request({}, {}, None), "/sbin/ldconfig", explain=explain)
-    assert (explain.get("vendors") or [None])[0] == want
+    planned = plan(probe(str(tmp_path / kind)), Request({}, {}, None), "/sbin/ldconfig")
+    assert (planned.vendors or (None,))[0] == want
 
 
 def test_gpu_type_appears_when_the_driver_root_is_filled_in(tmp_path, fake_api, logs):

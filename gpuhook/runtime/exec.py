@@ -1,4 +1,4 @@
-"""The env gpuhook added at create, for the processes started later by `exec`.
+"""The exec path: the env gpuhook added at create, for the processes started later by `exec`.
 
 containerd (CRI ExecSync, `ctr task exec`) and dockerd build an exec'd process from their own
 copy of the spec, made before gpuhook edited config.json: the process would see the GPU
@@ -42,30 +42,38 @@ MAX_RECORD_BYTES = 64 << 10
 ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_+,.-")
 
 
-def runtime_root(root: str | None, runtime: str) -> str:
-    """The state root the real runtime uses: --root, relative to the current directory as
-    the front reads it ($PWD/ROOT), or /run/<runtime name>."""
+def runtime_root(root: str | None, runtime: str, pwd: str | None = None) -> str:
+    """The state root the real runtime uses: --root, relative to the caller's directory as
+    the front reads it (pwd/ROOT, pwd: caller_pwd; None: left relative, which no record is
+    keyed by), or /run/<runtime name>."""
     if not root:
         return "/run/" + os.path.basename(runtime)
-    if not root.startswith("/"):
-        return _pwd() + "/" + root
+    if not root.startswith("/") and pwd is not None:
+        return pwd + "/" + root
     return root
 
 
-def _pwd() -> str:
-    """The current directory as sh's $PWD names it: $PWD when it is this directory."""
-    pwd = os.environ.get("PWD")
+def caller_pwd(env, cwd: str) -> str:
+    """The caller's directory as sh's $PWD names it: its $PWD when that is its cwd."""
+    pwd = env.get("PWD")
     try:
-        if pwd and pwd.startswith("/") and os.path.samestat(os.stat(pwd), os.stat(".")):
+        if pwd and pwd.startswith("/") and os.path.samestat(os.stat(pwd), os.stat(cwd)):
             return pwd
     except OSError:
         pass
-    return os.getcwd()
+    return cwd
 
 
-def record_path(cache_dir: str, root: str | None, container_id: str | None, runtime: str) -> str | None:
+def pwd_for(inv, call) -> str | None:
+    """What a relative --root of this call is read against (caller_pwd), None for another root."""
+    return caller_pwd(call.env, call.cwd) if inv.root and not inv.root.startswith("/") else None
+
+
+def record_path(
+    cache_dir: str, root: str | None, container_id: str | None, runtime: str, pwd: str | None = None
+) -> str | None:
     """Where the exec record of this container is; None when the key is not a clean one."""
-    r = runtime_root(root, runtime)
+    r = runtime_root(root, runtime, pwd)
     if not is_clean_abspath(r) or "%" in r:
         return None
     if not container_id or container_id in (".", "..") or not ID_CHARS.issuperset(container_id):
@@ -73,9 +81,9 @@ def record_path(cache_dir: str, root: str | None, container_id: str | None, runt
     return os.path.join(cache_dir, RECORD_DIR, r.replace("/", "%2F"), container_id)
 
 
-def state_exists(root: str | None, container_id: str, runtime: str) -> bool:
+def state_exists(root: str | None, container_id: str, runtime: str, pwd: str | None = None) -> bool:
     """The runtime has state for this container (runc and crun: <root>/<id>)."""
-    return os.path.lexists(os.path.join(runtime_root(root, runtime), container_id))
+    return os.path.lexists(os.path.join(runtime_root(root, runtime, pwd), container_id))
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -316,14 +324,14 @@ def env_flags(argv: list[str], exec_at: int, added: list[str]) -> list[str]:
     return argv[: exec_at + 1] + flags + argv[exec_at + 1 :]
 
 
-def instance_of(root: str | None, container_id: str, runtime: str) -> dict | None:
+def instance_of(root: str | None, container_id: str, runtime: str, pwd: str | None = None) -> dict | None:
     """What the runtime itself wrote of the container now under this id: its bundle and its
     creation time (runc: <root>/<id>/state.json, the label bundle=..., created; crun:
     <root>/<id>/status, bundle, created). None: no state at all (no such container). Raises
     ValueError or OSError where the state is there but not to be read."""
     from .. import fastjson
 
-    state = os.path.join(runtime_root(root, runtime), container_id)
+    state = os.path.join(runtime_root(root, runtime, pwd), container_id)
     if not os.path.lexists(state):
         return None
     for name in ("state.json", "status"):
@@ -357,12 +365,12 @@ def _same_dir(a: str, b: object) -> bool:
         return False
 
 
-def _for_this_instance(path: str, record: dict, inv, runtime: str) -> str | None:
+def _for_this_instance(path: str, record: dict, inv, runtime: str, pwd: str | None) -> str | None:
     """None when the record was made for the container now under this id and root (its
     bundle, the config.json gpuhook wrote there, and, once bound, the runtime's creation
     time are the record's); else why not. An unbound record is bound at its first use."""
     try:
-        now = instance_of(inv.root, inv.container_id, runtime)
+        now = instance_of(inv.root, inv.container_id, runtime, pwd)
     except (OSError, ValueError) as e:
         return f"the runtime's state of {inv.container_id} cannot be read ({e}): exec record not used"
     if (
@@ -379,16 +387,65 @@ def _for_this_instance(path: str, record: dict, inv, runtime: str) -> str | None
     return None
 
 
-def on_exec(inv, argv: list[str], runtime: str, cache_dir: str) -> tuple[list[str], str | None]:
-    """(the argv to exec the runtime with, why nothing was added or None)."""
-    path = record_path(cache_dir, inv.root, inv.container_id, runtime)
+def on_exec(inv, argv: list[str], runtime: str, cache_dir: str, call) -> tuple[list[str], str | None]:
+    """(the argv to exec the runtime with, why nothing was added or None), for the caller of
+    call (args.Call: its $PWD for a relative --root, its cwd for a relative --process)."""
+    pwd = pwd_for(inv, call)
+    path = record_path(cache_dir, inv.root, inv.container_id, runtime, pwd)
     record = read_record_data(path) if path else None
     if path is None or not record or not record["env"]:
         return argv, None
-    why = _for_this_instance(path, record, inv, runtime)
+    why = _for_this_instance(path, record, inv, runtime, pwd)
     if why:
         return argv, why
     added = record["env"]
     if inv.process is None:
         return env_flags(argv, inv.exec_at, added), None
-    return argv, edit_process_file(inv.process, added)
+    return argv, edit_process_file(call.path(inv.process), added)
+
+
+# -- the calls: exec and delete, from __init__.prepare -------------------------------------
+
+
+def exec_call(inv, argv: list[str], real: str, config, call):
+    """Before an exec: the recorded env into its process; anything odd leaves it unchanged,
+    and the exec's log line says why. An args.Answer."""
+    from ..config import cache_dir
+    from .args import Answer
+
+    try:
+        argv, why = on_exec(inv, argv, real, cache_dir(), call)
+    except Exception as e:  # the exec goes on, whatever happened here
+        why = f"{type(e).__name__}: {e}"
+    if not why or not config.log_file:
+        return Answer([real] + argv)
+    from .. import fastjson
+    from .logline import line_bytes, utc_now
+
+    record = {"time": utc_now(), "event": "exec", "container_id": inv.container_id, "decision": "unchanged"}
+    record["error"] = why[:1000]
+    return Answer([real] + argv, log=(config.log_file, line_bytes(fastjson.dumps(record))))
+
+
+def delete_call(inv, argv: list[str], real: str, call):
+    """`delete` of a container with an exec record: the runtime first (in the caller's env),
+    then the record once the runtime has no state for the container any more; the Answer is
+    the runtime's exit status. Without a record: the Answer execs the runtime."""
+    from ..config import cache_dir
+    from .args import Answer
+    from .logline import runtime_error
+
+    pwd = pwd_for(inv, call)
+    path = record_path(cache_dir(), inv.root, inv.container_id, real, pwd)
+    if path is None or not record_exists(path):
+        return Answer([real] + argv)
+    try:
+        pid = os.posix_spawn(real, [real] + argv, call.env)
+        _, status = os.waitpid(pid, 0)
+        rc = os.waitstatus_to_exitcode(status)
+    except OSError as e:
+        msg = f"cannot run the real OCI runtime {real}: {e.strerror or e}"
+        return Answer(status=127, said=runtime_error(inv, call, msg))
+    if not state_exists(inv.root, inv.container_id, real, pwd):
+        remove_record(path)
+    return Answer(status=rc if rc >= 0 else 128 - rc)
