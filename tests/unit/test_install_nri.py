@@ -370,3 +370,24 @@ def test_install_again_without_front_keeps_the_installed_one(tmp_path, bundle_di
     uninstall(root)
     r = cli("install", "--host-root", root, "--runtime", "containerd", "--bundle-dir", bundle_dir)
     assert r.returncode == 0 and "BinaryName /opt/gpuhook/bin/gpuhook-runtime" in r.stdout, r.stdout
+
+
+@pytest.mark.skipif(not is_root(), reason="needs root (a private mount namespace, chroot)")
+@pytest.mark.parametrize("release", ["1.7", "2.1"])
+def test_each_containerd_reads_what_install_wrote_with_nri_on_and_the_plain_handler(tmp_path, bundle_dir, release):
+    """The release's own `containerd --config X config dump` (in its root, the file bound in
+    a mount namespace of the test's own) on what `--front nri` wrote into its default config."""
+    binary = real_binary(release)
+    rootfs = binary[: -len("/usr/bin/containerd")]
+    node = make_node(tmp_path, fixture(release))
+    install(node, bundle_dir, "nri")
+    script = 'mount --bind "$1" "$2/tmp" && exec chroot "$2" /usr/bin/containerd --config /tmp/config.toml config dump'
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+                        str(node / "etc/containerd"), rootfs], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    dump = tomllib.loads(r.stdout)
+    version = dump["version"]
+    assert dump["plugins"][NRI]["disable"] is False
+    h = dump["plugins"][CRI[version]]["containerd"]["runtimes"]["gpu-optional"]
+    assert h["runtime_type"] == "io.containerd.runc.v2" and h["pod_annotations"] == ["gpuhook.dev/*"]
+    assert not h.get("options", {}).get("BinaryName")
