@@ -76,6 +76,9 @@ class Options:
     # install only: wrapper | nri (runtimes.FRONTS); None: the one installed (the boot unit and
     # the agent run install again without one), wrapper on a fresh node
     front: str | None = None
+    # --front nri: gpuhook-nri.service runs the plugin; False where something else runs it (the
+    # agent's own process in the DaemonSet): then no unit, and one of an earlier install goes
+    nri_unit: bool = True
     restart: str = "none"  # signal | systemd | none
     bundle_dir: str | None = None
     dry_run: bool = False
@@ -205,10 +208,10 @@ def install(opts: Options, say: Say, root: str) -> None:
         _install_server_units(root, opts, say)
     else:  # (an install of the wrapper front before: no trace of it left)
         _uninstall_server_units(root, opts, say)
-    nri = [rt for rt in chosen if front == "nri"]
+    nri = [rt for rt in chosen if front == "nri" and opts.nri_unit]
     if nri:
         _install_nri_unit(root, opts, runtimes.get(nri[0]).plugin_args(reads[nri[0]]), say)
-    elif "nri" not in fronts.values():
+    elif "nri" not in fronts.values() or not opts.nri_unit:
         _uninstall_nri_unit(root, opts, say)
 
     changed = {rt: runtimes.get(rt).install(root, state, opts.dry_run, say, reads[rt]) for rt in chosen}

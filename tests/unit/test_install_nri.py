@@ -391,3 +391,16 @@ def test_each_containerd_reads_what_install_wrote_with_nri_on_and_the_plain_hand
     h = dump["plugins"][CRI[version]]["containerd"]["runtimes"]["gpu-optional"]
     assert h["runtime_type"] == "io.containerd.runc.v2" and h["pod_annotations"] == ["gpuhook.dev/*"]
     assert not h.get("options", {}).get("BinaryName")
+
+
+def test_where_something_else_runs_the_plugin_install_writes_no_unit(tmp_path, bundle_dir):
+    """Options.nri_unit=False (the DaemonSet's agent runs the plugin in its own process): the
+    NRI front's config edits, no gpuhook-nri.service, and one an earlier install wrote goes."""
+    root = make_node(tmp_path, fixture("2.1"))
+    install(root, bundle_dir, "nri")
+    assert (root / UNIT).exists()
+    said: list[str] = []
+    core.install(core.Options(host_root=str(root), runtime="containerd", front="nri", nri_unit=False,
+                              bundle_dir=bundle_dir), said.append)
+    assert not (root / UNIT).exists() and "nri plugin: /etc/systemd/system/gpuhook-nri.service removed" in said
+    assert any("(plain runc, for gpuhook's NRI plugin) already in place" in s for s in said), said
