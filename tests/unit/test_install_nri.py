@@ -16,6 +16,7 @@ command line: tests/e2e/test_sid_nri.py.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import os
@@ -27,6 +28,7 @@ import tomllib
 import pytest
 
 import debroot
+import sid_node
 from conftest import REPO, fake_systemctl, gpuhook as cli, is_root, run_as_pod
 from gpuhook.install import containerd as ctd
 from gpuhook.install import core, units
@@ -38,12 +40,24 @@ UNIT = "etc/systemd/system/gpuhook-nri.service"
 SERVER_UNITS = [f"etc/systemd/system/{n}" for n in units.TEXTS]
 NRI = "io.containerd.nri.v1.nri"
 CRI = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
-# release -> (fixture, `containerd --version` contains, the binary: this machine's, or a cached root's)
+# release -> (fixture, `containerd --version` contains, where its binary is: "" this machine's,
+# else the Debian root that has it, built (debroot) and held for this module where it is not cached)
 RELEASES = {
-    "1.6": ("1.6.20.toml", "1.6.20~ds1", lambda: "/usr/bin/containerd"),
-    "1.7": ("1.7.24.toml", "1.7.24~ds1", lambda: os.path.join(debroot.path_of("trixie"), "usr/bin/containerd")),
-    "2.1": ("2.1.9.toml", "2.1.9", lambda: os.path.join(debroot.path_of("sid"), "usr/bin/containerd")),
+    "1.6": ("1.6.20.toml", "1.6.20~ds1", ""),
+    "1.7": ("1.7.24.toml", "1.7.24~ds1", "trixie"),
+    "2.1": ("2.1.9.toml", "2.1.9", "sid"),
 }
+ROOTS = {  # a root's release -> how to ask debroot for it (the one the suite's other users ask for)
+    "trixie": {"include": (), "apt": ("containerd",), "must_have": ("usr/bin/containerd",)},
+    "sid": {"include": sid_node.PACKAGES, "must_have": sid_node.MUST_HAVE},
+}
+_HOLDS = contextlib.ExitStack()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _roots_held():
+    with _HOLDS:
+        yield
 
 
 def fixture(release: str) -> bytes:
@@ -52,16 +66,21 @@ def fixture(release: str) -> bytes:
 
 
 def real_binary(release: str) -> str:
-    """The release's containerd on this machine; a skip where it is not (a root not cached)."""
-    _, version, where = RELEASES[release]
-    path = where()
-    if not os.path.isfile(path):
-        pytest.skip(f"no containerd {release} here ({path})")
-    chroot = [] if path == "/usr/bin/containerd" else ["chroot", path[: -len("/usr/bin/containerd")]]
-    argv = chroot + ["/usr/bin/containerd", "--version"]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout
-    if version not in out:
-        pytest.skip(f"{path} is {out.strip()!r}, not containerd {version}")
+    """The release's containerd: this machine's, or its Debian root's (built where not cached:
+    as root only; a skip otherwise)."""
+    _, version, release_root = RELEASES[release]
+    chroot: list[str] = []
+    path = "/usr/bin/containerd"
+    if release_root:
+        if not is_root():
+            pytest.skip(f"containerd {release} comes from a Debian {release_root} root: needs root")
+        spec = ROOTS[release_root]
+        root = _HOLDS.enter_context(debroot.ensure(release_root, spec["include"], apt=spec.get("apt", ()),
+                                                   must_have=spec["must_have"]))
+        path, chroot = os.path.join(root, "usr/bin/containerd"), ["chroot", root]
+    out = subprocess.run(chroot + ["/usr/bin/containerd", "--version"], capture_output=True, text=True,
+                         timeout=30).stdout
+    assert version in out, f"{path} is {out.strip()!r}, not containerd {version}: refresh tests/fixtures"
     return path
 
 
