@@ -423,3 +423,25 @@ def test_where_something_else_runs_the_plugin_install_writes_no_unit(tmp_path, b
                               bundle_dir=bundle_dir), said.append)
     assert not (root / UNIT).exists() and "nri plugin: /etc/systemd/system/gpuhook-nri.service removed" in said
     assert any("(plain runc, for gpuhook's NRI plugin) already in place" in s for s in said), said
+
+
+def test_the_agent_with_front_nri_installs_the_nri_front_and_no_unit_of_its_own(tmp_path, bundle_dir, monkeypatch):
+    """`gpuhook agent --front nri` runs the plugin itself: its install gives the node the plain
+    runc handler and NRI, and no gpuhook-nri.service (a second plugin); --front wrapper after
+    it gives the wrapper back with nothing of the NRI front left."""
+    from gpuhook import log
+    from gpuhook.agent import core as agent_core
+
+    monkeypatch.setenv("GPUHOOK_BUNDLE_DIR", bundle_dir)
+    original = fixture("1.7")
+    root = make_node(tmp_path, original)
+    agent_core.default_installer(agent_core.Options(root=str(root)), log.get(), "nri")()
+    doc = tomllib.loads((root / CONFIG).read_text())
+    assert doc["plugins"][NRI]["disable"] is False
+    handler = doc["plugins"][CRI[2]]["containerd"]["runtimes"]["gpu-optional"]
+    assert not handler.get("options", {}).get("BinaryName") and not (root / UNIT).exists()
+    agent_core.default_installer(agent_core.Options(root=str(root)), log.get(), "wrapper")()
+    doc = tomllib.loads((root / CONFIG).read_text())
+    assert doc["plugins"][NRI]["disable"] is True  # as the node had it
+    assert doc["plugins"][CRI[2]]["containerd"]["runtimes"]["gpu-optional"]["options"]["BinaryName"] \
+        == "/opt/gpuhook/bin/gpuhook-runtime"
