@@ -116,8 +116,9 @@ def _build(release: str, include: tuple[str, ...], apt: tuple[str, ...], log) ->
     new = f"{root}.new"
     _remove_tree(new)
     log(f"debootstrap {release} into {new} ({len(include)} packages; a few minutes)")
-    r = subprocess.run(["debootstrap", "--variant=minbase", "--include=" + ",".join(sorted(set(include))),
-                        release, new, MIRROR], stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    including = ["--include=" + ",".join(sorted(set(include)))] if include else []  # none: no option
+    r = subprocess.run(["debootstrap", "--variant=minbase", *including, release, new, MIRROR],
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True)
     if r.returncode != 0:
         last = (r.stderr.strip() or r.stdout.strip() or "no output").splitlines()[-1]
         _remove_tree(new)

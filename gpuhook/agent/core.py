@@ -92,14 +92,16 @@ class Options:
         return Host(self.root).resolve(default)
 
 
-def default_installer(opts: Options, log) -> Callable[[], None]:
-    """`gpuhook install` for this node (gpuhook.install.core.install)."""
+def default_installer(opts: Options, log, front: str) -> Callable[[], None]:
+    """`gpuhook install` for this node (gpuhook.install.core.install) with the agent's front:
+    for `nri` the plain runc handler and NRI turned on, with no gpuhook-nri.service (the agent
+    runs the plugin itself: a unit beside it would be a second plugin)."""
 
     def install() -> None:
         from ..install.core import Options as InstallOptions, install as run_install
 
         run_install(
-            InstallOptions(host_root=opts.root, restart=opts.install_restart),
+            InstallOptions(host_root=opts.root, restart=opts.install_restart, front=front, nri_unit=front != "nri"),
             lambda line: log.info("install.step", message=line),
         )
 
@@ -216,7 +218,6 @@ class Agent:
 
         self.opts = opts
         self.log = log or logmod.get()
-        self.installer = installer if installer is not None else default_installer(opts, self.log)
         if kube == "auto":  # KubeError (a kubeconfig that cannot be used) goes to the caller
             kube = (
                 kube_mod.KubeAPI.from_kubeconfig(opts.kubeconfig, opts.kube_context, opts.node_name)
@@ -262,6 +263,7 @@ class Agent:
         self.ldconfig: str | bool = opts.ldconfig if opts.ldconfig is not None else found or False
         self.nri: Any = None  # the plugin's Supervisor (nri.py), when it runs
         self.front, self.front_why = nri_mod.choose(opts.front, opts.root, opts.nri_socket)
+        self.installer = installer if installer is not None else default_installer(opts, self.log, self.front)
 
     # -- events --------------------------------------------------------------------
     def notify(self, reason: str) -> None:

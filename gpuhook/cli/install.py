@@ -6,12 +6,14 @@ import sys
 
 
 def _common(sp) -> None:
+    from ..install.runtimes import NAMES
+
     sp.add_argument(
         "--host-root", default="/", metavar="DIR", help="where the node's / is (default /; /host in the DaemonSet)"
     )
     sp.add_argument(
         "--runtime",
-        choices=("containerd", "crio", "docker", "auto"),
+        choices=(*NAMES, "auto"),
         default="auto",
         help="the node's container runtime; several sit side by side (install: default auto, "
         "which says what it found: with a kubelet its CRI runtime, containerd else CRI-O, and "
@@ -37,6 +39,8 @@ def _common(sp) -> None:
 
 
 def add_commands(sub) -> None:
+    from ..install.runtimes import FRONTS
+
     sp = sub.add_parser("install", help="put gpuhook on this node and add the gpu-optional runtime handler")
     _common(sp)
     sp.add_argument(
@@ -45,6 +49,15 @@ def add_commands(sub) -> None:
         help="the host bundle to copy to /opt/gpuhook (default: $GPUHOOK_BUNDLE_DIR, else the "
         "bundle this gpuhook runs from, else one built from this Python and this gpuhook, "
         "as packaging/build-bundle.sh builds it)",
+    )
+    sp.add_argument(
+        "--front",
+        choices=FRONTS,
+        help="how gpu-optional containers get their GPUs (containerd, CRI-O): wrapper (gpuhook-runtime "
+        "is the handler's binary, no resident process), or nri (a plain runc handler, NRI turned on "
+        "where it is off, and gpuhook's NRI plugin as gpuhook-nri.service: no runtime binary replaced, "
+        "but a pod created while the plugin is down starts without its GPUs). Default: the front "
+        "installed on this node, wrapper on a fresh one",
     )
     sp.set_defaults(func=cmd_install)
 
@@ -60,6 +73,7 @@ def _options(args):
     return Options(
         host_root=args.host_root,
         runtime=args.runtime,
+        front=getattr(args, "front", None),
         restart=args.restart,
         bundle_dir=getattr(args, "bundle_dir", None),
         dry_run=args.dry_run,

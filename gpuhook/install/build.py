@@ -221,16 +221,38 @@ def build(out: str, progress: Callable[[str], None] | None = None) -> dict:
     if os.path.exists(out):
         shutil.rmtree(out)
     pkg = os.path.dirname(os.path.abspath(gpuhook.__file__))
-    repo = os.path.dirname(pkg)
     exe = os.path.realpath(sys._base_executable if hasattr(sys, "_base_executable") else sys.executable)
+    pylib = os.path.join(out, "lib", PY)
+    site = os.path.join(pylib, "site-packages")
+    _copy_stdlib(pylib, say)
+    dists = _copy_packages(pkg, out, site, say)
+    loader = _copy_interpreter(exe, out, say)
+    _write_programs(pkg, out, site, say)
+    _compile(out, pylib, say)
+    record = {
+        "gpuhook": gpuhook.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "libc": "-".join(platform.libc_ver()),
+        # the interpreter's PT_INTERP (lib/<loader> is that file): where an image with no
+        # distribution links the loader, so libexec/python3 also runs without bin/python3
+        "loader": loader,
+        "packages": sorted(f"{d.metadata['Name']}=={d.version}" for d in dists),
+    }
+    names = []
+    for dirpath, _, filenames in os.walk(out):
+        names += [os.path.relpath(os.path.join(dirpath, n), out) for n in filenames]
+    record["files"] = sorted(names + ["gpuhook-bundle.json"])
+    with open(os.path.join(out, "gpuhook-bundle.json"), "w") as f:
+        json.dump(record, f, indent=1)
+        f.write("\n")
+    return record
+
+
+def _copy_stdlib(pylib: str, say: Callable[[str], None]) -> None:
+    """This Python's standard library, but what the bundle never runs (SKIP_STDLIB...)."""
     stdlib = sysconfig.get_paths()["stdlib"]
     dynload = sysconfig.get_config_var("DESTSHARED") or os.path.join(stdlib, "lib-dynload")
-    lib = os.path.join(out, "lib")
-    pylib = os.path.join(lib, PY)
-    site = os.path.join(pylib, "site-packages")
-
-    # the stdlib, then gpuhook (this package directory, whatever it holds) and its
-    # dependencies (from this Python)
     say(f"copying the standard library of Python {platform.python_version()} ({stdlib})")
     _copy_tree(
         stdlib,
@@ -243,7 +265,12 @@ def build(out: str, progress: Callable[[str], None] | None = None) -> dict:
     for name in sorted(os.listdir(dynload)):
         if name.endswith(".so") and not SKIP_DYNLOAD.match(name):
             shutil.copy2(os.path.join(dynload, name), os.path.join(pylib, "lib-dynload", name))
-    dists = _distributions(_requirements(repo))
+
+
+def _copy_packages(pkg: str, out: str, site: str, say: Callable[[str], None]) -> list[metadata.Distribution]:
+    """gpuhook (this package directory, whatever it holds) and its dependencies (from this
+    Python) into site-packages; the distributions copied."""
+    dists = _distributions(_requirements(os.path.dirname(pkg)))
     say(
         f"copying gpuhook {gpuhook.__version__} ({pkg}) and its dependencies: "
         + ", ".join(sorted(f"{d.metadata['Name']} {d.version}" for d in dists))
@@ -259,19 +286,20 @@ def build(out: str, progress: Callable[[str], None] | None = None) -> dict:
     shutil.copy2(helper, os.path.join(out, hook.BUNDLE_PATH))
     for dist in dists:
         for pp in dist.files or []:
-            if (
-                pp.parts[0] == ".."
-                or "__pycache__" in pp.parts
-                or pp.name.endswith(".pyc")
-                or pp.parts[0].startswith("gpuhook")
-            ):
+            skip = pp.parts[0] == ".." or "__pycache__" in pp.parts or pp.name.endswith(".pyc")
+            if skip or pp.parts[0].startswith("gpuhook"):
                 continue
             src = str(dist.locate_file(pp))
             if os.path.isfile(src):
                 os.makedirs(os.path.join(site, os.path.dirname(str(pp))), exist_ok=True)
                 shutil.copy2(src, os.path.join(site, str(pp)))
+    return dists
 
-    # the interpreter and every shared library anything here loads, glibc's included
+
+def _copy_interpreter(exe: str, out: str, say: Callable[[str], None]) -> str:
+    """The interpreter and every shared library anything in the bundle loads, glibc's
+    included; the loader's path as the interpreter names it (its PT_INTERP)."""
+    lib = os.path.join(out, "lib")
     os.makedirs(os.path.join(out, "libexec"), exist_ok=True)
     shutil.copy2(exe, os.path.join(out, INTERPRETER))
     objects = [exe] + [os.path.join(d, n) for d, _, names in os.walk(lib) for n in names if ".so" in n]
@@ -280,13 +308,17 @@ def build(out: str, progress: Callable[[str], None] | None = None) -> dict:
     for soname, path in sorted(libs.items()):
         shutil.copy2(path, os.path.join(lib, soname))  # follows links: the real file, named as asked
     shutil.copy2(os.path.join(lib, loader), os.path.join(out, LOADER))  # a copy: install copies files, not links
+    return libs[loader]
 
+
+def _write_programs(pkg: str, out: str, site: str, say: Callable[[str], None]) -> None:
+    """bin/: python3 and gpuhook (scripts), and gpuhook-runtime, the runtime's front
+    (gpuhook/runtime/gpuhook-runtime.c), built here when this gpuhook was not."""
     os.makedirs(os.path.join(out, "bin"))
     for name, text in (("python3", PYTHON_SH), ("gpuhook", GPUHOOK_SH.format(py=PY))):
         with open(os.path.join(out, "bin", name), "w") as f:
             f.write(text)
         os.chmod(os.path.join(out, "bin", name), 0o755)
-    # the runtime's front (gpuhook/runtime/gpuhook-runtime.c): built here when this gpuhook was not
     front = os.path.join(site, "gpuhook", "runtime", "gpuhook-runtime")
     if not os.access(front, os.X_OK):
         say("building gpuhook-runtime (gpuhook/hook/build.sh)")
@@ -294,7 +326,9 @@ def build(out: str, progress: Callable[[str], None] | None = None) -> dict:
     shutil.copy2(front, os.path.join(out, "bin", "gpuhook-runtime"))
     os.chmod(os.path.join(out, "bin", "gpuhook-runtime"), 0o755)
 
-    # compiled ahead, with the paths they will have on the node (for tracebacks)
+
+def _compile(out: str, pylib: str, say: Callable[[str], None]) -> None:
+    """Every module compiled ahead, with the paths they will have on the node (for tracebacks)."""
     say(f"compiling {sum(n.endswith('.py') for _, _, names in os.walk(pylib) for n in names)} modules ahead")
     ok = compileall.compile_dir(
         pylib,
@@ -306,25 +340,6 @@ def build(out: str, progress: Callable[[str], None] | None = None) -> dict:
     )
     if not ok:
         print("build-bundle: some modules did not compile (left as source)", file=sys.stderr)
-
-    record = {
-        "gpuhook": gpuhook.__version__,
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "libc": "-".join(platform.libc_ver()),
-        # the interpreter's PT_INTERP (lib/<loader> is that file): where an image with no
-        # distribution links the loader, so libexec/python3 also runs without bin/python3
-        "loader": libs[loader],
-        "packages": sorted(f"{d.metadata['Name']}=={d.version}" for d in dists),
-    }
-    names = []
-    for dirpath, _, filenames in os.walk(out):
-        names += [os.path.relpath(os.path.join(dirpath, n), out) for n in filenames]
-    record["files"] = sorted(names + ["gpuhook-bundle.json"])
-    with open(os.path.join(out, "gpuhook-bundle.json"), "w") as f:
-        json.dump(record, f, indent=1)
-        f.write("\n")
-    return record
 
 
 def describe(record: dict, out: str) -> str:

@@ -1,8 +1,8 @@
 """`gpuhook install` and `gpuhook uninstall`: the steps, and what each leaves on the host.
 
 One node may have gpuhook for several container runtimes side by side (containerd for the
-kubelet and dockerd beside it): each runtime is an Adapter (RUNTIMES, at the end: the file it
-edits, how it is read, edited and given back, how its restart finds it). The bundle, the node
+kubelet and dockerd beside it): each runtime is an Adapter (runtimes.py; one file per runtime:
+the file it edits, how it is read, edited and given back, how its daemon reloads). The bundle, the node
 config and the runtime server's units are shared: they go with the last runtime's uninstall.
 
 install (every step is skipped when its result is already there: a second run writes nothing)
@@ -44,17 +44,13 @@ from typing import Callable
 
 from .. import defaults
 from . import devlinks
-from . import InstallError, containerd, crio, docker, files, restart
+from . import InstallError, files, restart, runtimes
 from .files import host, sha256
+from .journal import journal as _journal, mark as _mark
 
 PREFIX = defaults.INSTALL_PREFIX
 BINARY = defaults.RUNTIME_BINARY
 NODE_CONFIG = defaults.CONFIG_FILE
-BACKUP = files.STATE_DIR + "/containerd-config.toml"
-DOCKER_BACKUP = files.STATE_DIR + "/docker-daemon.json"
-CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
-CRIO_MARKS = ("/etc/crio", "/run/crio/crio.sock", "/var/run/crio/crio.sock")
-DOCKER_MARKS = (docker.DEFAULT_CONFIG,) + docker.SOCKETS
 KUBELET_MARK = "/var/lib/kubelet"  # a Kubernetes node: its CRI runtime, not dockerd, serves pods
 
 NODE_CONFIG_TEXT = """\
@@ -77,6 +73,12 @@ NODE_CONFIG_TEXT = """\
 class Options:
     host_root: str = "/"
     runtime: str = "auto"  # containerd | crio | docker | auto
+    # install only: wrapper | nri (runtimes.FRONTS); None: the one installed (the boot unit and
+    # the agent run install again without one), wrapper on a fresh node
+    front: str | None = None
+    # --front nri: gpuhook-nri.service runs the plugin; False where something else runs it (the
+    # agent's own process in the DaemonSet): then no unit, and one of an earlier install goes
+    nri_unit: bool = True
     restart: str = "none"  # signal | systemd | none
     bundle_dir: str | None = None
     dry_run: bool = False
@@ -95,39 +97,35 @@ def _root(path: str) -> str:
 
 def choose(root: str, say: Say) -> list[str]:
     """--runtime auto: the runtimes to install for, said with what was found and why.
-    With a kubelet: its CRI runtime (containerd when its config or socket is there, else
-    CRI-O), and dockerd too when it is there (CI runners, build nodes, workstations; a node
-    with dockerd alone: cri-dockerd). Without a kubelet: dockerd when it is there (a Docker
-    host has containerd too, but that containerd runs dockerd's containers, not pods); else
-    containerd, else CRI-O."""
+    With a kubelet: its CRI runtime (the first of runtimes.NAMES found: containerd when its
+    config or socket is there, else CRI-O), and a daemon of its own (dockerd) too when it is
+    there (CI runners, build nodes, workstations; a node with dockerd alone: cri-dockerd).
+    Without a kubelet: that daemon when it is there (a Docker host has containerd too, but
+    that containerd runs dockerd's containers, not pods); else the CRI runtime."""
     from ..probe.host import Host
 
-    h = Host(root)
-    marks = {
-        "dockerd": [p for p in DOCKER_MARKS if os.path.lexists(h.resolve(p))],
-        "containerd": [p for p in (containerd.DEFAULT_CONFIG, CONTAINERD_SOCKET) if os.path.exists(host(root, p))],
-        "CRI-O": [p for p in CRIO_MARKS if os.path.exists(host(root, p))],
-        "a kubelet": [KUBELET_MARK] if os.path.isdir(h.resolve(KUBELET_MARK)) else [],
-    }
-    has_docker, kubelet = bool(marks["dockerd"]), bool(marks["a kubelet"])
-    cri = "containerd" if marks["containerd"] else "crio" if marks["CRI-O"] else None
-    if not (cri or has_docker):
-        raise InstallError(
-            f"--runtime auto: no containerd ({containerd.DEFAULT_CONFIG}, {CONTAINERD_SOCKET}), "
-            f"CRI-O ({', '.join(CRIO_MARKS)}) nor dockerd ({', '.join(DOCKER_MARKS)}) under {root}; "
-            "pass --runtime"
-        )
-    if has_docker and (not kubelet or not cri):
-        chosen = ["docker"]
-        why = "dockerd, the kubelet's runtime (cri-dockerd)" if kubelet else "dockerd: no kubelet"
+    adapters = runtimes.every().values()
+    found = {a.name: a.found(root, a.marks) for a in adapters}
+    kubelet = os.path.isdir(Host(root).resolve(KUBELET_MARK))
+    cri = next((a.name for a in adapters if a.pods and found[a.name]), None)
+    daemons = [a for a in adapters if not a.pods and found[a.name]]
+    if not (cri or daemons):
+        each = [f"{a.label} ({', '.join(a.marks)})" for a in adapters]
+        raise InstallError(f"--runtime auto: no {', '.join(each[:-1])} nor {each[-1]} under {root}; pass --runtime")
+    label = " and ".join(a.label for a in daemons)
+    if daemons and (not kubelet or not cri):
+        chosen = [a.name for a in daemons]
+        why = f"{label}, the kubelet's runtime ({daemons[0].kubelet_shim})" if kubelet else f"{label}: no kubelet"
         if cri:
-            why += f" (the {cri} there runs dockerd's containers, not pods; `--runtime {cri}` adds it too)"
+            why += f" (the {cri} there runs {label}'s containers, not pods; `--runtime {cri}` adds it too)"
     else:
-        assert cri is not None  # (no CRI runtime with dockerd went above)
-        chosen = [cri] + (["docker"] if has_docker else [])
-        why = (f"{cri}, the kubelet's runtime" if kubelet else cri) + (", and dockerd beside it" if has_docker else "")
-    found = "; ".join(f"{what} ({', '.join(paths)})" for what, paths in marks.items() if paths)
-    say(f"runtime auto: found {found}: installing for {why}")
+        assert cri is not None  # (no CRI runtime with a daemon went above)
+        chosen = [cri] + [a.name for a in daemons]
+        why = (f"{cri}, the kubelet's runtime" if kubelet else cri) + (f", and {label} beside it" if daemons else "")
+    marks = {a.label: found[a.name] for a in sorted(adapters, key=lambda a: a.pods)}
+    marks["a kubelet"] = [KUBELET_MARK] if kubelet else []
+    said = "; ".join(f"{what} ({', '.join(paths)})" for what, paths in marks.items() if paths)
+    say(f"runtime auto: found {said}: installing for {why}")
     return chosen
 
 
@@ -181,60 +179,85 @@ def _one_at_a_time(step: Callable[[Options, Say, str], None]) -> Callable[[Optio
 @_one_at_a_time
 def install(opts: Options, say: Say, root: str) -> None:
     found: list[str] = []
-    runtimes = choose(root, found.append) if opts.runtime == "auto" else [opts.runtime]
+    chosen = choose(root, found.append) if opts.runtime == "auto" else [opts.runtime]
+    state = _load_state(root)
+    before = copy.deepcopy(state)
+    installed = sorted({_fronts(state)[rt] for rt in chosen if rt in _fronts(state)})
+    front: str = opts.front or (installed[0] if len(installed) == 1 else "wrapper")
+    opts = dataclasses.replace(opts, front=front)
     say(
-        f"gpuhook install: host root {root}, runtime {' and '.join(runtimes)}"
-        f"{' (dry run: nothing is written)' if opts.dry_run else ''}"
+        f"gpuhook install: host root {root}, runtime {' and '.join(chosen)}"
+        + (f", front {front}" if front != "wrapper" else "")
+        + (" (dry run: nothing is written)" if opts.dry_run else "")
     )
     for line in found:
         say(line)
-    state = _load_state(root)
-    before = copy.deepcopy(state)
-    would = "would be " if opts.dry_run else ""
+    # refuse a config we cannot edit, or a front a runtime cannot have, before anything is written
+    for a in (runtimes.get(rt) for rt in chosen):
+        if front not in a.fronts:
+            raise InstallError(
+                f"--front {front}: not for {a.label} (it has {' or '.join(a.fronts)})"
+                + ("; --runtime names the runtimes to install for" if opts.runtime == "auto" else "")
+            )
+    reads = {rt: runtimes.get(rt).read(root, front, state.get(rt)) for rt in chosen}
+    _bundle_step(root, opts, state, say)
+    _node_config_step(root, opts.dry_run, state, say)
+    devlinks.install_step(root, opts.dry_run, say)  # /dev/char links of the GPU nodes: left on uninstall
+    fronts = {**_fronts(state), **{rt: front for rt in chosen}}
+    if "wrapper" in fronts.values():
+        _install_server_units(root, opts, say)
+    else:  # (an install of the wrapper front before: no trace of it left)
+        _uninstall_server_units(root, opts, say)
+    nri = [rt for rt in chosen if front == "nri" and opts.nri_unit]
+    if nri:
+        _install_nri_unit(root, opts, runtimes.get(nri[0]).plugin_args(reads[nri[0]]), say)
+    elif "nri" not in fronts.values() or not opts.nri_unit:
+        _uninstall_nri_unit(root, opts, say)
 
-    # refuse a config we cannot edit before anything is written
-    reads = {rt: RUNTIMES[rt].read(root) for rt in runtimes}
+    changed = {rt: runtimes.get(rt).install(root, state, opts.dry_run, say, reads[rt]) for rt in chosen}
+    if opts.dry_run:
+        for rt in chosen:
+            say(_dry_restart(opts, rt, changed[rt] or rt in state["restart_pending"]))
+        return
+    for rt in chosen:
+        _mark(state, "runtimes", rt)
+    state["fronts"] = fronts
+    if state != before:
+        files.save_state(root, state)  # before the restart: a failed one is retried next time
+    files.sweep(host(root, files.STATE))  # what a killed write of it left, when nothing changed now
+    for rt in chosen:
+        if _restart(opts, rt, root, state, say):
+            files.save_state(root, state)
+
+
+def _bundle_step(root: str, opts: Options, state: dict, say: Say) -> None:
     src = _bundle_source(opts)
     if src is None and opts.dry_run:
         say(
             f"bundle: no --bundle-dir: one would be built from this Python ({sys.executable}) and this gpuhook, "
             f"and copied to {PREFIX}"
         )
-    else:
-        built = None
-        if src is None:
-            built, src = _build_bundle(say)
-        try:
-            _install_bundle(root, src, state, opts.dry_run, say)
-        finally:
-            if built:
-                shutil.rmtree(built, ignore_errors=True)
+        return
+    built = None
+    if src is None:
+        built, src = _build_bundle(say)
+    try:
+        _install_bundle(root, src, state, opts.dry_run, say)
+    finally:
+        if built:
+            shutil.rmtree(built, ignore_errors=True)
 
+
+def _node_config_step(root: str, dry_run: bool, state: dict, say: Say) -> None:
     path = host(root, NODE_CONFIG)
     if os.path.lexists(path):
         say(f"node config: {NODE_CONFIG} exists: kept as it is")
-    else:
-        if not opts.dry_run:
-            state["node_config"] = {"path": NODE_CONFIG, "written": sha256(NODE_CONFIG_TEXT.encode())}
-            files.save_state(root, state)  # first: a kill right after the write still knows it is ours
-            files.write(path, NODE_CONFIG_TEXT.encode(), 0o644, NODE_CONFIG)
-        say(f"node config: {NODE_CONFIG} {would}written (all defaults)")
-    devlinks.install_step(root, opts.dry_run, say)  # /dev/char links of the GPU nodes: left on uninstall
-    _install_server_units(root, opts, say)
-
-    changed = {rt: RUNTIMES[rt].install(root, state, opts.dry_run, say, reads[rt]) for rt in runtimes}
-    if opts.dry_run:
-        for rt in runtimes:
-            say(_dry_restart(opts, rt, changed[rt] or rt in state["restart_pending"]))
         return
-    for rt in runtimes:
-        _mark(state, "runtimes", rt)
-    if state != before:
-        files.save_state(root, state)  # before the restart: a failed one is retried next time
-    files.sweep(host(root, files.STATE))  # what a killed write of it left, when nothing changed now
-    for rt in runtimes:
-        if _restart(opts, rt, root, state, say):
-            files.save_state(root, state)
+    if not dry_run:
+        state["node_config"] = {"path": NODE_CONFIG, "written": sha256(NODE_CONFIG_TEXT.encode())}
+        files.save_state(root, state)  # first: a kill right after the write still knows it is ours
+        files.write(path, NODE_CONFIG_TEXT.encode(), 0o644, NODE_CONFIG)
+    say(f"node config: {NODE_CONFIG} {'would be ' if dry_run else ''}written (all defaults)")
 
 
 def _load_state(root: str) -> dict:
@@ -250,22 +273,16 @@ def _load_state(root: str) -> dict:
         state["restart_pending"] = list(state.get("runtimes") or []) if pending else []
     for key in ("runtimes", "restart_pending"):
         value = state.get(key)
-        state[key] = sorted({v for v in value if v in RUNTIMES} if isinstance(value, list) else set())
+        state[key] = sorted({v for v in value if v in runtimes.NAMES} if isinstance(value, list) else set())
     return state
 
 
-def _mark(state: dict, key: str, runtime: str, on: bool = True) -> None:
-    """Add `runtime` to (or take it from) the state's list `key`."""
-    names = set(state[key]) | {runtime} if on else set(state[key]) - {runtime}
-    state[key] = sorted(names)
-
-
-def _journal(root: str, state: dict, runtime: str) -> None:
-    """Before `runtime`'s config is changed: the state says gpuhook is installed for it and
-    that it waits for a restart, saved, so that a kill after the change still restarts it."""
-    _mark(state, "runtimes", runtime)
-    _mark(state, "restart_pending", runtime)
-    files.save_state(root, state)
+def _fronts(state: dict) -> dict[str, str]:
+    """Each installed runtime's front, from the state's `fronts` (wrapper where a state
+    written before fronts, or saved by a journal step before the install's end, does not say)."""
+    fronts = state.get("fronts") if isinstance(state.get("fronts"), dict) else {}
+    assert isinstance(fronts, dict)
+    return {rt: fronts[rt] if fronts.get(rt) in runtimes.FRONTS else "wrapper" for rt in state["runtimes"]}
 
 
 def _install_server_units(root: str, opts: Options, say: Say) -> None:
@@ -333,6 +350,57 @@ def _uninstall_server_units(root: str, opts: Options, say: Say) -> None:
         say(f"runtime server: {units.UNIT_DIR}/{n} {'would be ' if opts.dry_run else ''}removed")
 
 
+def _systemd_runs(root: str) -> bool:
+    """systemd is the node's init (sd_booted(3): /run/systemd/system is there)."""
+    return os.path.isdir(host(root, "/run/systemd/system"))
+
+
+def _install_nri_unit(root: str, opts: Options, args: tuple[str, ...], say: Say) -> None:
+    """gpuhook-nri.service (`gpuhook nri ARGS`), written, enabled and started where systemd
+    runs; without systemd, the line says what to run instead."""
+    from . import units
+
+    name, text = units.NRI_UNIT, units.nri_text(args)
+    path = host(root, f"{units.UNIT_DIR}/{name}")
+    command = " ".join([f"{PREFIX}/bin/gpuhook", "nri", *args])
+    if not os.path.isdir(os.path.dirname(path)):
+        say(f"nri plugin: no {units.UNIT_DIR} on this node: no unit written; run `{command}` under a supervisor")
+        return
+    changed = files.read(path, name) != text.encode()
+    if changed and not opts.dry_run:
+        files.write(path, text.encode(), 0o644, f"{units.UNIT_DIR}/{name}")
+    said = f"{'would be ' if opts.dry_run else ''}written" if changed else "up to date"
+    say(f"nri plugin: {units.UNIT_DIR}/{name} {said} ({command})")
+    if opts.dry_run or not _systemd_runs(root):
+        say(f"nri plugin: not started (systemd is not running here): systemctl enable --now {name}")
+        return
+    try:
+        for cmd in (["daemon-reload"], ["enable", "--now", name]) + ((["restart", name],) if changed else ()):
+            restart.systemctl(cmd, root, opts.restart_timeout)
+        say(f"nri plugin: {name} enabled and running")
+    except InstallError as e:
+        say(f"nri plugin: not started ({e}): gpu-optional pods start without their GPUs until it runs")
+
+
+def _uninstall_nri_unit(root: str, opts: Options, say: Say) -> None:
+    """gpuhook-nri.service, when it is gpuhook's (its mark): stopped, disabled and removed."""
+    from . import units
+
+    path = host(root, f"{units.UNIT_DIR}/{units.NRI_UNIT}")
+    if not opts.dry_run:
+        files.sweep(path)  # an install killed while writing it
+    if not os.path.isfile(path) or units.NRI_MARK.encode() not in (files.read(path, units.NRI_UNIT) or b""):
+        return
+    if _systemd_runs(root) and not opts.dry_run:
+        try:
+            restart.systemctl(["disable", "--now", units.NRI_UNIT], root, opts.restart_timeout)
+        except InstallError as e:
+            say(f"nri plugin: {e}")
+    if not opts.dry_run:
+        files.remove(path, f"{units.UNIT_DIR}/{units.NRI_UNIT}")
+    say(f"nri plugin: {units.UNIT_DIR}/{units.NRI_UNIT} {'would be ' if opts.dry_run else ''}removed")
+
+
 def _install_bundle(root: str, src: str, state: dict, dry_run: bool, say: Say) -> None:
     files.manifest(src)
     dst = host(root, PREFIX)
@@ -355,134 +423,6 @@ def _install_bundle(root: str, src: str, state: dict, dry_run: bool, say: Say) -
         state["bundle"] = {"path": PREFIX, "copied": True}
 
 
-def _read_containerd(root: str) -> tuple[bytes | None, object, int]:
-    """(original bytes or None, document, version), checked before anything is written.
-    No config.toml: containerd runs on its built-in defaults; a version 2 file with only the
-    handlers keeps them (containerd 2.x reads version 2 too)."""
-    name = containerd.DEFAULT_CONFIG
-    raw = files.read(host(root, name), name)
-    doc, version = containerd.parse(_text(raw, name) if raw is not None else "version = 2\n", name)
-    shadows = containerd.shadowing_imports(doc, version, root, name)
-    if shadows:
-        raise InstallError(
-            f"{shadows[0]} (imported by {name}) sets the {containerd.CRI_PLUGIN[version]} plugin's "
-            f"section, which replaces {name}'s when containerd loads it: add the gpu-optional "
-            "handler there by hand, or fold that file into config.toml, then run install again"
-        )
-    return raw, doc, version
-
-
-def _install_containerd(root: str, state: dict, dry_run: bool, say: Say, read) -> bool:
-    name = containerd.DEFAULT_CONFIG
-    raw, doc, version = read
-    existed = raw is not None
-    if not containerd.add_handler(doc, version, BINARY):
-        say(f"containerd: {name}: handler gpu-optional already in place (config version {version})")
-        return False
-    new = containerd.dumps(doc).encode()
-    if dry_run:
-        say(f"containerd: {name}: handler gpu-optional would be added (config version {version})")
-        return True
-    mine = _write_config(root, state, "containerd", name, BACKUP, raw, new)
-    say(
-        f"containerd: {name}: handler gpu-optional {'added' if existed else 'written to a new file'} "
-        f"(config version {version}, BinaryName {BINARY})"
-        + (f"; original kept in {BACKUP}" if existed and mine.get("backup") else "")
-    )
-    return True
-
-
-def _write_config(
-    root: str, state: dict, key: str, name: str, backup: str, raw: bytes | None, new: bytes, first: dict | None = None
-) -> dict:
-    """Write a runtime's config file `name` (`raw` now, None when absent) as `new`: on the
-    first change a byte copy of the original goes to `backup` for uninstall, and state[key]
-    records both hashes. The state is saved first (the journal): a kill right after any
-    write still knows the backup, and that `key` waits for a restart. `first`: more to
-    record on the first change."""
-    existed = raw is not None
-    mine = state.get(key)
-    if mine is None:
-        mine = state[key] = {
-            "config": name,
-            "existed": existed,
-            "backup": backup if existed else None,
-            "original": sha256(raw),
-            "restorable": True,
-            **(first or {}),
-        }
-    elif sha256(raw) not in (mine.get("written"), mine.get("original")):
-        # Someone changed the file since we wrote it: the backup no longer equals "the file
-        # without gpuhook", so uninstall will only remove our handler.
-        mine["restorable"] = False
-    mine["written"] = sha256(new)
-    _journal(root, state, key)
-    if mine.get("backup") and sha256(raw) == mine.get("original"):
-        # the original, not yet ours: its copy (again, when a kill stopped the first)
-        if sha256(files.read(host(root, backup), backup)) != mine["original"]:
-            files.write(host(root, backup), raw or b"", 0o600, backup)
-    files.write(host(root, name), new, None if existed else 0o644, name)
-    return mine
-
-
-def _read_docker(root: str) -> tuple[bytes | None, dict]:
-    """(original bytes or None, document), checked before anything is written."""
-    name = docker.DEFAULT_CONFIG
-    raw = files.read(host(root, name), name)
-    doc = docker.parse(raw, name)
-    docker.check(doc, BINARY, name)
-    return raw, doc
-
-
-def _install_docker(root: str, state: dict, dry_run: bool, say: Say, read) -> bool:
-    name = docker.DEFAULT_CONFIG
-    raw, doc = read
-    had_runtimes = docker.RUNTIMES in doc
-    if not docker.add_handler(doc, BINARY):
-        say(f"docker: {name}: runtime gpu-optional already in place")
-        return False
-    if dry_run:
-        say(f"docker: {name}: runtime gpu-optional would be added (path {BINARY})")
-        return True
-    mine = _write_config(
-        root,
-        state,
-        "docker",
-        name,
-        DOCKER_BACKUP,
-        raw,
-        docker.dumps(doc, raw),
-        first={"added_runtimes": not had_runtimes},
-    )
-    say(
-        f"docker: {name}: runtime gpu-optional {'added' if raw is not None else 'written to a new file'} "
-        f"(path {BINARY}; default-runtime unchanged)"
-        + (f"; original kept in {DOCKER_BACKUP}" if raw is not None and mine.get("backup") else "")
-    )
-    return True
-
-
-def _install_crio(root: str, state: dict, dry_run: bool, say: Say, read: object = None) -> bool:
-    data = crio.render(BINARY)
-    path = host(root, crio.DROPIN)
-    if files.read(path, crio.DROPIN) == data:
-        say(f"crio: {crio.DROPIN}: handler gpu-optional already in place")
-        return False
-    if not dry_run:
-        state["crio"] = {"dropin": crio.DROPIN, "written": sha256(data)}
-        _journal(root, state, "crio")
-        files.write(path, data, 0o644, crio.DROPIN)
-    say(f"crio: {crio.DROPIN}: {'would be ' if dry_run else ''}written (handler gpu-optional, runtime_path {BINARY})")
-    return True
-
-
-def _text(raw: bytes, name: str) -> str:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InstallError(f"{name}: not UTF-8 text") from None
-
-
 def _dry_restart(opts: Options, runtime: str, pending: bool) -> str:
     if not pending:
         return f"restart: {runtime}: not needed"
@@ -496,15 +436,25 @@ def _restart(opts: Options, runtime: str, root: str, state: dict, say: Say) -> b
     if runtime not in state["restart_pending"]:
         say(f"restart: not needed ({runtime}'s config is unchanged)")
         return False
-    config = RUNTIMES[runtime].signal_config
-    config_file = host(root, config) if config else None
-    if opts.restart == "none" and restart.host_pid_namespace(root) and not restart.find(runtime, root, config_file):
+    adapter = runtimes.get(runtime)
+    front = _fronts(state).get(runtime, "wrapper")
+    config_file = host(root, adapter.config)
+    if (
+        opts.restart == "none"
+        and restart.host_pid_namespace(root)
+        and not restart.find(adapter.daemon, root, config_file)
+    ):
         say(f"restart: {runtime} is not running: it loads the handler when it starts")
     elif opts.restart == "none":
-        say(f"restart: not done (--restart none): {restart.HOW[runtime]} to load its new config")
+        say(f"restart: not done (--restart none): {adapter.daemon.how} to load its new config")
+        return False
+    elif opts.restart == "signal" and adapter.daemon.reloaded and front not in adapter.daemon.reload_fronts:
+        say(
+            f"restart: not done: a reload of {runtime} does not load the {front} front's settings: {adapter.daemon.how}"
+        )
         return False
     else:
-        say(restart.restart(opts.restart, runtime, root, config_file, opts.restart_timeout))
+        say(restart.restart(opts.restart, runtime, adapter.daemon, root, config_file, opts.restart_timeout))
     _mark(state, "restart_pending", runtime, on=False)
     return True
 
@@ -519,13 +469,13 @@ def uninstall(opts: Options, say: Say, root: str) -> None:
     installed = state["runtimes"]
     if opts.runtime == "auto":
         # every runtime installed for; with no state, every one whose config has our handler
-        targets = installed if had_state else [n for n, a in RUNTIMES.items() if a.ours(root)]
+        targets = installed if had_state else [n for n, a in runtimes.every().items() if a.ours(root)]
     else:
         targets = [opts.runtime]
     others = (
         [n for n in installed if n not in targets]
         if had_state
-        else [n for n, a in RUNTIMES.items() if n not in targets and a.ours(root)]
+        else [n for n, a in runtimes.every().items() if n not in targets and a.ours(root)]
     )
     say(
         f"gpuhook uninstall: host root {root}, runtime {' and '.join(targets) or 'none left'}"
@@ -538,23 +488,26 @@ def uninstall(opts: Options, say: Say, root: str) -> None:
         say(
             f"gpuhook is not installed for {opts.runtime} on this node"
             + (f" (it is for {' and '.join(installed)})" if installed else "")
-            + f": only what is recognisably gpuhook's in {RUNTIMES[opts.runtime].config} is removed"
+            + f": only what is recognisably gpuhook's in {runtimes.get(opts.runtime).config} is removed"
         )
 
     for rt in targets:
         was_pending = rt in state["restart_pending"]
         if had_state and not opts.dry_run:
             _journal(root, state, rt)  # a kill during the edit still restarts it on the next run
-        changed = RUNTIMES[rt].uninstall(root, state.get(rt), opts.dry_run, say)
+        changed = runtimes.get(rt).uninstall(root, state.get(rt), opts.dry_run, say)
         if opts.dry_run:
             say(_dry_restart(opts, rt, changed or was_pending))
             continue
-        files.sweep(host(root, RUNTIMES[rt].config))  # an install killed while writing it
+        files.sweep(host(root, runtimes.get(rt).config))  # an install killed while writing it
         state.pop(rt, None)
+        state["fronts"] = {n: f for n, f in _fronts(state).items() if n != rt}
         _mark(state, "runtimes", rt, on=False)
         _mark(state, "restart_pending", rt, on=changed or was_pending)
         if had_state:
             files.save_state(root, state)
+    if "nri" not in (_fronts(state).get(rt) for rt in others):
+        _uninstall_nri_unit(root, opts, say)
     if others:
         say(
             f"kept for {' and '.join(others)} (still installed): the bundle {PREFIX}, the node config "
@@ -632,205 +585,3 @@ def _uninstall_bundle(root: str, opts: Options, state: dict, say: Say) -> None:
             os.rmdir(host(root, d))  # only when empty
         except OSError:
             pass
-
-
-def _restore(
-    root: str, mine: dict | None, label: str, name: str, backup: str, raw: bytes | None, dry_run: bool, say: Say
-) -> bool:
-    """Undo install's write of `name` when nobody changed the file since: the original bytes
-    back from `backup`, or the file removed when install had created it. False when that
-    cannot be done (then only the handler is removed). Also finishes a restore that a kill
-    stopped (the original back, its backup still there)."""
-    would = "would be " if dry_run else ""
-    if not (mine and mine.get("restorable") and raw is not None):
-        return False
-    path = host(root, name)
-    saved = files.read(host(root, backup), backup) if mine.get("backup") else None
-    if mine.get("existed") and sha256(raw) == mine.get("original") and sha256(saved) == mine.get("original"):
-        if not dry_run:
-            files.remove(host(root, backup), backup)
-        say(f"{label}: {name}: the original is in place (an uninstall was stopped): {backup} {would}removed")
-        return True
-    if sha256(raw) != mine.get("written"):
-        return False
-    if not mine.get("existed"):
-        if not dry_run:
-            files.remove(path, name)
-        say(f"{label}: {name}: {would}removed (install had created it)")
-        return True
-    if saved is not None and sha256(saved) == mine.get("original"):
-        if not dry_run:
-            files.write(path, saved, None, name)
-            files.remove(host(root, backup), backup)
-        say(f"{label}: {name}: original {would}restored byte for byte from {backup}")
-        return True
-    say(f"{label}: {backup} is missing or changed: removing only the handler")
-    return False
-
-
-def _only_handler_removed(root: str, mine: dict | None, label: str, backup: str, dry_run: bool) -> str:
-    why = "changed since install" if mine else "no install record"
-    keep = (
-        f"; the pre-install copy stays in {backup}"
-        if mine and mine.get("backup") and os.path.exists(host(root, backup))
-        else ""
-    )
-    return f"{why}, so only the gpu-optional handler was {'' if not dry_run else 'to be '}removed{keep}"
-
-
-def _uninstall_edited(
-    root: str, mine: dict | None, kind: str, name: str, backup: str, dry_run: bool, say: Say, edit, not_there: str
-) -> bool:
-    """Give a runtime's config file back (the backup, byte for byte, when it is unchanged since
-    install), else take only gpuhook's handler out of it: edit(raw) -> the new bytes, or None
-    when it holds none of gpuhook's (then `not_there` is said)."""
-    path = host(root, name)
-    raw = files.read(path, name)
-    if _restore(root, mine, kind, name, backup, raw, dry_run, say):
-        return True
-    if raw is None:
-        say(f"{kind}: {name} does not exist: nothing to remove")
-        return False
-    new = edit(raw)
-    if new is None:
-        say(f"{kind}: {name}: {not_there}")
-        return False
-    if not dry_run:
-        files.write(path, new, None, name)
-    say(f"{kind}: {name}: {_only_handler_removed(root, mine, kind, backup, dry_run)}")
-    return True
-
-
-def _uninstall_containerd(root: str, mine: dict | None, dry_run: bool, say: Say) -> bool:
-    name = containerd.DEFAULT_CONFIG
-
-    def edit(raw: bytes) -> bytes | None:
-        doc, version = containerd.parse(_text(raw, name), name)
-        return containerd.dumps(doc).encode() if containerd.remove_handler(doc, version) else None
-
-    return _uninstall_edited(
-        root, mine, "containerd", name, BACKUP, dry_run, say, edit, "no gpu-optional handler: left as it is"
-    )
-
-
-def _uninstall_docker(root: str, mine: dict | None, dry_run: bool, say: Say) -> bool:
-    changed = _uninstall_docker_file(root, mine, dry_run, say)
-    after = files.read(host(root, docker.DEFAULT_CONFIG), docker.DEFAULT_CONFIG) if not dry_run else None
-    if changed and not dry_run and docker.RUNTIMES not in docker.parse(after, docker.DEFAULT_CONFIG):
-        # dockerd reloads `runtimes` only when the file sets the key (checked, dockerd 20.10)
-        say(
-            f'docker: {docker.DEFAULT_CONFIG} now has no "runtimes", and a reload keeps the runtimes a running '
-            "dockerd has: it lists gpu-optional until its next restart (containers asking for it fail to "
-            "start once /opt/gpuhook is removed)"
-        )
-    return changed
-
-
-def _uninstall_docker_file(root: str, mine: dict | None, dry_run: bool, say: Say) -> bool:
-    name = docker.DEFAULT_CONFIG
-
-    def edit(raw: bytes) -> bytes | None:
-        doc = docker.parse(raw, name)
-        drop_empty = bool(mine and mine.get("added_runtimes"))
-        return docker.dumps(doc, raw) if docker.remove_handler(doc, BINARY, drop_empty=drop_empty) else None
-
-    return _uninstall_edited(
-        root,
-        mine,
-        "docker",
-        name,
-        DOCKER_BACKUP,
-        dry_run,
-        say,
-        edit,
-        f"no gpu-optional runtime of gpuhook's ({BINARY}): left as it is",
-    )
-
-
-def _uninstall_crio(root: str, mine: dict | None, dry_run: bool, say: Say) -> bool:
-    path = host(root, crio.DROPIN)
-    raw = files.read(path, crio.DROPIN)
-    if raw is None:
-        say(f"crio: {crio.DROPIN} does not exist: nothing to remove")
-        return False
-    if not mine and not raw.startswith(crio.MARK.encode()):
-        say(f"crio: {crio.DROPIN} was not written by gpuhook: left as it is")
-        return False
-    if not dry_run:
-        files.remove(path, crio.DROPIN)
-    edited = " (it had been edited since install)" if mine and sha256(raw) != mine.get("written") else ""
-    say(f"crio: {crio.DROPIN} {'would be ' if dry_run else ''}removed{edited}")
-    return True
-
-
-# -- the runtimes ------------------------------------------------------------------------
-
-
-def _ours(recognise: Callable[[bytes], bool], name: str) -> Callable[[str], bool]:
-    """Whether the node's `name` carries gpuhook's handler (recognise(bytes)); a file that
-    cannot be read or parsed counts as ours: uninstall then says what is wrong with it."""
-
-    def ours(root: str) -> bool:
-        try:
-            raw = files.read(host(root, name), name)
-            return raw is not None and recognise(raw)
-        except InstallError:
-            return True
-
-    return ours
-
-
-def _containerd_has_ours(raw: bytes) -> bool:
-    doc, version = containerd.parse(_text(raw, containerd.DEFAULT_CONFIG), containerd.DEFAULT_CONFIG)
-    return containerd.remove_handler(doc, version)
-
-
-def _docker_has_ours(raw: bytes) -> bool:
-    return docker.remove_handler(docker.parse(raw, docker.DEFAULT_CONFIG), BINARY, drop_empty=False)
-
-
-@dataclasses.dataclass(frozen=True)
-class Adapter:
-    """One container runtime gpuhook installs for."""
-
-    name: str
-    config: str  # the node file install writes: the runtime's config, or a drop-in of ours
-    signal_config: str | None  # the file --restart signal finds the running daemon by
-    read: Callable[[str], object]  # the config, checked before anything is written
-    install: Callable[[str, dict, bool, Say, object], bool]  # True: its config changed
-    uninstall: Callable[[str, dict | None, bool, Say], bool]  # True: its config changed
-    ours: Callable[[str], bool]  # its config has gpuhook's handler (uninstall without a state)
-
-
-RUNTIMES = {
-    a.name: a
-    for a in (
-        Adapter(
-            "containerd",
-            containerd.DEFAULT_CONFIG,
-            containerd.DEFAULT_CONFIG,
-            _read_containerd,
-            _install_containerd,
-            _uninstall_containerd,
-            _ours(_containerd_has_ours, containerd.DEFAULT_CONFIG),
-        ),
-        Adapter(
-            "crio",
-            crio.DROPIN,
-            None,
-            lambda root: None,
-            _install_crio,
-            _uninstall_crio,
-            _ours(lambda raw: raw.startswith(crio.MARK.encode()), crio.DROPIN),
-        ),
-        Adapter(
-            "docker",
-            docker.DEFAULT_CONFIG,
-            docker.DEFAULT_CONFIG,
-            _read_docker,
-            _install_docker,
-            _uninstall_docker,
-            _ours(_docker_has_ours, docker.DEFAULT_CONFIG),
-        ),
-    )
-}

@@ -306,28 +306,7 @@ def _sync(src: str, dst: str, dry_run: bool, grace: float) -> Synced:
     ):
         name = f"{name}-{time.time_ns()}"  # there but not this bundle (edited by hand?): a fresh one
         target = os.path.join(versions, name)
-    written = linked = 0
-    if not os.path.lexists(target):
-        tmp = os.path.join(versions, f".tmp-{name}-{os.getpid()}")
-        if os.path.lexists(tmp):
-            shutil.rmtree(tmp)
-        try:
-            for rel in names:
-                out = os.path.join(tmp, rel)
-                os.makedirs(os.path.dirname(out), mode=0o755, exist_ok=True)
-                if rel in changed:
-                    _copy(os.path.join(src, rel), out)
-                    written += 1
-                else:  # unchanged: there is a base it is unchanged from
-                    os.link(os.path.join(base or src, rel), out, follow_symlinks=False)
-                    linked += 1
-            _flush(tmp)
-            os.rename(tmp, target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    else:
-        linked = len(names)  # a version kept from before (a roll back): nothing to write
+    written, linked = _copy_version(src, names, changed, base, target)
     previous = os.path.basename(cur) if cur else ""
     _top_links(dst, tops)  # new names first: they dangle until the switch
     _replace_link(f"{VERSIONS}/{name}", os.path.join(dst, CURRENT))  # the upgrade
@@ -338,6 +317,35 @@ def _sync(src: str, dst: str, dry_run: bool, grace: float) -> Synced:
     _drop_stale_links(dst, tops)
     pruned = _prune(versions, keep={name, previous}, grace=grace)
     return Synced(len(names), written, removed, linked, name, previous, tuple(pruned))
+
+
+def _copy_version(src: str, names: list[str], changed: set[str], base: str | None, target: str) -> tuple[int, int]:
+    """The bundle `src` as the version `target` (in a temporary directory renamed into place):
+    a copy of each `changed` file, a hard link of the others to `base`'s; (written, linked).
+    Nothing to write when `target` is already there (a version kept from before: a roll back)."""
+    if os.path.lexists(target):
+        return 0, len(names)
+    written = linked = 0
+    versions, name = os.path.split(target)
+    tmp = os.path.join(versions, f".tmp-{name}-{os.getpid()}")
+    if os.path.lexists(tmp):
+        shutil.rmtree(tmp)
+    try:
+        for rel in names:
+            out = os.path.join(tmp, rel)
+            os.makedirs(os.path.dirname(out), mode=0o755, exist_ok=True)
+            if rel in changed:
+                _copy(os.path.join(src, rel), out)
+                written += 1
+            else:  # unchanged: there is a base it is unchanged from
+                os.link(os.path.join(base or src, rel), out, follow_symlinks=False)
+                linked += 1
+        _flush(tmp)
+        os.rename(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return written, linked
 
 
 def _sweep_killed(dst: str) -> None:

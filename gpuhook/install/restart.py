@@ -28,25 +28,40 @@ signal and systemd from a container need the host's PID namespace (hostPID: true
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
 import time
 
+from typing import Callable
+
 from . import InstallError
 
-UNITS = {"containerd": "containerd.service", "crio": "crio.service", "docker": "docker.service"}
-COMMS = {"containerd": "containerd", "crio": "crio", "docker": "dockerd"}
-# what `systemctl` does with the unit under --restart systemd
-SYSTEMCTL = {"containerd": "restart", "crio": "restart", "docker": "reload-or-restart"}
-# what an operator does by hand after --restart none
-HOW = {
-    "containerd": "restart containerd (systemctl restart containerd.service)",
-    "crio": "restart CRI-O (systemctl restart crio.service)",
-    "docker": "reload dockerd (systemctl reload docker.service, or SIGHUP to dockerd)",
-}
-# containerd's global flags that take a value (urfave/cli: "--flag value" or "--flag=value")
-_VALUE_FLAGS = {"--config", "-c", "--log-level", "-l", "--address", "-a", "--root", "--state"}
+
+@dataclasses.dataclass(frozen=True)
+class Daemon:
+    """How a runtime's running daemon is found and made to load its new config (each
+    runtime's adapter has one)."""
+
+    comm: str  # its /proc/PID/comm
+    unit: str  # its systemd unit
+    systemctl: str  # what `systemctl` does with the unit under --restart systemd
+    how: str  # what an operator does by hand after --restart none
+    # the config file a daemon reads, as a path from here (proc, pid, argv); None: not the daemon.
+    # None for a runtime whose daemons are not told apart by config (every one is reloaded)
+    config_of: Callable[[str, int, list[str]], str | None] | None = None
+    # a live reload on SIGHUP: the line said after it ({pids}); None: no reload, so SIGTERM
+    # and its supervisor starts it again
+    reloaded: str | None = None
+    # the fronts whose config edits that reload loads (CRI-O reloads its runtimes, not NRI's settings)
+    reload_fronts: tuple[str, ...] = ("wrapper", "nri")
+
+
+def config_path(proc: str, pid: int, config: str) -> str:
+    """A daemon's config file `config` (absolute, or relative to its cwd) as a path from here."""
+    base = os.path.join(proc, str(pid), "root") if config.startswith("/") else os.path.join(proc, str(pid), "cwd")
+    return os.path.join(base, config.lstrip("/"))
 
 
 def _proc(host_root: str) -> str:
@@ -79,105 +94,72 @@ def _alive(proc: str, pid: int) -> bool:
     return state not in (b"Z", b"X")
 
 
-def _containerd_config(proc: str, pid: int, argv: list[str]) -> str | None:
-    """The config file a containerd daemon reads, as a path from here; None for a
-    `containerd <subcommand>` run (config dump, publish...), which is not the daemon."""
-    config = "/etc/containerd/config.toml"
-    i = 1
-    while i < len(argv):
-        arg = argv[i]
-        name, eq, value = arg.partition("=")
-        if name in _VALUE_FLAGS:
-            if not eq:
-                i += 1
-                value = argv[i] if i < len(argv) else ""
-            if name in ("--config", "-c"):
-                config = value
-        elif not arg.startswith("-"):
-            return None
-        i += 1
-    base = os.path.join(proc, str(pid), "root") if config.startswith("/") else os.path.join(proc, str(pid), "cwd")
-    return os.path.join(base, config.lstrip("/"))
-
-
-def _dockerd_config(proc: str, pid: int, argv: list[str]) -> str:
-    """The daemon.json a dockerd reads (--config-file, default /etc/docker/daemon.json), as
-    a path from here."""
-    config = "/etc/docker/daemon.json"
-    for i, arg in enumerate(argv[1:], 1):
-        name, eq, value = arg.partition("=")
-        if name == "--config-file":
-            config = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
-    base = os.path.join(proc, str(pid), "root") if config.startswith("/") else os.path.join(proc, str(pid), "cwd")
-    return os.path.join(base, config.lstrip("/"))
-
-
-CONFIG_OF = {"containerd": _containerd_config, "docker": _dockerd_config}
-
-
-def find(runtime: str, host_root: str, config_file: str | None = None) -> list[int]:
-    """Pids of the runtime's daemon; for containerd and dockerd only those reading
+def find(daemon: Daemon, host_root: str, config_file: str | None = None) -> list[int]:
+    """Pids of the runtime's daemon; where the daemon has a config_of, only those reading
     `config_file` (a path from here): other daemons on the machine are left alone."""
     proc = _proc(host_root)
     want = None
-    if config_file is not None:
+    if config_file is not None and daemon.config_of is not None:
         try:
             st = os.stat(config_file)
             want = (st.st_dev, st.st_ino)
         except OSError:
             return []
-    pids = []
     try:
         entries = os.listdir(proc)
     except OSError:
         return []
+    pids = []
     for entry in entries:
         if not entry.isdigit():
             continue
         comm = _read(os.path.join(proc, entry, "comm"))
-        if comm is None or comm.strip().decode(errors="replace") != COMMS[runtime] or not _alive(proc, int(entry)):
+        if comm is None or comm.strip().decode(errors="replace") != daemon.comm or not _alive(proc, int(entry)):
             continue
-        if runtime in CONFIG_OF and want is not None:
-            argv = [
-                a.decode(errors="replace")
-                for a in (_read(os.path.join(proc, entry, "cmdline")) or b"").split(b"\0")
-                if a
-            ]
-            path = CONFIG_OF[runtime](proc, int(entry), argv)
-            try:
-                found = os.stat(path) if path else None
-            except OSError:
-                found = None
-            if found is None or (found.st_dev, found.st_ino) != want:
-                continue
+        if daemon.config_of is not None and want is not None and _reads(daemon, proc, int(entry)) != want:
+            continue
         pids.append(int(entry))
     return sorted(pids)
 
 
-def restart(mode: str, runtime: str, host_root: str, config_file: str | None, timeout: float = 30.0) -> str:
-    """Do it; one line saying what happened. InstallError when it could not be done."""
+def _reads(daemon: Daemon, proc: str, pid: int) -> tuple[int, int] | None:
+    """(device, inode) of the config file the daemon `pid` reads; None when there is none."""
+    assert daemon.config_of is not None
+    argv = [
+        a.decode(errors="replace") for a in (_read(os.path.join(proc, str(pid), "cmdline")) or b"").split(b"\0") if a
+    ]
+    path = daemon.config_of(proc, pid, argv)
+    try:
+        st = os.stat(path) if path else None
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if st else None
+
+
+def restart(
+    mode: str, name: str, daemon: Daemon, host_root: str, config_file: str | None, timeout: float = 30.0
+) -> str:
+    """Do it for the runtime `name`; one line saying what happened. InstallError when it could not be done."""
     if mode == "none":
-        return f"restart: none asked; {runtime} loads the handler when it next starts"
+        return f"restart: none asked; {name} loads the handler when it next starts"
     if mode == "systemd":
-        return _systemctl(runtime, host_root, timeout)
+        return _systemctl(daemon, host_root, timeout)
     if not host_pid_namespace(host_root):
         raise InstallError(
             f"--restart signal: {_proc(host_root)} is not this PID namespace's (run in the host's: hostPID: true)"
         )
-    pids = find(runtime, host_root, config_file)
+    pids = find(daemon, host_root, config_file)
     if not pids:
-        return f"restart: {runtime} is not running; it loads the handler when it starts"
-    if runtime == "crio":
+        return f"restart: {name} is not running; it loads the handler when it starts"
+    if daemon.reloaded is not None:
         for pid in pids:
             _kill(pid, signal.SIGHUP)
-        return f"restart: sent SIGHUP to crio (pid {', '.join(map(str, pids))}): CRI-O reloads its runtimes"
-    if runtime == "docker":
-        for pid in pids:
-            _kill(pid, signal.SIGHUP)
-        return (
-            f"restart: sent SIGHUP to dockerd (pid {', '.join(map(str, pids))}): dockerd reloads its runtimes, "
-            "running containers keep running (`docker info` lists the runtimes it has)"
-        )
+        return daemon.reloaded.format(pids=", ".join(map(str, pids)))
+    return _stop_and_wait(daemon, host_root, config_file, pids, timeout)
+
+
+def _stop_and_wait(daemon: Daemon, host_root: str, config_file: str | None, pids: list[int], timeout: float) -> str:
+    """SIGTERM to a daemon with no reload; then wait for it to exit and its supervisor to start it again."""
     for pid in pids:
         _kill(pid, signal.SIGTERM)
     proc = _proc(host_root)
@@ -185,19 +167,17 @@ def restart(mode: str, runtime: str, host_root: str, config_file: str | None, ti
     while any(_alive(proc, p) for p in pids):
         if time.monotonic() > deadline:
             raise InstallError(
-                f"--restart signal: containerd (pid {pids[0]}) did not exit within {timeout:g}s of SIGTERM"
+                f"--restart signal: {daemon.comm} (pid {pids[0]}) did not exit within {timeout:g}s of SIGTERM"
             )
         time.sleep(0.05)
     while True:
-        new = [p for p in find(runtime, host_root, config_file) if p not in pids]
+        new = [p for p in find(daemon, host_root, config_file) if p not in pids]
         if new:
-            return (
-                f"restart: containerd stopped (SIGTERM, pid {pids[0]}); its supervisor started it again (pid {new[0]})"
-            )
+            return f"restart: {daemon.comm} stopped (SIGTERM, pid {pids[0]}); its supervisor started it again (pid {new[0]})"
         if time.monotonic() > deadline:
             raise InstallError(
-                f"--restart signal: containerd stopped (pid {pids[0]}) but nothing started it again "
-                f"within {timeout:g}s: is it supervised (containerd.service Restart=always)? "
+                f"--restart signal: {daemon.comm} stopped (pid {pids[0]}) but nothing started it again "
+                f"within {timeout:g}s: is it supervised ({daemon.unit} Restart=always)? "
                 "Start it by hand"
             )
         time.sleep(0.1)
@@ -234,11 +214,11 @@ def _host_mount_namespace(host_root: str):
 CLONE_NEWNS = 0x00020000
 
 
-def _systemctl(runtime: str, host_root: str, timeout: float) -> str:
-    enter = systemctl([SYSTEMCTL[runtime], UNITS[runtime]], host_root, timeout)
-    how = "" if SYSTEMCTL[runtime] == "restart" else f" {SYSTEMCTL[runtime]}"
+def _systemctl(daemon: Daemon, host_root: str, timeout: float) -> str:
+    enter = systemctl([daemon.systemctl, daemon.unit], host_root, timeout)
+    how = "" if daemon.systemctl == "restart" else f" {daemon.systemctl}"
     return (
-        f"restart: {UNITS[runtime]} {'restarted' if not how else 'reloaded'} "
+        f"restart: {daemon.unit} {'restarted' if not how else 'reloaded'} "
         f"(systemctl{how}{' in the host mount namespace' if enter else ''})"
     )
 

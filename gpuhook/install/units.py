@@ -1,7 +1,8 @@
 """The runtime server's systemd units (runtime/server.py), from the node paths in defaults.py.
 
 `gpuhook install` writes them on a node with systemd (and with --restart systemd enables the
-socket); the .deb ships them (packaging/build-deb.sh: `python -m gpuhook.install.units DIR`).
+socket); with --front nri it writes the NRI plugin's unit instead (enabled and started where
+systemd runs). The .deb ships them all (packaging/build-deb.sh: `python -m gpuhook.install.units DIR`).
 The server is optional: without it gpuhook-runtime starts Python per create, as before.
 """
 
@@ -54,13 +55,39 @@ Also={SOCKET_UNIT}
 
 TEXTS = {SOCKET_UNIT: SOCKET_TEXT, SERVICE_UNIT: SERVICE_TEXT}
 
+NRI_UNIT = "gpuhook-nri.service"
+NRI_MARK = "nri-plugin"  # in the NRI plugin's unit: uninstall removes only that
+
+
+def nri_text(args: tuple[str, ...] = ()) -> str:
+    """gpuhook's NRI plugin (`gpuhook nri ARGS`), for `gpuhook install --front nri`."""
+    command = " ".join([f"{defaults.INSTALL_PREFIX}/bin/gpuhook", "nri", *args])
+    return f"""# gpuhook: the NRI plugin. containerd or CRI-O asks it at each container create of a pod
+# whose runtime handler is gpu-optional (a plain runc handler), and it adds this node's GPUs.
+# A gpu-optional pod created while it is down starts without its GPUs; it reconnects by itself
+# when the runtime restarts. Written by `gpuhook install --front nri` ({NRI_MARK}).
+[Unit]
+Description=gpuhook: the NRI plugin (GPUs for gpu-optional pods, no runtime binary replaced)
+After=containerd.service crio.service
+ConditionPathExists={defaults.INSTALL_PREFIX}/bin/gpuhook
+
+[Service]
+Type=simple
+ExecStart={command}
+Restart=always
+RestartSec=1
+
+[Install]
+WantedBy=multi-user.target
+"""
+
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or not os.path.isdir(args[0]):
         print("usage: python -m gpuhook.install.units DIR", file=sys.stderr)
         return 2
-    for name, text in TEXTS.items():
+    for name, text in {**TEXTS, NRI_UNIT: nri_text()}.items():
         with open(os.path.join(args[0], name), "w") as f:
             f.write(text)
     return 0

@@ -18,9 +18,10 @@ import time
 
 import pytest
 
-from conftest import REPO, assert_8_nvidia_gpus, is_root, nodes_of, requires
+import debroot
+from conftest import REPO, assert_8_nvidia_gpus, gpuhook, is_root, nodes_of, requires
 from containerd_harness import IMAGE_NAME, Containerd, leftovers
-from sid_node import nri_config
+from sid_node import nri_config, operator_config
 
 pytestmark = requires(is_root(), "needs root (debootstrap, mounts, pivot_root)")
 
@@ -288,3 +289,72 @@ def test_the_agent_with_front_nri_serves_and_restarts_its_killed_plugin(nri_cont
         assert not os.path.exists(f"/proc/{second}"), agent.said()
     finally:
         agent.kill()
+
+
+def test_install_front_nri_into_containerd_2_and_the_plugin_its_unit_runs(
+        node, tmp_path, busybox_image_tar, cri_stubs, make_host, runtime, real_bundle):
+    """`gpuhook install --front nri` into the operator's containerd 2.1 config (NRI's socket
+    moved, the harness's state dir): the handler plain runc, NRI left on, gpuhook-nri.service
+    naming that socket and state. The unit's command line runs in containerd's mount namespace
+    (the node's /, as systemd would run it there), so the installed bundle's gpuhook serves:
+    a gpu-optional pod gets its GPUs, a runc pod nothing; uninstall gives the config back."""
+    import cri_client
+    import tomlkit
+    from kubelet import HANDLER, SHOW, Kubelet
+
+    ctd = Containerd(str(tmp_path / "ctd"), cri=True, debian_root=node, visible=(str(tmp_path), REPO),
+                     config_path=os.path.join(node, "etc/containerd/config.toml"))
+    sock = str(tmp_path / "nri" / "nri.sock")
+    doc = tomlkit.parse(operator_config(node, ctd).decode())
+    doc["plugins"]["io.containerd.nri.v1.nri"]["socket_path"] = sock
+    original = tomlkit.dumps(doc).encode()
+    assert HANDLER not in doc["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]
+    os.makedirs(os.path.dirname(ctd.config_path), exist_ok=True)
+    os.makedirs(os.path.join(node, "etc/systemd/system"), exist_ok=True)
+    with open(ctd.config_path, "wb") as f:
+        f.write(original)
+    r = gpuhook("install", "--host-root", node, "--runtime", "containerd", "--front", "nri", "--bundle-dir",
+                real_bundle, check=True, timeout=300)
+    assert "handler gpu-optional (plain runc, for gpuhook's NRI plugin) added (config version 3" in r.stdout, r.stdout
+    assert "NRI turned on" not in r.stdout  # on by default in 2.x
+    with open(os.path.join(node, "etc/systemd/system/gpuhook-nri.service")) as f:
+        (exec_start,) = [ln.split("=", 1)[1].split() for ln in f if ln.startswith("ExecStart=")]
+    template = os.path.join(ctd.state, "io.containerd.runtime.v2.task", "k8s.io", "{id}", "rootfs")
+    assert exec_start == ["/opt/gpuhook/bin/gpuhook", "nri", "--socket", sock, "--rootfs-template", template]
+
+    host = make_host("nvidia", mknod=True)
+    rt = runtime(host, ldconfig="/sbin/ldconfig")
+    plugin = NRIPlugin({"PATH": debroot.PATH, **{k: v for k, v in rt.env.items() if k.startswith("GPUHOOK_")}},
+                       sock, template, str(tmp_path / "plugin.out"))
+    ctd.start(write_config=False)
+    try:
+        # the unit's command line, run where containerd runs (the node's /): the installed bundle's gpuhook
+        plugin.argv = [*ctd.enter(), *exec_start]
+        ctd.import_image(busybox_image_tar, "k8s.io")
+        client = cri_client.CRIClient(ctd.address, cri_stubs)
+        ctd.before_stop(client.close)
+        ctd.before_stop(client.remove_all)
+        client.wait_image(IMAGE_NAME)
+        plugin.start()
+        plugin.wait_registered()
+        k = Kubelet(ctd, client, tmp_path)
+        pod_id, pod_config = k.run_pod("installed-nri")
+        status, out = k.run_to_completion(pod_id, pod_config, "app", SHOW)
+        assert status.exit_code == 0, out
+        assert_8_nvidia_gpus(out)
+        assert [(r["decision"], r["front"]) for r in nri_records(rt, status.id)] == [("injected", "nri")]
+        plain_id, plain_config = k.run_pod("installed-plain", handler="runc")
+        status, out = k.run_to_completion(plain_id, plain_config, "app", SHOW)
+        assert status.exit_code == 0, out
+        assert nodes_of(out) == {} and "accel=none" in out and "GPUHOOK_" not in out, out
+        assert nri_records(rt, status.id) == []
+        client.remove_all()
+    finally:
+        plugin.kill()
+        forced = ctd.cleanup()
+        assert not leftovers(ctd), leftovers(ctd)
+        assert not [f for f in forced if not f.startswith("shim ")], forced
+    gpuhook("uninstall", "--host-root", node, check=True, timeout=300)
+    with open(ctd.config_path, "rb") as f:
+        assert f.read() == original  # byte for byte
+    assert not os.path.exists(os.path.join(node, "etc/systemd/system/gpuhook-nri.service"))

@@ -49,6 +49,8 @@ root = "/var/lib/containerd"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
       SystemdCgroup = true
 """
+# --front nri on containerd: 1.7's own `containerd config default` (NRI off: install turns it on)
+NRI_CONTAINERD_CONFIG = open(os.path.join(REPO, "tests", "fixtures", "containerd-config-default", "1.7.24.toml")).read()
 DAEMON_JSON = '{\n\t"log-driver": "json-file",\n\t"runtimes": {"nvidia": {"path": "nvidia-container-runtime"}}\n}\n'
 
 
@@ -124,9 +126,10 @@ def bundle_dir(base) -> str:
     return str(b)
 
 
-def make_node(base, runtimes: tuple[str, ...], legacy: str | None = None) -> str:
+def make_node(base, runtimes: tuple[str, ...], legacy: str | None = None, front: str = "wrapper") -> str:
     """A node with each runtime's config; `legacy`: a bundle copied file by file to
-    /opt/gpuhook (gpuhook before versions did that), which install turns into a version."""
+    /opt/gpuhook (gpuhook before versions did that), which install turns into a version;
+    `front` nri: containerd 1.7's config, and a runc for CRI-O's plain handler."""
     root = base / "node"
     (root / "etc" / "systemd" / "system").mkdir(parents=True)  # the runtime server's units too
     (root / "opt").mkdir()  # as on every node (uninstall leaves it)
@@ -139,10 +142,14 @@ def make_node(base, runtimes: tuple[str, ...], legacy: str | None = None) -> str
                         f.write("# older\n")
     if "containerd" in runtimes:
         (root / "etc" / "containerd").mkdir()
-        (root / "etc" / "containerd" / "config.toml").write_text(CONTAINERD_CONFIG)
+        (root / "etc" / "containerd" / "config.toml").write_text(
+            NRI_CONTAINERD_CONFIG if front == "nri" else CONTAINERD_CONFIG
+        )
     if "crio" in runtimes:
         (root / "etc" / "crio" / "crio.conf.d").mkdir(parents=True)
         (root / "etc" / "crio" / "crio.conf").write_text('[crio.runtime]\ndefault_runtime = "runc"\n')
+        (root / "usr" / "sbin").mkdir(parents=True)
+        (root / "usr" / "sbin" / "runc").write_text("#!/bin/sh\n")  # (install only looks for it)
     if "docker" in runtimes:
         (root / "etc" / "docker").mkdir()
         (root / "etc" / "docker" / "daemon.json").write_text(DAEMON_JSON)
@@ -168,16 +175,18 @@ def kill_points(action, opts, before, check):
     pytest.fail("never ran through")
 
 
-RUNTIMES = [("containerd",), ("docker",), ("crio",), ("containerd", "docker"), ("containerd", "legacy")]
+RUNTIMES = [("containerd",), ("docker",), ("crio",), ("containerd", "docker"), ("containerd", "legacy"),
+            ("containerd", "nri"), ("crio", "nri")]
 
 
 @pytest.mark.parametrize("runtimes", RUNTIMES, ids="+".join)
 def test_install_and_uninstall_killed_at_every_step_can_be_finished(base, bundle_dir, runtimes):
     legacy = "legacy" in runtimes
-    runtimes = tuple(r for r in runtimes if r != "legacy")
-    root = make_node(base, runtimes, bundle_dir if legacy else None)
+    front = "nri" if "nri" in runtimes else "wrapper"
+    runtimes = tuple(r for r in runtimes if r not in ("legacy", "nri"))
+    root = make_node(base, runtimes, bundle_dir if legacy else None, front)
     say = lambda line: None  # noqa: E731
-    opts = {rt: core.Options(host_root=root, runtime=rt, bundle_dir=bundle_dir) for rt in runtimes}
+    opts = {rt: core.Options(host_root=root, runtime=rt, bundle_dir=bundle_dir, front=front) for rt in runtimes}
     plain = core.Options(host_root=root, runtime="auto", bundle_dir=bundle_dir)
 
     def install_all(_opts=None, _say=say):
@@ -236,6 +245,39 @@ def test_install_and_uninstall_killed_at_every_step_can_be_finished(base, bundle
             tree(root), one_left)
 
     assert kill_points(core.uninstall, opts["docker"], installed_copy, docker_uninstall_finished) > 5
+
+
+@pytest.mark.parametrize("runtime", ["containerd", "crio"])
+def test_a_switch_of_front_killed_at_every_step_can_be_finished(base, bundle_dir, runtime):
+    """wrapper -> nri, killed at every step: run again, the node is what one clean switch
+    leaves (gpuhook-nri.service in, the runtime server's units out); or uninstalled after
+    the kill, the node as it was before the first install."""
+    root = make_node(base, (runtime,), front="nri")
+    say = lambda line: None  # noqa: E731
+    original = tree(root)
+    wrapper = core.Options(host_root=root, runtime=runtime, bundle_dir=bundle_dir)
+    nri = core.Options(host_root=root, runtime=runtime, bundle_dir=bundle_dir, front="nri")
+    core.install(wrapper, say)
+    as_wrapper = str(base / "as-wrapper")
+    shutil.copytree(root, as_wrapper, symlinks=True)
+    core.install(nri, say)
+    switched = tree(root)
+    assert "etc/systemd/system/gpuhook-nri.service" in switched and "etc/systemd/system/gpuhook-runtime.socket" not in switched
+
+    def switch_finished(n):
+        core.install(nri, say)
+        assert tree(root) == switched, f"switch killed at call {n}, run again:\n" + differences(tree(root), switched)
+        core.uninstall(core.Options(host_root=root), say)
+        assert tree(root) == original, f"switch killed at call {n}, run again, uninstalled:\n" + differences(
+            tree(root), original)
+
+    def switch_undone(n):
+        core.uninstall(core.Options(host_root=root), say)
+        assert tree(root) == original, f"switch killed at call {n}, then uninstall:\n" + differences(tree(root),
+                                                                                                    original)
+
+    assert kill_points(core.install, nri, as_wrapper, switch_finished) > 5
+    kill_points(core.install, nri, as_wrapper, switch_undone)
 
 
 def _cli(*args) -> subprocess.Popen:

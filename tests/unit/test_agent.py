@@ -329,6 +329,7 @@ def test_the_default_installer_is_gpuhook_install(tmp_path, monkeypatch, logs):
     assert a.run() == 0
     (opts,) = seen
     assert (opts.host_root, opts.restart, opts.dry_run) == (fh.root, "signal", False)
+    assert (opts.front, opts.nri_unit) == ("wrapper", True)  # the agent's default front
     assert any(r["event"] == "install.step" and r["message"] == "handler added" for r in logs())
     assert (tmp_path / "ready").exists()
 

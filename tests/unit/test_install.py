@@ -770,7 +770,8 @@ def test_kustomization_builds_and_every_manifest_is_valid():
     (c,) = pod["containers"]
     assert pod["hostPID"] is True and pod["hostNetwork"] is True and c["securityContext"]["privileged"] is True
     assert c["image"] == f"localhost/gpuhook:{__version__}"  # what `make image` builds
-    assert c["command"] + c["args"] == ["gpuhook", "agent", "--root", "/host", "--install-restart", "systemd"]
+    assert c["command"] + c["args"] == ["gpuhook", "agent", "--root", "/host", "--install-restart", "systemd", "--front",
+                                        "wrapper"]
     assert c["readinessProbe"]["exec"]["command"] == ["gpuhook", "ready"]  # no shell in the image
     assert set(c["resources"]) == {"requests", "limits"}
     mounts = {m["name"]: m for m in c["volumeMounts"]}
