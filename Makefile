@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 APT_PACKAGES := runc crun containerd podman docker.io docker-compose busybox-static gcc libc6-dev libc-bin python3-venv debootstrap
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-other-release deps venv lint bench image clean mutation nri-proto
+.PHONY: demo test test-other-release deps venv lint bench image clean mutation nri-proto front-header
 
 # System packages the end-to-end tests and the demo use; only as root, only what is missing.
 deps:
@@ -26,7 +26,7 @@ FRONT := gpuhook/runtime/gpuhook-runtime
 # the tests import gpuhook from here.
 $(HOOK): gpuhook/hook/gpuhook-hook.c gpuhook/hook/build.sh
 	@sh gpuhook/hook/build.sh $@ $<
-$(FRONT): gpuhook/runtime/gpuhook-runtime.c gpuhook/hook/build.sh
+$(FRONT): gpuhook/runtime/gpuhook-runtime.c gpuhook/runtime/gpuhook-runtime.h gpuhook/hook/build.sh
 	@sh gpuhook/hook/build.sh $@ $<
 
 $(STAMP): pyproject.toml setup.py $(HOOK) $(FRONT) $(shell find gpuhook -type f -not -name '*.pyc' 2>/dev/null)
@@ -54,6 +54,11 @@ test-other-release:
 # here from the venv (packaging/build-image.sh); tagged as daemonset/kustomization.yaml names it.
 image: venv
 	@PYTHON=$(BIN)/python packaging/build-image.sh
+
+# the front's tables (gpuhook/runtime/gpuhook-runtime.h, checked in) from the Python that defines
+# them (tests/unit/test_front.py holds it current)
+front-header: venv
+	$(BIN)/python -m gpuhook.runtime.gen_header
 
 # gpuhook/nri/*_pb2.py from the .proto files beside them (tests/unit/test_nri.py holds them current)
 nri-proto: venv

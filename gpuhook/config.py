@@ -22,11 +22,17 @@ from . import defaults
 from .record import Record
 
 DEFAULT_PATH = defaults.CONFIG_FILE
+CONFIG_ENV = "GPUHOOK_CONFIG"  # the node config's path, when set
+CACHE_DIR_ENV = "GPUHOOK_CACHE_DIR"  # the cache dir, when set
 FAIL_MODES = ("open", "closed")
 # the front file: its first field, then NAME=VALUE fields, each ended by a NUL (no value holds
 # one: from_dict refuses them); FRONT_KEYS are the config's keys the front acts on
 FRONT_MAGIC = "gpuhook-front 1"
 FRONT_KEYS = ("runtime", "host_root", "log_file", "fail_mode")
+FRONT_IDENTITY = "config"  # the field of the config file's identity
+FRONT_ERRORS = "errors"  # the field that says whether the file had errors ("1") or not ("0")
+# the real runtime when the node config names none: the first of these found on PATH
+DEFAULT_RUNTIMES = ("runc", "crun")
 MAX_FRONT_BYTES = 16 << 10
 
 
@@ -91,7 +97,7 @@ _TYPES: "dict[str, type | tuple[type, ...]]" = {
 
 
 def config_path() -> str:
-    return os.environ.get("GPUHOOK_CONFIG") or DEFAULT_PATH
+    return os.environ.get(CONFIG_ENV) or DEFAULT_PATH
 
 
 def parse(text: str) -> "tuple[Config, list[str]]":
@@ -186,7 +192,7 @@ def valid_driver_root(value: str) -> bool:
 def node_config_path(root: str) -> str:
     """The node config of the node whose / is `root` (/host in the DaemonSet), as seen from
     here: GPUHOOK_CONFIG when set, else DEFAULT_PATH inside root."""
-    if os.environ.get("GPUHOOK_CONFIG") or root == "/":
+    if os.environ.get(CONFIG_ENV) or root == "/":
         return config_path()
     from .probe.host import Host
 
@@ -204,7 +210,7 @@ def is_clean_abspath(path: str) -> bool:
 
 
 def cache_dir() -> str:
-    return os.environ.get("GPUHOOK_CACHE_DIR") or defaults.CACHE_DIR
+    return os.environ.get(CACHE_DIR_ENV) or defaults.CACHE_DIR
 
 
 def load(path: "str | None" = None) -> "tuple[Config, list[str]]":
@@ -288,10 +294,10 @@ def front_text(st: os.stat_result, config: "Config", errors: "list[str]") -> byt
     """What the front may act on: the config file's identity as the front stats it, Python's
     value of each FRONT_KEYS key ("" for none), and whether the file had errors (then the
     front sends creates to Python, whose log line says why)."""
-    fields = {"config": f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"}
+    fields = {FRONT_IDENTITY: f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"}
     for k in FRONT_KEYS:
         fields[k] = getattr(config, k) or ""
-    fields["errors"] = "1" if errors else "0"
+    fields[FRONT_ERRORS] = "1" if errors else "0"
     return (FRONT_MAGIC + "\0" + "".join(f"{k}={v}\0" for k, v in fields.items())).encode()
 
 
@@ -325,10 +331,10 @@ def _front_put(key: list, st: os.stat_result, config: "Config", errors: "list[st
 def find_runtime(name: "str | None", path: "str | None" = None, cwd: "str | None" = None) -> "str | None":
     """The real runtime's path: `name` (a path, or a name on `path`, the caller's PATH; None:
     this process's), else runc, else crun. A relative one is the caller's: in cwd when given."""
-    candidates = [name] if name else ["runc", "crun"]
+    candidates = [name] if name else DEFAULT_RUNTIMES
     if path is None:
         path = os.environ.get("PATH")
-    dirs = (path or "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin").split(":")
+    dirs = (path or defaults.SEARCH_PATH).split(":")
     for c in candidates:
         for p in [c] if "/" in c else [os.path.join(d or ".", c) for d in dirs]:
             if cwd is not None and not p.startswith("/"):

@@ -1,6 +1,6 @@
 """Where gpuhook keeps things on a node, and the defaults that several parts share: each
-written once, here. The C front (runtime/gpuhook-runtime.c) cannot import this; a test holds its
-copies to these values (tests/unit/test_defaults.py), as it does the docs' mentions.
+written once, here. The C front (runtime/gpuhook-runtime.c) cannot import this: its header
+(gpuhook-runtime.h) is generated from these values (runtime/gen_header.py).
 
 This module imports nothing: it is on the per-container path.
 """
@@ -26,6 +26,16 @@ AGENT_NAME = "gpuhook-agent"
 # the runtime handler (a pod's runtimeClassName's handler) of gpu-optional pods: the one the NRI
 # plugin adjusts (the node config's nri_runtime_handler)
 RUNTIME_HANDLER = "gpu-optional"
-# the bundle's runtime entry, as its front runs it: `python -I -S -c RUNTIME_MAIN <site-packages>
-# ARGS...` (gpuhook/startup.py; the C front's STARTUP is the same string: tests/unit/test_front.py)
-RUNTIME_MAIN = "import sys; sys.path.insert(0, sys.argv.pop(1)); import gpuhook.startup"
+# the runtime's entry, as the front runs it: `python -I -S -c RUNTIME_MAIN <site-packages> ARGS...`.
+# A create lives a few milliseconds, then execs the real runtime (or exits): the cyclic collector's
+# passes over the objects of the modules being imported are pure cost there (reference counting
+# frees the rest, and the few cycles go with the process).
+RUNTIME_MAIN = (
+    "import gc, sys; gc.disable(); sys.path.insert(0, sys.argv.pop(1)); from gpuhook.runtime import main; main()"
+)
+# where the front looks for an interpreter when GPUHOOK_PYTHON names none and its bundle has none of
+# its own: the first of these, a name beside the front itself, a path as it is
+FRONT_PYTHONS = ("python3", "python", "/usr/local/bin/python3", "/usr/bin/python3")
+PYTHON_ENV = "GPUHOOK_PYTHON"  # the interpreter the front starts, before all of these (tests, odd nodes)
+# where a runtime named without a path is looked for when there is no $PATH (execvp's own list)
+SEARCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

@@ -11,8 +11,6 @@ dependencies, and every shared library they load, glibc's dynamic loader and lib
     lib/ld-linux-*.so.*, lib/libc.so.6, ...
     lib/python3.X/           the stdlib (no tests, tkinter, idle...) and lib-dynload
     lib/python3.X/site-packages/   gpuhook and its dependencies
-    lib/python3.X/site-packages/gpuhook/create-modules.bin   the module store (modstore.py):
-                             the compiled runtime modules in one file, for the create path
     gpuhook-bundle.json      what was built, and every file (install copies exactly these)
 
 bin/python3 starts the interpreter through the bundled loader (`ld.so --library-path`), so
@@ -25,9 +23,6 @@ The C front runs `$here/../libexec/ld.so --library-path $here/../lib $here/../li
 itself (what bin/python3 does, one exec sooner: LOADER, INTERPRETER) and puts
 `$here/../lib/python3*/site-packages` first on sys.path. Modules are compiled ahead
 (unchecked-hash .pyc): a container create never compiles, and copying keeps them valid.
-The runtime's modules are also in one file, the module store (modstore.py: their .pyc
-code, in one read), which the runtime's entry (startup.py, defaults.RUNTIME_MAIN) imports
-them from.
 """
 
 from __future__ import annotations
@@ -47,7 +42,7 @@ from importlib import metadata
 from typing import Callable
 
 import gpuhook
-from gpuhook import defaults, hook, modstore
+from gpuhook import defaults, hook
 
 from . import InstallError
 
@@ -234,7 +229,6 @@ def build(out: str, progress: Callable[[str], None] | None = None) -> dict:
     loader = _copy_interpreter(exe, out, say)
     _write_programs(pkg, out, site, say)
     _compile(out, pylib, say)
-    write_store(site)
     record = {
         "gpuhook": gpuhook.__version__,
         "python": platform.python_version(),
@@ -346,68 +340,6 @@ def _compile(out: str, pylib: str, say: Callable[[str], None]) -> None:
     )
     if not ok:
         print("build-bundle: some modules did not compile (left as source)", file=sys.stderr)
-
-
-def store_modules(site: str) -> dict[str, str]:
-    """{module name: its .py file} of the modules the module store holds: every module of
-    the gpuhook package under `site` but those of its other front ends (modstore.FRONT_ENDS)
-    and the __main__ modules, which the runtime never imports."""
-    pkg = os.path.join(site, "gpuhook")
-    found = {}
-    for dirpath, dirnames, filenames in os.walk(pkg):
-        if dirpath == pkg:
-            dirnames[:] = [d for d in dirnames if d not in modstore.FRONT_ENDS]
-        dirnames.sort()
-        parts = os.path.relpath(dirpath, site).split(os.sep)
-        for name in sorted(filenames):
-            if name.endswith(".py") and name != "__main__.py":
-                found[".".join(parts if name == "__init__.py" else parts + [name[:-3]])] = os.path.join(dirpath, name)
-    return found
-
-
-def store_extensions(site: str, modules: dict[str, str]) -> dict[str, str]:
-    """{module name: its file} of the extension modules of the stdlib next to `site`
-    (lib-dynload) that `modules` ({name: .py file}) import: the module store says where they
-    are, which saves the search of sys.path (_json: fastjson's)."""
-    import ast
-
-    dynload = os.path.join(os.path.dirname(site), "lib-dynload")
-    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    found = {}
-    for path in modules.values():
-        with open(path, encoding="utf-8") as f:
-            tree = ast.parse(f.read())
-        for node in ast.walk(tree):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
-            if isinstance(node, ast.ImportFrom) and not node.level and node.module:
-                names = [node.module]
-            for name in names:
-                file = os.path.join(dynload, name + suffix)
-                if "." not in name and os.path.isfile(file):
-                    found[name] = file
-    return found
-
-
-def write_store(site: str) -> None:
-    """The module store (modstore.py), from the .pyc files compiled ahead: a module whose
-    .pyc is not one of this interpreter (or is missing) is left out, and imported as usual."""
-    import importlib.util
-
-    modules = {}
-    sources = store_modules(site)
-    for name, path in sources.items():
-        pyc = importlib.util.cache_from_source(path)
-        try:
-            with open(pyc, "rb") as f:
-                data = f.read()
-        except OSError:
-            continue
-        # an unchecked hash-based .pyc of this interpreter: magic, flags (hash-based), hash, code
-        if data[:4] != importlib.util.MAGIC_NUMBER or int.from_bytes(data[4:8], "little") != 0b01:
-            continue
-        modules[name] = (path, pyc, data[16:])
-    store = os.path.join(site, "gpuhook", modstore.FILE)
-    modstore.write(store, os.path.dirname(site), modules, store_extensions(site, sources))
 
 
 def describe(record: dict, out: str) -> str:

@@ -11,7 +11,7 @@ same path in a warm interpreter) when one listens. The steps, one module each:
                and what it comes to (Answer)
     create.py  create/run: read <bundle>/config.json -> probe -> plan -> apply -> write it
                atomically -> the exec record -> one JSON log line
-    exec.py    exec: the env recorded at create into the exec'd process (and delete's record)
+    exec.py    exec: the env recorded at create into the exec'd process (records swept at create)
     server.py  the resident runtime server
 
 Here only the dispatch (prepare) and the fresh interpreter's entry (main): a call is an
@@ -28,7 +28,7 @@ from .args import EDITING_COMMANDS, Answer, Call, parse_args
 def prepare(argv: list[str], call: Call) -> Answer:
     """Everything before the real runtime runs, for this call: the Answer says what to exec
     (its argv[0] the runtime's path) or the status to exit with (no runtime, fail_mode
-    closed, a delete's exit status), the text for stderr and the log line. Run by main()
+    closed), the text for stderr and the log line. Run by main()
     and, for a node's resident server, by server.py."""
     from ..config import config_path, find_runtime, is_front, load
     from .logline import runtime_error
@@ -51,11 +51,7 @@ def prepare(argv: list[str], call: Call) -> Answer:
         from .exec import exec_call
 
         return exec_call(inv, argv, real, config, call)
-    if inv.command == "delete":
-        from .exec import delete_call
-
-        return delete_call(inv, argv, real, call)
-    return Answer([real] + argv)
+    return Answer([real] + argv)  # delete too: the runtime's alone (exec.sweep at create)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -10,8 +10,8 @@ import os
 import time
 
 # runc's and crun's global flags that take a value (both "--flag value" and "--flag=value";
-# Go's flag parsing also accepts a single dash). The C front's GLOBAL_VALUE_FLAGS and the two
-# lists below it say these again, in C: tests/unit/test_front.py holds them equal.
+# Go's flag parsing also accepts a single dash). The C front's header has these and the two
+# lists below (gen_header.py).
 GLOBAL_VALUE_FLAGS = frozenset({"root", "log", "log-format", "criu", "rootless", "cgroup-manager"})
 # create/run flags that take a value
 CREATE_VALUE_FLAGS = frozenset({"bundle", "b", "console-socket", "pid-file", "preserve-fds", "pidfd-socket"})

@@ -177,6 +177,7 @@ def record_exec_env(inv: Invocation, out: Outcome, real: str, call: Call) -> Non
         # so no record (it would outlive the container)
         if out.decision == "injected" and out.env and (inv.command == "create" or inv.detach):
             execpath.write_record(path, out.env, inv.bundle, execpath.config_identity(inv.bundle))
+            execpath.sweep(path, inv.root, real, pwd)  # those of containers gone: `delete` is the runtime's alone
         else:
             execpath.remove_record(path)
     except (OSError, ValueError) as e:

@@ -11,14 +11,18 @@ nodes but not GPUHOOK_ACCELERATOR / GPUHOOK_DEVICES. So:
 - at `exec`, the record's variables are set in the --process file (replacing the same keys,
   as at create), which is rewritten atomically; an exec without --process gets them as
   --env flags;
-- at `delete`, once the runtime has no state for the container any more, the record goes.
+- `delete` is the runtime's alone (the front passes it through): a record whose container
+  is gone is swept by a later create that writes a record under the same runtime root
+  (sweep(): the runtime has no state of that id, and the record is older than SWEEP_AFTER_S,
+  so a create whose runtime has not made its state yet keeps its own), so records never
+  outnumber the root's containers by more than the creates of the last SWEEP_AFTER_S.
 
 Each level (the cache dir, exec/, the root's) is made 0700 whatever the umask and, before any
 use, opened without following a link and checked: a directory of gpuhook's user, not writable
 by group or others (_open_level; the C front's open_checked). A level that is not: no record
 is written, read or removed through it.
 
-The C front (runtime/gpuhook-runtime.c) computes the same path and starts Python for exec and delete
+The C front (runtime/gpuhook-runtime.c) computes the same path and starts Python for exec
 only when the record exists: a container gpuhook did not inject pays one file check. The key
 holds the runtime's --root (a containerd namespace has its own), so the same id under another
 root is another container; without --root it is the runtime's default, /run/<runtime name>.
@@ -31,12 +35,16 @@ line says why. Stdlib only (the per-container path).
 """
 
 import os
+import time
 
 from ..config import is_clean_abspath
 
 RECORD_DIR = "exec"
 MAX_PROCESS_BYTES = 4 << 20
 MAX_RECORD_BYTES = 64 << 10
+# a record this young is never swept: its create has written it, and the runtime it execs next
+# may not have made the container's state yet
+SWEEP_AFTER_S = 60.0
 # runc's: its id pattern is ^[\w+-\.]+$, where "+-\." is the range + , - . (so a comma too),
 # and neither "." nor ".." (tests/unit/test_exec_env.py asks the real runc)
 ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_+,.-")
@@ -161,6 +169,9 @@ def write_record(
     name = os.path.basename(path)
     tmp = f".{name}.gpuhook-{os.getpid()}-{os.urandom(6).hex()}.tmp"
     try:
+        import fcntl
+
+        fcntl.flock(d, fcntl.LOCK_SH)  # no sweep() meanwhile: it never removes a record it did not judge
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=d)
         try:
             os.fchmod(fd, 0o600)
@@ -178,6 +189,43 @@ def write_record(
         raise
     finally:
         os.close(d)
+
+
+def sweep(path: str, root: str | None, runtime: str, pwd: str | None = None, now: float | None = None) -> int:
+    """Remove the records in the directory of the record at `path` (one runtime root's) whose
+    container the runtime has no state for (runc, crun: <root>/<id>, a relative root read against
+    pwd as record_path reads it), left SWEEP_AFTER_S ago
+    or more (a write's leftover temporary file too); how many. A record of a container the
+    runtime knows is never removed. Best effort: whatever cannot be read is left, and a sweep
+    another process is doing (or a record being written: flock) is not waited for."""
+    import fcntl
+
+    try:
+        d = _record_dir(path, create=False)
+    except OSError:
+        return 0
+    removed = 0
+    try:
+        fcntl.flock(d, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        try:
+            live = set(os.listdir(runtime_root(root, runtime, pwd)))
+        except FileNotFoundError:
+            live = set()  # no state root at all: no container of it
+        cutoff = (time.time() if now is None else now) - SWEEP_AFTER_S
+        for name in os.listdir(d):
+            if name in live:
+                continue
+            try:
+                if os.stat(name, dir_fd=d, follow_symlinks=False).st_mtime <= cutoff:
+                    os.unlink(name, dir_fd=d)
+                    removed += 1
+            except OSError:
+                continue
+    except OSError:  # locked (BlockingIOError), or the state root not to be read: left for later
+        pass
+    finally:
+        os.close(d)
+    return removed
 
 
 def remove_record(path: str) -> None:
@@ -404,7 +452,7 @@ def on_exec(inv, argv: list[str], runtime: str, cache_dir: str, call) -> tuple[l
     return argv, edit_process_file(call.path(inv.process), added)
 
 
-# -- the calls: exec and delete, from __init__.prepare -------------------------------------
+# -- the call: exec, from __init__.prepare ---------------------------------------------------
 
 
 def exec_call(inv, argv: list[str], real: str, config, call):
@@ -425,27 +473,3 @@ def exec_call(inv, argv: list[str], real: str, config, call):
     record = {"time": utc_now(), "event": "exec", "container_id": inv.container_id, "decision": "unchanged"}
     record["error"] = why[:1000]
     return Answer([real] + argv, log=(config.log_file, line_bytes(fastjson.dumps(record))))
-
-
-def delete_call(inv, argv: list[str], real: str, call):
-    """`delete` of a container with an exec record: the runtime first (in the caller's env),
-    then the record once the runtime has no state for the container any more; the Answer is
-    the runtime's exit status. Without a record: the Answer execs the runtime."""
-    from ..config import cache_dir
-    from .args import Answer
-    from .logline import runtime_error
-
-    pwd = pwd_for(inv, call)
-    path = record_path(cache_dir(), inv.root, inv.container_id, real, pwd)
-    if path is None or not record_exists(path):
-        return Answer([real] + argv)
-    try:
-        pid = os.posix_spawn(real, [real] + argv, call.env)
-        _, status = os.waitpid(pid, 0)
-        rc = os.waitstatus_to_exitcode(status)
-    except OSError as e:
-        msg = f"cannot run the real OCI runtime {real}: {e.strerror or e}"
-        return Answer(status=127, said=runtime_error(inv, call, msg))
-    if not state_exists(inv.root, inv.container_id, real, pwd):
-        remove_record(path)
-    return Answer(status=rc if rc >= 0 else 128 - rc)

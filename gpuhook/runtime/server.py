@@ -56,13 +56,21 @@ from . import prepare
 from .args import EDITING_COMMANDS, Abandoned, Call, parse_args
 
 MAGIC = "gpuhook-runtime 3"
-SOCKET_NAME = "runtime.sock"  # in the cache dir (the front names it too: tests/unit/test_front.py)
+SOCKET_NAME = "runtime.sock"  # in the cache dir
 MAX_REQUEST = 1 << 20
 REQUEST_TIMEOUT = 2.0  # for a connection's whole request and answer, from its accept
 MAX_CONNECTIONS = 64  # read at once; one more gets "fallback" at once
 MARGIN_NS = 1_000_000_000  # the server gives up this long before the front does
+# the front's side of the wire (its header is generated from these: gen_header.py): it waits
+# FRONT_TIMEOUT_S for the whole exchange (then starts Python itself: a wedged server costs a
+# create that long), and acts on no answer over these bounds
+FRONT_TIMEOUT_S = 3
+MAX_REPLY_BYTES = 1 << 20
+MAX_REPLY_FIELDS = 4096
+MAX_REPLY_TEXT = 64 << 10  # the stderr text of an answer
+MAX_REPLY_LOG_LINE = 256 << 10  # its log line (runtime.log_line bounds what a pod can put there)
 FRONT = os.path.join("bin", "gpuhook-runtime")  # the front, in its installation's root
-# the subcommands the front brings here (delete it handles itself: it runs the runtime first)
+# the subcommands the front brings here
 SERVED = EDITING_COMMANDS | {"exec"}
 # The environment a create reads (config.py, runtime/). What chooses the files the server
 # reads and writes is its own: a request naming another value of these, or a relative one,

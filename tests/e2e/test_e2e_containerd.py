@@ -9,6 +9,7 @@ import os
 from conftest import needs_containerd, nodes_of, wrapper_path
 from containerd_harness import IMAGE_NAME
 from gpuhook.probe import ldcache
+from gpuhook.runtime import exec as execenv
 
 pytestmark = needs_containerd
 
@@ -95,7 +96,8 @@ def test_ctr_plain_runc_on_gpu_host_gets_nothing(make_host, runtime, containerd)
 
 def test_ctr_task_exec_sees_the_env_gpuhook_added(make_host, runtime, containerd):
     """`ctr task exec`: containerd hands the shim its own copy of the process (no GPUHOOK_*);
-    the wrapper adds what it recorded at create. The record goes with the task."""
+    the wrapper adds what it recorded at create. The record outlives the task's delete (runc's
+    alone) until the next injecting create under the same root sweeps it."""
     import time
 
     rt = runtime(make_host("nvidia", mknod=True, gpus=2, libs=False))
@@ -112,10 +114,18 @@ def test_ctr_task_exec_sees_the_env_gpuhook_added(make_host, runtime, containerd
     key = os.path.join(c.runc_root, NS).replace("/", "%2F")
     records = os.path.join(rt.env["GPUHOOK_CACHE_DIR"], "exec", key)
     assert os.listdir(records) == ["exec-me"]
-    c.ctr("task", "kill", "-s", "SIGKILL", "exec-me", namespace=NS)
-    deadline = time.monotonic() + 20
-    while "STOPPED" not in c.ctr("task", "ls", namespace=NS).stdout and time.monotonic() < deadline:
-        time.sleep(0.05)
-    c.ctr("task", "delete", "exec-me", namespace=NS)
-    c.ctr("containers", "delete", "exec-me", namespace=NS)
-    assert os.listdir(records) == []
+    def remove(cid: str) -> None:
+        c.ctr("task", "kill", "-s", "SIGKILL", cid, namespace=NS)
+        deadline = time.monotonic() + 20
+        while "STOPPED" not in c.ctr("task", "ls", namespace=NS).stdout and time.monotonic() < deadline:
+            time.sleep(0.05)
+        c.ctr("task", "delete", cid, namespace=NS)
+        c.ctr("containers", "delete", cid, namespace=NS)
+
+    remove("exec-me")
+    assert os.listdir(records) == ["exec-me"]
+    old = os.stat(os.path.join(records, "exec-me")).st_mtime - execenv.SWEEP_AFTER_S - 1
+    os.utime(os.path.join(records, "exec-me"), (old, old))  # as if a minute had passed
+    c.ctr("run", "-d", *opts, IMAGE_NAME, "exec-me-2", "sleep", "600", namespace=NS)
+    assert os.listdir(records) == ["exec-me-2"]
+    remove("exec-me-2")

@@ -8,11 +8,13 @@ The handler is written into the harness's config.toml here; the installer (`gpuh
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
 from conftest import gpuhook, needs_cri, nodes_of, records, wrapper_path
 from containerd_harness import IMAGE_NAME
+from gpuhook.runtime import exec as execenv
 from kubelet import HANDLER, LIBDIR, SHOW, Kubelet
 
 pytestmark = needs_cri
@@ -76,11 +78,20 @@ def test_gpu_optional_pod_gets_the_hosts_gpus(kubelet):
     assert out[1:3] == out[3:5] and out[2].startswith("GPUHOOK_DEVICES=nvidia:GPU-"), out
     assert [r["decision"] for r in records(kubelet.rt, sleeper)] == ["injected"]
     assert not [r for r in kubelet.rt.log_records() if r["event"] == "exec"]  # nothing odd to say
-    # the record is keyed by containerd's runc root for k8s.io, and goes with the container
+    # the record is keyed by containerd's runc root for k8s.io; `delete` is runc's alone, and
+    # a later create's sweep finds these containers gone from that root (aged: a minute on)
     exec_records = os.path.join(kubelet.rt.env["GPUHOOK_CACHE_DIR"], "exec")
     key = os.path.join(kubelet.ctd.runc_root, "k8s.io").replace("/", "%2F")
     assert sleeper in os.listdir(os.path.join(exec_records, key))
+    record = execenv.record_path(kubelet.rt.env["GPUHOOK_CACHE_DIR"], os.path.join(kubelet.ctd.runc_root, "k8s.io"),
+                                 sleeper, "runc")
+    execenv.sweep(record, os.path.join(kubelet.ctd.runc_root, "k8s.io"), "runc", now=time.time() + 3600)
+    assert sleeper in os.listdir(os.path.join(exec_records, key))  # it runs: kept, however old
     kubelet.cri.remove_all()
+    left = os.listdir(os.path.join(exec_records, key))
+    assert sleeper in left
+    assert execenv.sweep(record, os.path.join(kubelet.ctd.runc_root, "k8s.io"), "runc",
+                         now=time.time() + 3600) == len(left)
     assert os.listdir(os.path.join(exec_records, key)) == []
 
 

@@ -14,6 +14,7 @@ import os
 
 import docker_harness
 from conftest import is_root, requires, wrapper_path
+from gpuhook.runtime import exec as execenv
 from gpuhook.testing import bundle
 
 IMAGE = "localhost/gpuhook-exec-busybox:test"
@@ -46,4 +47,12 @@ def test_docker_exec_sees_the_env_gpuhook_added(make_host, runtime, dockerd, tmp
     out = d.docker("exec", plain, "sh", "-c", "echo accel=${GPUHOOK_ACCELERATOR:-none}").stdout.split()
     assert out == ["accel=none"]
     d.docker("rm", "-f", cid, plain)
-    assert os.listdir(os.path.join(exec_dir, key)) == []
+    # `delete` is runc's alone: the record goes with the next injecting create under this root,
+    # once it is older than a create may take (aged here), and the new container keeps its own
+    record = os.path.join(exec_dir, key, cid)
+    assert os.path.exists(record)
+    old = os.stat(record).st_mtime - execenv.SWEEP_AFTER_S - 1
+    os.utime(record, (old, old))
+    cid2 = d.docker("run", "-d", "--runtime", "gpu-optional", "--network", "none", IMAGE, "sleep", "600").stdout.strip()
+    assert os.listdir(os.path.join(exec_dir, key)) == [cid2]
+    d.docker("rm", "-f", cid2)

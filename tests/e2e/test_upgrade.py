@@ -184,7 +184,6 @@ def upgraded(real_bundle: str, out: str) -> str:
         pyc = py_compile.compile(src, cfile=None, doraise=True,
                                  invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
         added += [os.path.relpath(src, out), os.path.relpath(pyc, out)]
-    build.write_store(os.path.dirname(site))  # the module store of the new code (a new file)
     m = json.load(open(os.path.join(out, files.MANIFEST)))
     m["files"] = sorted(set(m["files"]) | set(added))
     os.unlink(os.path.join(out, files.MANIFEST))

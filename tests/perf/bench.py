@@ -656,7 +656,7 @@ def where_time_goes(opt: str, b: str, original: bytes, e: dict, log: str) -> dic
     from gpuhook.defaults import RUNTIME_MAIN
     from gpuhook.install.build import INTERPRETER, LOADER
 
-    # the front's own entry (the module store's: gpuhook/startup.py)
+    # the front's own entry
     cmd = [os.path.join(opt, LOADER), "--library-path", os.path.join(opt, "lib"), os.path.join(opt, INTERPRETER),
            "-X", "importtime", "-I", "-S", "-c", RUNTIME_MAIN, site, "create", "--bundle", b, "w"]
     self_us: dict[str, list[int]] = {}

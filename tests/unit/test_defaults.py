@@ -1,13 +1,11 @@
 """One truth for gpuhook's node paths and defaults (gpuhook/defaults.py): no other module
-spells one of them, and the runtime's C front, which cannot import Python, holds the same values."""
+spells one of them (the runtime's C front takes them from its generated header:
+tests/unit/test_front.py)."""
 
 from __future__ import annotations
 
 import ast
 import os
-import re
-
-import pytest
 
 from conftest import REPO
 from gpuhook import config, defaults
@@ -36,21 +34,6 @@ def test_no_module_spells_a_default_again():
             again += [f"{os.path.relpath(path, REPO)}:{line}: {value!r} (defaults.{k})"
                       for line, value in _literals(path) for k, v in VALUES.items() if value == v]
     assert not again, "written again instead of taken from gpuhook/defaults.py:\n" + "\n".join(again)
-
-
-def _front() -> str:
-    with open(os.path.join(PKG, "runtime", "gpuhook-runtime.c")) as f:
-        return f.read()
-
-
-@pytest.mark.parametrize("name, value", [
-    ("LOG_FILE", defaults.LOG_FILE),
-    ("CONFIG_FILE", defaults.CONFIG_FILE),
-    ("CACHE_DIR", defaults.CACHE_DIR),
-])
-def test_the_front_has_the_same_defaults(name, value):
-    found = set(re.findall(rf'^#define {name} "([^"]*)"', _front(), re.M))
-    assert found == {value}, f"the front says {found}, gpuhook/defaults.py {value!r}"
 
 
 def test_the_config_defaults_are_the_tables():

@@ -441,37 +441,44 @@ def test_a_record_level_that_is_not_gpuhooks_is_never_used(front, tmp_path, leve
     assert open(victim, "rb").read() == before, "written or removed through a level that is not gpuhook's"
 
 
-@pytest.mark.parametrize("slow", [False, True], ids=["sh", "python"])
-def test_delete_removes_the_record_once_the_state_is_gone(tmp_path, slow):
-    # no front file yet: the front hands everything to Python
+@pytest.mark.parametrize("slow", [False, True], ids=["front", "python"])
+def test_delete_is_the_runtimes_alone(tmp_path, slow):
+    """`delete` of an injected container: the runtime, with its argv and its status, and no
+    Python from the front; the record is left to a later create's sweep (test_record_sweep.py).
+    With no front file yet the front hands the call to Python, which does the same."""
     front = Front(tmp_path, primed=not slow)
     state = tmp_path / "state"
     (state / "c1").mkdir(parents=True)
     rec = front.record(str(state), "c1", instance=False)
     (front.out / "fail").write_text("")
     r = front.run("--root", str(state), "delete", "c1")
-    assert r.returncode == 3 and os.path.exists(rec)  # the runtime refused: the container and its record stay
+    assert r.returncode == 3 and os.path.exists(rec)  # the runtime refused: its status
     (front.out / "fail").unlink()
     r = front.run("--root", str(state), "delete", "--force", "c1")
     assert r.returncode == 0, r.stderr
-    assert not (state / "c1").exists() and not os.path.exists(rec)
+    assert not (state / "c1").exists() and os.path.exists(rec)
     assert front.seen_argv() == ["--root", str(state), "delete", "--force", "c1"]
+    assert front.python_started() == (1 if slow else 0)  # that Python left the front file: the second is the front's
 
 
-def test_create_without_injection_removes_a_stale_record_of_the_same_id(front, tmp_path):
+def test_a_stale_record_of_the_same_id_is_never_used_by_a_cpu_only_create(front, tmp_path):
+    """A create on a CPU-only node is the front's alone (no Python): an old record of the same
+    id stays, and the new container's first exec does not get its env (another instance) and
+    removes it."""
     state = tmp_path / "state"
     state.mkdir()
     rec = front.record(str(state), "c1", instance=False)
     bundle = tmp_path / "bundle"
     bundle.mkdir()
     (bundle / "config.json").write_text('{"ociVersion": "1.0.2"}')
-    # a running container of that id keeps its record (the runtime refuses the create)
+    assert front.run("--root", str(state), "create", "--bundle", str(bundle), "c1").returncode == 0
+    assert os.path.exists(rec) and front.python_started() == 0
     (state / "c1").mkdir()
-    assert front.run("--root", str(state), "create", "--bundle", str(bundle), "c1").returncode == 0
-    assert os.path.exists(rec)
-    (state / "c1").rmdir()
-    assert front.run("--root", str(state), "create", "--bundle", str(bundle), "c1").returncode == 0
-    assert not os.path.exists(rec) and front.python_started() == 0
+    (state / "c1" / "state.json").write_text(json.dumps({"created": "2026-12-01T19:00:00Z",
+                                                         "config": {"labels": [f"bundle={bundle}"]}}))
+    p = front.process_file()
+    assert front.run("--root", str(state), "exec", "-p", p, "c1").returncode == 0
+    assert front.seen_env() == PROCESS["env"] and not os.path.exists(rec) and front.python_started() == 1
 
 
 def test_create_that_injects_writes_the_record(tmp_path, make_host):
@@ -567,7 +574,15 @@ def test_runc_exec_into_an_injected_container_sees_gpuhook_env(make_host, runtim
     r = subprocess.run([wrapper, "--root", rt.state, "delete", "--force", "gpu-exec"], env=rt.env,
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
+    # runc's delete alone; the next injecting create under this root sweeps the record once it
+    # is older than a create may take to make its state, and keeps its own
+    assert os.path.exists(rec)
+    old = os.stat(rec).st_mtime - execenv.SWEEP_AFTER_S - 1
+    os.utime(rec, (old, old))
+    rt.ids.append("gpu-exec-2")
+    start(wrapper, rt, rt.bundle("b2", ["sleep", "600"]), "gpu-exec-2", tmp_path)
     assert not os.path.exists(rec)
+    assert os.path.exists(execenv.record_path(cache, rt.state, "gpu-exec-2", "/usr/sbin/runc"))
 
 
 @needs_runc

@@ -1,19 +1,23 @@
-"""The runtime's front (gpuhook/runtime/gpuhook-runtime.c) and Python say each fact once, and agree.
+"""The runtime's front (gpuhook/runtime/gpuhook-runtime.c), a gate before Python, and Python
+say each fact once, and agree.
 
-Its lists are compared with Python's (the global flags with runtime.GLOBAL_VALUE_FLAGS, the
-create/exec value flags, where a GPU can show up with probe.SIGNS, the exec record's key with
-execenv, the bundle's loader with install.build), its command-line parse with
-runtime.parse_args on generated argvs, and its GPU-present check with the probe on every fake
-host kind. Also: the no-GPU log line, never through a link, and the node config: the front
-parses no TOML; what it decides of it (through Python's front file) is what Python decides, on
-generated files with tomllib as the judge."""
+The front's tables are generated from Python (gpuhook-runtime.h, runtime/gen_header.py): the
+header must be what the generator writes now. The rest is the built front's behaviour against
+Python's: its command-line parse with args.parse_args on generated argvs of every flag
+Python knows (create/run's bundle and id, exec's id and so its exec record), its GPU-present
+check with the probe on every fake host kind and on each sign alone, the node defaults it
+uses with no GPUHOOK_* env, the interpreter's entry it runs, the no-GPU log line, never
+through a link, and the node config: the front parses no TOML; what it decides of it (through
+Python's front file) is what Python decides, on generated files with tomllib as the judge."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 from hypothesis import event, given, settings
@@ -26,25 +30,7 @@ from gpuhook import config, defaults, probe
 from gpuhook.install import build
 from gpuhook.probe import cache
 from gpuhook.probe.host import Host
-from gpuhook.runtime import args as runtime_args, exec as execenv, logline
-
-SOURCE = os.path.join(REPO, "gpuhook", "runtime", "gpuhook-runtime.c")
-TEXT = open(SOURCE).read()
-
-
-def strings(name: str) -> list[str]:
-    """The strings of the front's array NAME."""
-    m = re.search(rf"static const char \*const {name}\[\] = \{{(.*?)\}};", TEXT, re.S)
-    assert m, f"the front has no array {name}"
-    assert m.group(1).rstrip().endswith("NULL")
-    return re.findall(r'"([^"]*)"', m.group(1))
-
-
-def define(name: str) -> str:
-    m = re.search(rf'^#define {name} ((?:"[^"\n]*"\s*|[A-Z_]+\s*)+)', TEXT, re.M)
-    assert m, f"the front defines no {name}"
-    parts = re.findall(r'"([^"]*)"|([A-Z_]+)', m.group(1))
-    return "".join(lit if lit else define(ref) for lit, ref in parts)
+from gpuhook.runtime import args as runtime_args, create, exec as execenv, gen_header, logline
 
 
 def test_the_front_is_built_from_its_source():
@@ -53,38 +39,95 @@ def test_the_front_is_built_from_its_source():
         assert f.read(4) == b"\x7fELF"
 
 
-def test_global_value_flags_are_runtimes():
-    flags = strings("GLOBAL_VALUE_FLAGS")
-    assert len(flags) == len(set(flags)) and set(flags) == set(runtime_args.GLOBAL_VALUE_FLAGS)
+def test_the_header_is_what_python_says_now():
+    """One truth: the header is generated from Python (make front-header), never edited."""
+    with open(gen_header.HEADER) as f:
+        assert f.read() == gen_header.render(), "gpuhook-runtime.h is stale: run `make front-header`"
+    r = subprocess.run([sys.executable, "-m", "gpuhook.runtime.gen_header", "--check"], cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
 
 
-def test_create_and_exec_value_flags_are_runtimes():
-    assert set(strings("CREATE_VALUE_FLAGS")) == set(runtime_args.CREATE_VALUE_FLAGS)
-    assert set(strings("EXEC_VALUE_FLAGS")) == set(runtime_args.EXEC_VALUE_FLAGS)
-    assert strings("NO_FLAGS") == [] and runtime_args.VALUE_FLAGS["delete"] == frozenset()
+def test_a_sign_the_front_cannot_match_is_refused(monkeypatch):
+    """probe.SIGNS may hold only what the front matches as the probe does: a name, a name's
+    prefix ("*"), or a prefix and a digit ("[0-9]*")."""
+    monkeypatch.setitem(probe.SIGNS, "x", ("/dev/x?y",))
+    with pytest.raises(ValueError, match="not a pattern the front can match"):
+        gen_header.render()
 
 
-def test_gpu_signs_are_the_probes():
-    signs = strings("SIGNS")
-    assert len(signs) == len(set(signs))
-    assert set(signs) == {s for ss in probe.SIGNS.values() for s in ss}
+def test_gpu_signs_are_watched_by_the_probe_cache():
     # the probe cache watches the directory of each: a GPU appearing invalidates it
     assert probe.sign_dirs() <= set(cache.WATCHED)
 
 
-def test_the_exec_record_key_is_execenvs():
-    assert set(define("ID_CHARS")) == set(execenv.ID_CHARS)
-    assert define("RECORD_DIR") == execenv.RECORD_DIR
+def _one_sign_hosts() -> list[tuple[str, str, bool]]:
+    """(sign, a name made for it, whether it matches): each sign's own name, and near misses."""
+    cases = []
+    for sign in dict.fromkeys(s for signs in probe.SIGNS.values() for s in signs):
+        parent, _, name = sign.rpartition("/")
+        if name.endswith("[0-9]*"):
+            cases += [(sign, f"{parent}/{name[:-6]}3", True), (sign, f"{parent}/{name[:-6]}x", False)]
+        elif name.endswith("*"):
+            cases += [(sign, f"{parent}/{name[:-1]}128", True)]
+            if name[:-1]:
+                cases += [(sign, f"{parent}/x{name[:-1]}", False)]
+        else:
+            cases += [(sign, sign, True), (sign, sign + "x", False)]
+    return cases
 
 
-def test_the_front_runs_the_entry_of_defaults():
-    """Every Python the front starts on a site-packages dir runs defaults.RUNTIME_MAIN (the
-    module store's entry, gpuhook/startup.py)."""
-    assert define("STARTUP") == defaults.RUNTIME_MAIN
+@pytest.mark.parametrize("sign, path, found", _one_sign_hosts())
+def test_each_sign_alone_starts_python_as_the_probe_sees_it(sign, path, found, tmp_path):
+    """A host with nothing but one file where a GPU may show up (or a near miss): the front
+    goes on to Python exactly where the probe's sign check says so."""
+    root = tmp_path / "host"
+    (root / path.lstrip("/")).parent.mkdir(parents=True)
+    (root / path.lstrip("/")).write_text("")
+    assert bool(probe.present(Host(str(root)))) == found, (sign, path)
+    r, mark = front(tmp_path, str(root), "create", "--bundle", str(tmp_path), "c1")
+    assert r.returncode == 0, r.stderr
+    assert os.path.exists(mark) == found, (sign, path)
+
+
+def test_the_entry_runs_the_runtime(tmp_path):
+    """defaults.RUNTIME_MAIN, as the front runs it (-I -S, a site-packages dir first on
+    sys.path): the runtime runs, then execs the real one."""
+    cfg = tmp_path / "config.toml"
+    cfg.write_text('runtime = "/bin/echo"\nlog_file = ""\n')
+    r = subprocess.run([sys.executable, "-I", "-S", "-c", defaults.RUNTIME_MAIN, REPO, "state", "x1"],
+                       env={"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(cfg),
+                            "GPUHOOK_CACHE_DIR": str(tmp_path / "cache")},
+                       capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout) == (0, "state x1\n"), r.stderr
+
+
+@pytest.mark.skipif(not is_root() or not shutil.which("unshare"), reason="needs root and unshare (a mount namespace)")
+def test_with_no_gpuhook_env_the_front_uses_the_node_defaults(tmp_path):
+    """No GPUHOOK_CONFIG, no GPUHOOK_CACHE_DIR: the front reads defaults.CONFIG_FILE's front
+    file in defaults.CACHE_DIR, and a config without log_file logs in defaults.LOG_FILE (in a
+    mount namespace of its own, /etc, /run and /var/log are empty tmpfs)."""
+    cpu = tmp_path / "cpu"
+    fakehost.build(str(cpu), "cpu", mknod=False)
+    out = tmp_path / "out"
+    script = f"""set -e
+mount --make-rprivate /
+for d in /etc /run /var/log; do mount -t tmpfs gpuhook-test "$d"; done
+mkdir -p "$(dirname {defaults.CONFIG_FILE})"
+printf 'runtime = "/bin/echo"\nhost_root = "{cpu}"\n' > {defaults.CONFIG_FILE}
+{sys.executable} -c 'import sys; sys.path.insert(0, "{REPO}"); from gpuhook.testing.front import prime; \
+prime("{defaults.CONFIG_FILE}", "{defaults.CACHE_DIR}")'
+env -i PATH=/usr/bin:/bin GPUHOOK_PYTHON=/nonexistent {FRONT} create --bundle {tmp_path} c9 > {out}
+cat {defaults.LOG_FILE} >> {out}
+"""
+    r = subprocess.run(["unshare", "--mount", "sh", "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    ran, line = out.read_text().split("\n", 1)
+    assert ran == f"create --bundle {tmp_path} c9"  # the configured runtime, not Python
+    assert json.loads(line)["decision"] == "no-gpu"
 
 
 def test_bundle_loader_is_builds():
-    assert define("LOADER") == build.LOADER and define("INTERPRETER") == build.INTERPRETER
     assert build.LOADER in build.PYTHON_SH and build.INTERPRETER in build.PYTHON_SH
 
 
@@ -135,12 +178,23 @@ def test_the_no_gpu_line(tmp_path):
     assert not os.path.exists(mark)
     (rec,) = log_records(str(tmp_path / "gpuhook.log"))
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", rec.pop("time"))
-    assert rec == {"event": "create", "container_id": "c2", "bundle": str(tmp_path), "decision": "no-gpu",
-                   "vendors": [], "nodes": [], "mounts": [], "hooks": 0}
+    assert 0 <= rec.pop("duration_ms") < 1000
+    # what Python's create path logs for the same create finding no GPU (no pod: the front reads
+    # no config.json), time and duration aside
+    out = create.Outcome()
+    out.decision = "no-gpu"
+    inv = runtime_args.parse_args(["--root", str(tmp_path / "st"), "create", "-b", str(tmp_path), "c2"])
+    _, line = create.log_line(config.Config(log_file="/log"), inv, out, runtime_args.Call({}, "/"))
+    python = json.loads(line)
+    del python["time"], python["duration_ms"]
+    assert rec == python == {"event": "create", "container_id": "c2", "bundle": str(tmp_path), "decision": "no-gpu",
+                             "vendors": [], "nodes": [], "mounts": [], "hooks": 0}
     assert oct((tmp_path / "gpuhook.log").stat().st_mode & 0o777) == oct(0o640)  # as Python creates it
-    # a name the line cannot hold as it is: "?" for both
+    # a name the line cannot hold as it is: "?" for both; no id at all: null
     r, _ = front(tmp_path, root, "create", "--bundle", str(tmp_path), 'c"3')
-    assert log_records(str(tmp_path / "gpuhook.log"))[-1]["container_id"] == "?"
+    assert [log_records(str(tmp_path / "gpuhook.log"))[-1][k] for k in ("container_id", "bundle")] == ["?", "?"]
+    r, _ = front(tmp_path, root, "create", "--bundle", str(tmp_path))
+    assert log_records(str(tmp_path / "gpuhook.log"))[-1]["container_id"] is None
 
 
 def test_a_key_twice_is_left_to_python(tmp_path):
@@ -167,13 +221,15 @@ def test_a_key_twice_is_left_to_python(tmp_path):
     assert not os.path.exists(mark) and b"does not exist" in r.stderr, r  # runc, the default: neither line's
 
 
-# argvs from the words a runtime's caller uses: global and subcommand flags, values, ids
-WORDS = st.sampled_from(["--root", "-root", "--root=/run/r", "--log", "--log=/l", "--debug", "--systemd-cgroup",
-                         "--", "-", "create", "run", "exec", "delete", "state", "--bundle", "-b", "--bundle=/b2",
-                         "-b=rel", "--pid-file", "--console-socket", "--no-pivot", "-d", "--process", "/p", "rel/b",
-                         "/bundle", "id1", "id2", "x", "--cwd", "-e", "ctr_1"])
-
-
+# argvs from the words a runtime's caller uses: every flag Python knows takes a value (in
+# each form: --f, -f, --f=v), flags that take none, values, ids, subcommands
+FLAGS = sorted(runtime_args.GLOBAL_VALUE_FLAGS | runtime_args.CREATE_VALUE_FLAGS | runtime_args.EXEC_VALUE_FLAGS)
+WORDS = st.one_of(
+    st.sampled_from(["--", "-", "create", "run", "exec", "delete", "state", "--debug", "--systemd-cgroup",
+                     "--no-pivot", "-d", "--tty", "/p", "rel/b", "/bundle", "id1", "id2", "x", "ctr_1", "a,b"]),
+    st.builds(lambda dash, f, eq: f"{dash}{f}{eq}", st.sampled_from(["--", "-"]), st.sampled_from(FLAGS),
+              st.sampled_from(["", "", "=/v", "=rel"])),
+)
 @settings(max_examples=150, deadline=None)
 @given(st.lists(WORDS, max_size=8))
 def test_the_front_parses_as_python_does(tmp_path_factory, argv):
@@ -202,6 +258,34 @@ def test_the_front_parses_as_python_does(tmp_path_factory, argv):
         return
     (rec,) = recs
     assert (rec["container_id"], rec["bundle"]) == (inv.container_id, inv.bundle)
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.lists(WORDS, max_size=6), st.sampled_from(["id1", "a,b", "x", "..", "a/b", "c d"]))
+def test_the_front_finds_the_exec_record_python_would(tmp_path_factory, argv, cid):
+    """An exec goes to Python exactly when there is a record for the container and root that
+    parse_args and execenv.record_path name (a record under every id of the argv, ones Python
+    would never key included): the front's exec parse and record key are Python's."""
+    tmp = tmp_path_factory.mktemp("exec")
+    cfg = tmp / "config.toml"
+    cfg.write_text(f'runtime = "/bin/true"\nhost_root = "{tmp}"\nlog_file = ""\n')
+    cache = str(tmp / "cache")
+    prime(str(cfg), cache)
+    argv = ["--root", str(tmp / "st"), *argv[:2], "exec", *argv[2:], cid]
+    inv = runtime_args.parse_args(argv, str(tmp))
+    for word in set(argv):  # records of every id the front might take, where Python could key one
+        path = execenv.record_path(cache, str(tmp / "st"), word, "/bin/true")
+        if path and inv.root == str(tmp / "st"):
+            execenv.write_record(path, ["GPUHOOK_ACCELERATOR=nvidia"], str(tmp))
+    want = inv.command == "exec" and execenv.record_path(cache, inv.root, inv.container_id, "/bin/true") is not None
+    want = want and execenv.record_exists(execenv.record_path(cache, inv.root, inv.container_id, "/bin/true"))
+    mark = tmp / "python-ran"
+    r = subprocess.run([FRONT, *argv], env={"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(cfg), "GPUHOOK_CACHE_DIR": cache,
+                                             "GPUHOOK_TEST_MARK": str(mark), "GPUHOOK_PYTHON": fake_python(tmp)},
+                       cwd=tmp, capture_output=True, timeout=20)
+    assert r.returncode == 0, r.stderr
+    assert mark.exists() == want, (argv, inv.command, inv.container_id)
+    event(f"exec to Python: {want}")
 
 
 def test_no_gpu_log_never_follows_a_link(tmp_path):

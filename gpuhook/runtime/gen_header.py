@@ -1,0 +1,182 @@
+"""The C front's tables (gpuhook-runtime.h), generated from the Python that defines each one.
+
+The front (gpuhook-runtime.c) cannot import Python, so every fact it shares with Python (the
+flags that take a value, the GPU signs, the node paths, the front file's format, the exec
+record's key, the server's wire, the interpreter's entry) is written here into a header from
+the one Python place that says it. The header is checked in, so a build needs no Python;
+`make front-header` (python -m gpuhook.runtime.gen_header) writes it again, and
+tests/unit/test_front.py fails when it is not current.
+"""
+
+import os
+import sys
+
+HEADER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpuhook-runtime.h")
+
+
+def _c(value: str) -> str:
+    """A C string literal of `value` (plain ASCII, a newline at most: every table here is)."""
+    if not value.isascii() or any(ord(c) < 0x20 and c != "\n" for c in value):
+        raise ValueError(f"not a plain ASCII string for the front: {value!r}")
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def _no_gpu_line() -> str:
+    """The printf format of the front's no-GPU create line: the line create.log_line writes for
+    a create that found no GPU (no pod: the front reads no config.json), its time, id, bundle
+    and duration as positional arguments 1 to 4 (a string, a JSON token, a string, a double)."""
+    import re
+
+    from ..config import Config
+    from .args import Call, Invocation
+    from .create import Outcome, log_line
+
+    out = Outcome()
+    out.decision = "no-gpu"
+    logged = log_line(Config(log_file="/log"), Invocation("create", "@BUNDLE@", "@ID@", None, None), out, Call({}, "/"))
+    assert logged is not None
+    line = logged[1].decode().replace("%", "%%")
+    line, times = re.subn(r'"time":"[^"]*"', '"time":"%1$s"', line)
+    line, durations = re.subn(r'"duration_ms":[0-9.]+', '"duration_ms":%4$.2f', line)
+    if (times, durations, line.count('"@ID@"'), line.count("@BUNDLE@")) != (1, 1, 1, 1):
+        raise ValueError(f"create.log_line's no-GPU line is not one the front can write: {line!r}")
+    return line.replace('"@ID@"', "%2$s").replace("@BUNDLE@", "%3$s")
+
+
+def _strings(name: str, values, why: str) -> str:
+    items = ", ".join(_c(v) for v in values)
+    return f"/* {why} */\nstatic const char *const {name}[] = {{{items + ', ' if items else ''}NULL}};\n"
+
+
+def _define(name: str, value: "str | int", why: str) -> str:
+    return f"#define {name} {_c(value) if isinstance(value, str) else value} /* {why} */\n"
+
+
+def _signs() -> str:
+    """probe.SIGNS, each once, split for the front: the directory, the name or its prefix,
+    and how the rest of a name may go (SIGN_EXACT, SIGN_ANY: "*", SIGN_DIGIT: "[0-9]*")."""
+    from .. import probe
+
+    rows, seen = [], set()
+    for sign in (s for signs in probe.SIGNS.values() for s in signs):
+        if sign in seen:
+            continue
+        seen.add(sign)
+        parent, _, name = sign.rpartition("/")
+        kind = "SIGN_DIGIT" if name.endswith("[0-9]*") else "SIGN_ANY" if name.endswith("*") else "SIGN_EXACT"
+        name = name[:-6] if kind == "SIGN_DIGIT" else name[:-1] if kind == "SIGN_ANY" else name
+        if not parent.startswith("/") or any(c in name for c in "*?[]"):
+            raise ValueError(f"probe.SIGNS: {sign} is not a pattern the front can match")
+        rows.append(f"    {{{_c(parent)}, {_c(name)}, {kind}}},\n")
+    return (
+        "/* where a GPU can show up (probe.SIGNS), each once: a directory, and a name in it */\n"
+        "enum sign_kind { SIGN_EXACT, SIGN_ANY, SIGN_DIGIT };\n"
+        "static const struct sign {\n    const char *dir, *name;\n    enum sign_kind kind;\n} SIGNS[] = {\n"
+        + "".join(rows)
+        + "    {NULL, NULL, SIGN_EXACT},\n};\n"
+    )
+
+
+def _front_file() -> str:
+    """config.front_text's fields, by name: an enum the front's struct config is indexed by."""
+    from .. import config
+
+    keys = (config.FRONT_IDENTITY, *config.FRONT_KEYS, config.FRONT_ERRORS)
+    enum = "".join(f"    FRONT_{k.upper()},\n" for k in keys)
+    names = "".join(f"    [FRONT_{k.upper()}] = {_c(k)},\n" for k in keys)
+    # with no config file: what front_text says of the defaults (the identity aside)
+    fields = dict(f.split("=", 1) for f in _fields(config.front_text(os.stat("/"), config.Config(), [])))
+    defaults = "".join(f"    [FRONT_{k.upper()}] = {_c(fields[k])},\n" for k in keys[1:])
+    prefix, _, suffix = os.path.basename(config.front_file("/@")).partition("%2F@")
+    return (
+        _define("FRONT_MAGIC", config.FRONT_MAGIC, "config.FRONT_MAGIC: the front file's first field")
+        + _define("MAX_FRONT", config.MAX_FRONT_BYTES, "config.MAX_FRONT_BYTES")
+        + _define("FRONT_FILE_PREFIX", prefix, "config.front_file: <cache dir>/PREFIX<config path escaped>SUFFIX")
+        + _define("FRONT_FILE_SUFFIX", suffix, "config.front_file")
+        + _define("FAIL_CLOSED", _one_of("closed", config.FAIL_MODES), "config.FAIL_MODES")
+        + "/* the front file's NAME=VALUE fields (config.front_text: FRONT_IDENTITY, FRONT_KEYS, FRONT_ERRORS) */\n"
+        + f"enum front_key {{\n{enum}    FRONT_NKEYS\n}};\n"
+        + f"static const char *const FRONT_KEY_NAMES[FRONT_NKEYS] = {{\n{names}}};\n"
+        + "/* the values with no config file: the defaults (config.Config()), as front_text writes them */\n"
+        + f"static const char *const FRONT_DEFAULTS[FRONT_NKEYS] = {{\n{defaults}}};\n"
+    )
+
+
+def _fields(text: bytes) -> "list[str]":
+    """The NAME=VALUE fields of a front file (after its magic)."""
+    return text.decode().split("\0")[1:-1]
+
+
+def _one_of(value: str, choices) -> str:
+    if value not in choices:
+        raise ValueError(f"{value!r} is not one of {choices}")
+    return value
+
+
+def render() -> str:
+    from .. import config, defaults, runtime
+    from ..install import build
+    from . import args, server
+    from . import exec as execenv
+
+    parts = [
+        "/* gpuhook-runtime.h: the C front's tables, generated by `python -m gpuhook.runtime.gen_header`\n"
+        " * (make front-header) from the Python that defines each. Do not edit: tests/unit/test_front.py\n"
+        " * fails when this is not what the generator writes. */\n",
+        _strings("GLOBAL_VALUE_FLAGS", sorted(args.GLOBAL_VALUE_FLAGS), "args.GLOBAL_VALUE_FLAGS"),
+        _strings("CREATE_VALUE_FLAGS", sorted(args.CREATE_VALUE_FLAGS), "args.CREATE_VALUE_FLAGS"),
+        _strings("EXEC_VALUE_FLAGS", sorted(args.EXEC_VALUE_FLAGS), "args.EXEC_VALUE_FLAGS"),
+        _strings("EDITING_COMMANDS", sorted(args.EDITING_COMMANDS), "args.EDITING_COMMANDS: create, run"),
+        _strings("SERVED_COMMANDS", sorted(server.SERVED), "server.SERVED: what the resident server runs"),
+        _signs(),
+        _define("CONFIG_FILE", defaults.CONFIG_FILE, "defaults.CONFIG_FILE"),
+        _define("CACHE_DIR", defaults.CACHE_DIR, "defaults.CACHE_DIR"),
+        _define("CONFIG_ENV", config.CONFIG_ENV, "config.CONFIG_ENV: the node config's path, when set"),
+        _define("CACHE_DIR_ENV", config.CACHE_DIR_ENV, "config.CACHE_DIR_ENV: the cache dir, when set"),
+        _define("PYTHON_ENV", defaults.PYTHON_ENV, "defaults.PYTHON_ENV: the interpreter to start, when set"),
+        _define("SEARCH_PATH", defaults.SEARCH_PATH, "defaults.SEARCH_PATH: where runtimes are without $PATH"),
+        _strings("DEFAULT_RUNTIMES", config.DEFAULT_RUNTIMES, "config.DEFAULT_RUNTIMES, in order"),
+        _define("DEFAULT_RUNTIMES_TEXT", " or ".join(config.DEFAULT_RUNTIMES), "for the messages"),
+        _define("FRONT_NAME", os.path.basename(config.FRONT_BINARY), "config.is_front: the wrapper's own name"),
+        _front_file(),
+        _define("NO_GPU_LINE", _no_gpu_line(), "create.log_line's, for a create with no GPU"),
+        _define("RECORD_DIR", execenv.RECORD_DIR, "exec.RECORD_DIR: <cache dir>/RECORD_DIR/<root key>/<id>"),
+        _define("ID_CHARS", "".join(sorted(execenv.ID_CHARS)), "exec.ID_CHARS: runc's id characters"),
+        _define("SOCKET_NAME", server.SOCKET_NAME, "server.SOCKET_NAME, in the cache dir"),
+        _define("SERVER_MAGIC", server.MAGIC, "server.MAGIC: the wire's version"),
+        _define("SERVER_TIMEOUT_S", server.FRONT_TIMEOUT_S, "server.FRONT_TIMEOUT_S: then Python starts here"),
+        _define("MAX_REPLY", server.MAX_REPLY_BYTES, "server.MAX_REPLY_BYTES"),
+        _define("MAX_REPLY_FIELDS", server.MAX_REPLY_FIELDS, "server.MAX_REPLY_FIELDS"),
+        _define("MAX_REPLY_TEXT", server.MAX_REPLY_TEXT, "server.MAX_REPLY_TEXT: an answer's stderr text"),
+        _define("MAX_REPLY_LOG_LINE", server.MAX_REPLY_LOG_LINE, "server.MAX_REPLY_LOG_LINE"),
+        _define("LOADER", build.LOADER, "install.build.LOADER: the bundle's, under its root"),
+        _define("INTERPRETER", build.INTERPRETER, "install.build.INTERPRETER"),
+        _strings("PYTHONS", defaults.FRONT_PYTHONS, "defaults.FRONT_PYTHONS: a name is beside the front"),
+        _define("RUNTIME_MAIN", defaults.RUNTIME_MAIN, "defaults.RUNTIME_MAIN: -c, <site-packages>, argv"),
+        _define("RUNTIME_MODULE", runtime.__name__, "python -m RUNTIME_MODULE, with no site-packages dir"),
+    ]
+    return "\n".join(parts)
+
+
+def main(argv: "list[str] | None" = None) -> int:
+    """Write the header (--check: only say whether it is current)."""
+    args = sys.argv[1:] if argv is None else argv
+    text = render()
+    try:
+        with open(HEADER) as f:
+            current = f.read() == text
+    except FileNotFoundError:
+        current = False
+    if "--check" in args:
+        if not current:
+            sys.stderr.write(f"gen_header: {HEADER} is not current (make front-header)\n")
+        return 0 if current else 1
+    if not current:
+        from ..spec import write_atomic
+
+        write_atomic(HEADER, text.encode(), 0o644)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
