@@ -623,3 +623,41 @@ def test_a_caller_in_another_root_directory_is_not_served():
     assert server.refusal(peer, own) is None
     peer.root = server.identity("/proc")  # another directory as its root
     assert server.refusal(peer, own) == b"fallback\0"
+
+
+class ReadEnv(dict):
+    """An environment that remembers each name read of it."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.read: set[str] = set()
+
+    def get(self, key, default=None):
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key):
+        self.read.add(key)
+        return super().__contains__(key)
+
+
+def test_the_served_calls_read_of_the_callers_environment_only_what_the_server_passes(node, callers):
+    """The server passes CALLER_ENV of a request's environment and nothing else: a create (a
+    relative --root: its $PWD) and an exec read no other name of the caller's environment, or
+    a fresh interpreter and the server would see the caller otherwise."""
+    from gpuhook.runtime import prepare
+    from gpuhook.runtime.args import Call
+
+    a, _ = callers
+    seen: set[str] = set()
+    for argv in (("--root", "state", "create", "--bundle", "bundle", "c20"),
+                 ("--root", "state", "exec", "c20", "true"), ("exec", "--process", "p.json", "c20")):
+        env = ReadEnv({**os.environ, **a.env})
+        answer = prepare(list(argv), Call(env, str(a.dir)))
+        assert answer.argv is not None and answer.argv[0] == a.runtime, (argv, answer.said)
+        seen |= env.read
+    assert {"PATH", "PWD"} <= seen and seen <= set(server.CALLER_ENV), seen - set(server.CALLER_ENV)
