@@ -220,7 +220,7 @@ def write_atomic(path: str, data: bytes, mode: int | None = None, sync_dir: bool
     there, which the next writer (the front's fallback to Python after a server died)
     removes. Where the filesystem has no O_TMPFILE, or there is no /proc to link it from (a
     bare chroot), a named temp file as before."""
-    d = os.path.dirname(os.path.abspath(path))
+    d = os.path.dirname(path) or "."  # as the kernel reads it: never normalised ("link/.." is not ".")
     if mode is None:
         try:
             mode = os.stat(path).st_mode & 0o7777
