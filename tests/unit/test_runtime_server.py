@@ -681,3 +681,26 @@ def test_a_servers_own_umask_is_not_on_the_callers_log(node, callers):
     modes = {name: stat.S_IMODE(os.stat(a.dir / name).st_mode) for name in ("fresh.log", "served.log")}
     assert modes == {"fresh.log": 0o640, "served.log": 0o640}
 
+
+def test_a_path_of_the_callers_own_process_is_not_served(node):
+    """/proc/self/..., /dev/fd/N, /dev/stderr name the caller's own in its fresh interpreter and
+    the server's own in the server (whose directory is /): a request naming one is Python's
+    afresh. A create of --bundle /proc/self/cwd/bundle edits the caller's bundle."""
+    node.start_server()
+    r = node.front("create", "--bundle", "/proc/self/cwd/bundle", "c9", GPUHOOK_PYTHON=sys.executable)
+    assert r.returncode == 0, r.stderr
+    assert "GPUHOOK_ACCELERATOR=nvidia" in (node.bundle / "config.json").read_text()
+    assert [rec.get("runtime_server", False) for rec in log_records(node.log)] == [False]
+
+
+@pytest.mark.parametrize("argv, path", [(["--log", "/dev/stderr"], None), (["--log=/dev/fd/2"], None),
+                                        (["--root", "//proc/thread-self/cwd/state"], None),
+                                        (["--root", "../../../../../../../../proc/self/root/x"], None),
+                                        ([], "/bin:/proc/self/cwd/bin")])
+def test_each_way_of_naming_the_own_process_is_not_served(node, callers, argv, path):
+    a, _ = callers
+    if path:
+        a.env["PATH"] = path
+    req = a.request(node, *argv, "create", "--bundle", "bundle", "c4")
+    assert server.handle(req, server.Installation()) == b"fallback\0"
+    assert json.loads((a.dir / "bundle" / "config.json").read_text()) == SPEC
