@@ -106,3 +106,9 @@ def warm_up() -> "tuple[str, ...]":
 def gpu_resources() -> "tuple[tuple[str, str], ...]":
     """(resource name prefix, vendor name) of every vendor's device plugins."""
     return tuple((p, v.name) for v in VENDORS for p in v.resources)
+
+
+def by_module(module: str) -> Vendor:
+    """The vendor whose probe module is `module` (a probe module's own __name__: its name is
+    the registry's, never spelt again there)."""
+    return next(v for v in VENDORS if v.probe == module)

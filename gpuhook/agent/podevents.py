@@ -252,8 +252,9 @@ class PodReporter:
         from ..plan import policy
         from ..plan import SANDBOX_ANNOTATIONS
         from ..probe.host import Host
+        from ..runtime import create  # the bound of what the create reads of it
 
-        data = Host(self.root).read_bytes(bundle.rstrip("/") + "/config.json", limit=16 << 20, quiet=True)
+        data = Host(self.root).read_bytes(bundle.rstrip("/") + "/config.json", limit=create.MAX_SPEC_BYTES, quiet=True)
         if data is None:
             return None
         import json

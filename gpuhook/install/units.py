@@ -48,6 +48,7 @@ ConditionPathExists={defaults.INSTALL_PREFIX}/bin/gpuhook
 Type=simple
 ExecStart={defaults.INSTALL_PREFIX}/bin/gpuhook runtime-server
 Restart=on-failure
+UMask=0022
 
 [Install]
 Also={SOCKET_UNIT}

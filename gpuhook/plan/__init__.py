@@ -264,14 +264,17 @@ def plan(
     config=None,
     state_dir: "str | None" = None,
     helper: "str | None" = None,
+    gathered: "list[str] | None" = None,
 ) -> "Plan":
     """The Plan for one container.
 
     ldconfig: the node's (None: find_ldconfig()). helper: gpuhook-hook as the node sees it
     (None: this package's own, when it was built). config: the node config
     (gpuhook.config.Config; None: the defaults). state_dir: where the round robin of max-gpus
-    remembers what it gave (None: no memory, the first devices)."""
-    warnings: list[str] = []
+    remembers what it gave (None: no memory, the first devices). gathered: a list the
+    warnings go into as they come (the Plan's are its copy): a plan() that raises leaves
+    there those it had, for the create's log line."""
+    warnings: list[str] = [] if gathered is None else gathered
     warn = warnings.append
     if req.is_sandbox or not inv.vendors:
         return Plan(Edits())

@@ -6,10 +6,13 @@ minor is N unless the `dev` file says otherwise. A node sysfs lists but /dev lac
 with present=False. id = PCI address when known, else the node name.
 """
 
+from .. import vendors
 from ..inventory import Device, VendorInventory
 from .common import char_majors, device_node, first_major, numbered_names, parse_dev, read_hex, uevent
 
 from .host import Host
+
+VENDOR = vendors.by_module(__name__).name  # this probe's vendor, as the registry names it
 
 ACCEL_MAJOR = 261
 CLASS_DIR = "/sys/class/accel"
@@ -43,5 +46,5 @@ def probe(host: Host) -> VendorInventory | None:
             vendor, device = read_hex(host, dev_dir + "/vendor"), read_hex(host, dev_dir + "/device")
             if vendor is not None and device is not None:
                 model = f"Accelerator {vendor:04x}:{device:04x}"
-        devices.append(Device("accel", "accel", len(devices), pci or f"accel{n}", (node,), pci, model, driver or None))
-    return VendorInventory("accel", tuple(devices)) if devices else None
+        devices.append(Device(VENDOR, "accel", len(devices), pci or f"accel{n}", (node,), pci, model, driver or None))
+    return VendorInventory(VENDOR, tuple(devices)) if devices else None

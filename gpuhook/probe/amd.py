@@ -17,10 +17,13 @@
   with every device; without it the GPUs are still reported, with a warning, and no control node.
 """
 
+from .. import vendors
 from ..inventory import Device, Node, VendorInventory
 from .common import char_majors, device_node, first_major, parse_dev
 from .drm import DRM_MAJOR, DrmDevice, drm_devices
 from .host import Host
+
+VENDOR = vendors.by_module(__name__).name  # this probe's vendor, as the registry names it
 
 VENDOR_ID = 0x1002
 KFD = "/sys/class/kfd/kfd"
@@ -124,7 +127,7 @@ def probe(host: Host) -> VendorInventory | None:
         if d not in used:
             devices.append(
                 Device(
-                    "amd",
+                    VENDOR,
                     "gpu",
                     len(devices),
                     d.pci or d.sysfs,
@@ -142,7 +145,7 @@ def probe(host: Host) -> VendorInventory | None:
             "KFD topology lists GPUs but /dev/kfd is missing and no kfd major is known: "
             "AMD GPUs reported without the kfd control node (no compute)"
         )
-    return VendorInventory("amd", tuple(devices), (kfd_dev,) if kfd_dev else ())
+    return VendorInventory(VENDOR, tuple(devices), (kfd_dev,) if kfd_dev else ())
 
 
 def _kfd_devices(host: Host, kfd: list, drm: list, xcp: list, drm_major: int) -> "tuple[list[Device], set[DrmDevice]]":
@@ -168,7 +171,7 @@ def _kfd_devices(host: Host, kfd: list, drm: list, xcp: list, drm_major: int) ->
         ids.add(dev_id)
         devices.append(
             Device(
-                "amd",
+                VENDOR,
                 "partition" if partition else "gpu",
                 len(devices),
                 dev_id,

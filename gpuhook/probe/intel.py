@@ -10,10 +10,13 @@ not reported, and each VF that has DRM nodes (bound to i915/xe on the host) is a
 nodes: that GPU then gives containers nothing, and a warning says so.
 """
 
+from .. import vendors
 from ..inventory import Device, VendorInventory
 from .common import char_majors, first_major, is_uint, numbered_names
 from .drm import DRM_MAJOR, drm_devices
 from .host import Host
+
+VENDOR = vendors.by_module(__name__).name  # this probe's vendor, as the registry names it
 
 VENDOR_ID = 0x8086
 DRIVERS = ("i915", "xe")
@@ -54,7 +57,7 @@ def probe(host: Host) -> VendorInventory | None:
         parent = vf_parent.get(d.sysfs)
         devices.append(
             Device(
-                "intel",
+                VENDOR,
                 "partition" if parent else "gpu",
                 len(devices),
                 d.pci or d.sysfs,
@@ -65,4 +68,4 @@ def probe(host: Host) -> VendorInventory | None:
                 parent,
             )
         )
-    return VendorInventory("intel", tuple(devices)) if devices else None
+    return VendorInventory(VENDOR, tuple(devices)) if devices else None

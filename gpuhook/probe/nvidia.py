@@ -37,12 +37,15 @@ decides what a container gets:
 
 import stat as _stat
 
+from .. import vendors
 from ..inventory import Device, Library, Node, VendorInventory
 from ..nvidia_tools import NVIDIA_TOOLS
 from ..record import Record
 from . import driverroot
 from .common import char_majors, device_node, first_major, is_uint, numbered_names
 from .host import Host
+
+VENDOR = vendors.by_module(__name__).name  # this probe's vendor, as the registry names it
 
 FRONTEND_MAJOR = 195
 CTL_MINOR = 255
@@ -192,7 +195,7 @@ def _gpus_from_proc(host: "Host", major: int) -> "list[Device]":
         node = device_node(host, f"/dev/nvidia{minor}", major, minor, lazy=True)
         out.append(
             Device(
-                "nvidia",
+                VENDOR,
                 "gpu",
                 index,
                 info.get("GPU UUID") or bus_id,
@@ -211,7 +214,7 @@ def _gpus_from_dev(host: "Host", major: int) -> "list[Device]":
     for index, minor in enumerate(minors):
         node = device_node(host, f"/dev/nvidia{minor}", major, minor)
         if node is not None:
-            out.append(Device("nvidia", "gpu", index, f"nvidia{minor}", (node,), driver="nvidia"))
+            out.append(Device(VENDOR, "gpu", index, f"nvidia{minor}", (node,), driver="nvidia"))
     return out
 
 
@@ -622,7 +625,7 @@ def probe(host: "Host") -> "VendorInventory | None":
     version = parse_version(text) if text else None
     found = _userspace(host, version)
     return VendorInventory(
-        "nvidia",
+        VENDOR,
         tuple(devices),
         _control_nodes(host, majors, major),
         found.libraries + _ipc_files(host),

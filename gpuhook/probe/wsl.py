@@ -8,9 +8,12 @@ other files there (nvidia-smi) and the driver store (/usr/lib/wsl/drivers) are n
 
 import stat as _stat
 
+from .. import vendors
 from ..inventory import Device, Library, VendorInventory
 from .common import char_majors, device_node, first_major
 from .host import Host
+
+VENDOR = vendors.by_module(__name__).name  # this probe's vendor, as the registry names it
 
 LIB_DIR = "/usr/lib/wsl/lib"
 
@@ -25,5 +28,5 @@ def probe(host: Host) -> VendorInventory | None:
         st = host.stat(f"{LIB_DIR}/{name}")
         if ".so" in name and st is not None and _stat.S_ISREG(st.st_mode):
             libraries.append(Library(f"{LIB_DIR}/{name}", None, "compute"))
-    device = Device("dxg", "dxg", 0, "dxg", (node,), None, "WSL2 GPU (dxg)", "dxgkrnl")
-    return VendorInventory("dxg", (device,), (), tuple(libraries))
+    device = Device(VENDOR, "dxg", 0, "dxg", (node,), None, "WSL2 GPU (dxg)", "dxgkrnl")
+    return VendorInventory(VENDOR, (device,), (), tuple(libraries))

@@ -158,9 +158,9 @@ def parse_args(argv: list[str], cwd: str | None = None) -> Invocation:
 class Call:
     """What one call of the runtime is given besides its argv: its caller's environment (env;
     the create path reads PATH, PWD and GPUHOOK_STAGES of it), current directory (cwd: what a
-    relative path on the command line is read against), umask (umask: the bits taken off the
-    modes of files the call creates, on top of this process's own; 0 in the caller's own
-    process), deadline (deadline_ns, CLOCK_MONOTONIC: past it nobody waits for the answer and
+    relative path on the command line is read against), umask (umask: the caller's, the bits
+    taken off the modes of files the call creates, and only those: the server's own is not
+    the caller's), deadline (deadline_ns, CLOCK_MONOTONIC: past it nobody waits for the answer and
     nothing more is written; None: none), and whether the runtime server runs it (in_server:
     its log line says so). stages: the create's timings, when GPUHOOK_STAGES is set."""
 
@@ -183,7 +183,9 @@ class Call:
             cwd = os.getcwd()
         except OSError:
             cwd = "."
-        return cls(os.environ, cwd)
+        mask = os.umask(0)  # read (no call to read it without setting it), then put back
+        os.umask(mask)
+        return cls(os.environ, cwd, mask)
 
     def stage(self, name: str) -> None:
         if self.stages is not None:
@@ -198,7 +200,8 @@ class Call:
         return path if path.startswith("/") else os.path.join(self.cwd, path)
 
     def mode(self, mode: int) -> int:
-        """The mode to create a file with, the caller's umask taken off."""
+        """The mode a file the call creates has (logline.append_line(exact=True) sets it
+        whatever this process's umask): mode, the caller's umask taken off."""
         return mode & ~self.umask
 
 

@@ -66,12 +66,17 @@ def parse_spec(raw: bytes) -> dict:
     return spec
 
 
-def planned(inventory, request, config):
-    """The Plan for this request on this node (plan.plan: the one call of it)."""
+def planned(inventory, request, config, out: "Outcome"):
+    """The Plan for this request on this node (plan.plan: the one call of it); its warnings
+    added to out's, those gathered before a failure too."""
     from ..config import cache_dir
     from ..plan import find_ldconfig, plan
 
-    return plan(inventory, request, config.ldconfig or find_ldconfig(), config, cache_dir())
+    gathered: list[str] = []
+    try:
+        return plan(inventory, request, config.ldconfig or find_ldconfig(), config, cache_dir(), gathered=gathered)
+    finally:
+        out.warnings += gathered
 
 
 def edit_bundle(bundle: str, config, out: Outcome, call: Call) -> None:
@@ -97,8 +102,7 @@ def edit_bundle(bundle: str, config, out: Outcome, call: Call) -> None:
     inventory = probe_cached(config.host_root, cache_dir(), config.probe_cache_ttl, config.nvidia_driver_root)
     call.stage("probed")
     out.warnings = list(inventory.warnings)
-    out.plan = planned(inventory, request, config)
-    out.warnings += out.plan.warnings
+    out.plan = planned(inventory, request, config, out)
     edits = out.plan.edits
     call.stage("planned")
     if not edits:

@@ -18,14 +18,26 @@ def line_bytes(line: str) -> bytes:
     return (line.replace("\n", " ") + "\n").encode("utf-8", "replace")
 
 
-def append_line(path: str, line: str | bytes, mode: int = 0o640) -> None:
+def append_line(path: str, line: str | bytes, mode: int = 0o640, exact: bool = False) -> None:
     """One write(2) of a whole line with O_APPEND: concurrent creates never interleave. A
-    str is made one line (line_bytes); bytes are written as they are. mode: a new file's."""
+    str is made one line (line_bytes); bytes are written as they are. mode: a new file's,
+    less this process's umask; exact: mode itself (a file for a caller, whose umask is in
+    mode: the server's own umask is not the caller's), set on the file this call created."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+    created = False
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, mode)
+        if not exact:
+            fd = os.open(path, flags | os.O_CREAT, mode)
+        else:
+            try:
+                fd, created = os.open(path, flags | os.O_CREAT | os.O_EXCL, mode), True
+            except FileExistsError:
+                fd = os.open(path, flags)
     except OSError:
         return
     try:
+        if created:
+            os.fchmod(fd, mode)
         os.write(fd, line if isinstance(line, bytes) else line_bytes(line))
     except OSError:
         pass
@@ -49,5 +61,5 @@ def runtime_error(inv, call, msg: str) -> str:
             line = fastjson.dumps({"level": "error", "msg": f"gpuhook-runtime: {msg}", "time": utc_now(ms=False)})
         else:
             line = f"gpuhook-runtime: {msg}"
-        append_line(call.path(inv.log), line, call.mode(0o640))
+        append_line(call.path(inv.log), line, call.mode(0o640), exact=True)
     return f"gpuhook-runtime: {msg}\n"

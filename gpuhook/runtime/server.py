@@ -22,7 +22,9 @@ relative path is read in that directory); any other caller gets "fallback", and 
 starts the new one on the next connection. What it reads and writes is chosen by its own
 environment and node config, never the request's: a request whose GPUHOOK_CONFIG or
 GPUHOOK_CACHE_DIR is not the server's own gets "fallback" (the fresh interpreter, in the
-caller's own context, honours them); of the request's environment only CALLER_ENV is used.
+caller's own context, honours them), and so does one naming a path of the reading process's
+own (OWN_PROCESS_PATHS: /dev/stderr is the server's here); of the request's environment only
+CALLER_ENV is used.
 Past the front's deadline less a margin the front has started Python, so the request writes
 nothing (args.Abandoned). The create's log line travels in the answer and the front writes
 it: a server that dies before it answers has logged nothing, and the create is logged once.
@@ -82,6 +84,9 @@ OWN_ENV = ("GPUHOOK_CONFIG", "GPUHOOK_CACHE_DIR")
 # the answer names), the $PWD its relative --root is read against, and GPUHOOK_STAGES (the
 # log line's timings). Nothing else of the request's environment is used.
 CALLER_ENV = ("PATH", "PWD", "GPUHOOK_STAGES")
+# paths that name the process that reads them (its fds, its /proc): the caller's own in its
+# fresh interpreter, the server's own here, so a request naming one is not served
+OWN_PROCESS_PATHS = ("/proc/self", "/proc/thread-self", "/dev/fd", "/dev/stdin", "/dev/stdout", "/dev/stderr")
 # what the server reads of /proc/<peer pid> (Peer's fields, in this order)
 PEER_FILES = ("exe", "ns/mnt", "ns/user", "root", "cwd")
 SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux 6.5; Python 3.11's socket lacks the name
@@ -229,14 +234,31 @@ def refusal(peer: Peer | None, own: Installation) -> bytes | None:
     return None
 
 
+def names_own_process(req: Request) -> bool:
+    """Whether an argument (or an --option=value's value), a PATH entry, $PWD or the directory
+    of the request names a path under OWN_PROCESS_PATHS, as it is spelt (relative ones read in
+    the request's directory)."""
+    values = [*req.argv, *req.env.get("PATH", "").split(":"), req.env.get("PWD", ""), req.cwd]
+    for value in values:
+        for v in (value, value.partition("=")[2]):
+            if v:
+                path = "/" + os.path.normpath(os.path.join(req.cwd, v)).lstrip("/")
+                if any(path == p or path.startswith(p + "/") for p in OWN_PROCESS_PATHS):
+                    return True
+    return False
+
+
 def call_of(req: Request) -> Call | None:
     """The call a request is, with CALLER_ENV of its environment alone; None for one this
     server does not run: its OWN_ENV not the server's own (or relative: then another file in
-    the caller's directory), its directory not one, its subcommand not SERVED."""
+    the caller's directory), a path of the process's own named (names_own_process), its
+    directory not one, its subcommand not SERVED."""
     for name in OWN_ENV:
         value = req.env.get(name) or ""
         if value != (os.environ.get(name) or "") or (value and not value.startswith("/")):
             return None
+    if names_own_process(req):
+        return None
     if not os.path.isdir(req.cwd) or parse_args(req.argv, req.cwd).command not in SERVED:
         return None
     env = {name: req.env[name] for name in CALLER_ENV if name in req.env}

@@ -221,3 +221,29 @@ def test_the_table_says_which_front_made_each_create(tmp_path):
     records, _ = log.tail_records(str(p), 10)
     header, wrapper, nri = (line.split() for line in log.format_records(records, wide=True).splitlines())
     assert header[3] == "FRONT" and (wrapper[3], nri[3]) == ("wrapper", "nri")
+
+
+def test_a_plan_that_fails_still_logs_the_warnings_it_had(tmp_path, make_host, monkeypatch):
+    """A pod annotation the policy warns about, then the driver's files fail to read (EIO, as
+    a node's failing disk gives): the create's line has the error and that warning too."""
+    import errno
+    import os
+
+    from conftest import SERVER_SPEC
+    from gpuhook.config import Config
+    from gpuhook.plan import nvidia
+
+    def eio(*a, **k):
+        raise OSError(errno.EIO, os.strerror(errno.EIO), "/usr/lib/x86_64-linux-gnu/libcuda.so.1")
+
+    monkeypatch.setattr(nvidia, "part", eio)
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "config.json").write_text(json.dumps({**SERVER_SPEC, "annotations": {"gpuhook.dev/bogus": "1"}}))
+    config = Config(host_root=make_host("nvidia", gpus=1), log_file=str(tmp_path / "gpuhook.log"), probe_cache_ttl=0)
+    inv = Invocation("create", str(bundle), "c1", None, None)
+    answer = create.create_call(inv, ["create", "--bundle", str(bundle), "c1"], "/bin/true", config, [],
+                                Call({}, str(tmp_path)))
+    line = json.loads(answer.log[1])
+    assert line["decision"] == "error" and "Input/output error" in line["error"]
+    assert any("gpuhook.dev/bogus" in w for w in line.get("warnings", [])), line

@@ -422,3 +422,28 @@ def test_the_creates_metric_says_which_front_made_each_create():
     m.handle(create())
     value = m.creates.labels("injected", "nvidia", "nri")._value.get()
     assert (value, m.creates.labels("injected", "nvidia", "wrapper")._value.get()) == (1.0, 1.0)
+
+
+def test_the_agent_reads_no_bigger_bundle_than_the_create_does(tmp_path, monkeypatch):
+    """The agent reads a no-gpu line's pod from its bundle's config.json only as far as the
+    create reads that file (create.MAX_SPEC_BYTES, one bound): one over it has no pod for the
+    agent either, one within it does."""
+    from gpuhook.plan import policy
+    from gpuhook.runtime import create
+
+    monkeypatch.setattr(create, "MAX_SPEC_BYTES", 4096)
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+
+    class Kube:
+        node = "node-1"
+
+    reporter = podevents.PodReporter(Kube(), None, root=str(tmp_path))
+    names = {}
+    for size in (4096, 4097):
+        spec = {"annotations": {policy.POD_ANNOTATIONS_CONTAINERD["pod_name"]: "p"}, "pad": ""}
+        spec["pad"] = "x" * (size - len(json.dumps(spec)))
+        (bundle / "config.json").write_text(json.dumps(spec))
+        rec = reporter._from_bundle({"event": "create", "decision": "no-gpu", "bundle": "/bundle"})
+        names[size] = rec and rec.get("pod_name")
+    assert names == {4096: "p", 4097: None}

@@ -353,6 +353,7 @@ def test_the_units_name_the_servers_socket():
 
     assert re.findall(r"^ListenStream=(.+)$", units.SOCKET_TEXT, re.M) == [f"{defaults.CACHE_DIR}/{server.SOCKET_NAME}"]
     assert re.search(rf"^ExecStart={defaults.INSTALL_PREFIX}/bin/gpuhook runtime-server$", units.SERVICE_TEXT, re.M)
+    assert re.findall(r"^UMask=(.+)$", units.SERVICE_TEXT, re.M) == ["0022"]  # belt and braces
 
 
 HEAD = b"gpuhook-runtime 3\0" + b"18\0" + b"99\0"
@@ -658,3 +659,48 @@ def test_the_served_calls_read_of_the_callers_environment_only_what_the_server_p
         assert answer.argv is not None and answer.argv[0] == a.runtime, (argv, answer.said)
         seen |= env.read
     assert {"PATH", "PWD"} <= seen and seen <= set(server.CALLER_ENV), seen - set(server.CALLER_ENV)
+
+
+def test_a_servers_own_umask_is_not_on_the_callers_log(node, callers):
+    """runc's --log that the call creates for its caller has the caller's umask only: a server
+    under umask 077 gives the caller (umask 022) exactly the mode the caller's own fresh
+    interpreter gives it, not 0600."""
+    a, _ = callers
+    a.env["PATH"] = "/nonexistent"
+    fresh = subprocess.run([sys.executable, "-I", "-m", "gpuhook.runtime", "--log", "fresh.log", "create", "--bundle",
+                            "bundle", "c2"], env={**os.environ, **a.env}, cwd=a.dir, umask=0o022,
+                           capture_output=True, text=True, timeout=60)
+    assert fresh.returncode == 127 and "no real OCI runtime" in (a.dir / "fresh.log").read_text(), fresh.stderr
+    req = a.request(node, "--log", "served.log", "create", "--bundle", "bundle", "c2", umask=0o022)
+    own = os.umask(0o077)
+    try:
+        reply = server.handle(req, server.Installation()).split(b"\0")
+    finally:
+        os.umask(own)
+    assert reply[:2] == [b"exit", b"127"] and "no real OCI runtime" in (a.dir / "served.log").read_text(), reply
+    modes = {name: stat.S_IMODE(os.stat(a.dir / name).st_mode) for name in ("fresh.log", "served.log")}
+    assert modes == {"fresh.log": 0o640, "served.log": 0o640}
+
+
+def test_a_path_of_the_callers_own_process_is_not_served(node):
+    """/proc/self/..., /dev/fd/N, /dev/stderr name the caller's own in its fresh interpreter and
+    the server's own in the server (whose directory is /): a request naming one is Python's
+    afresh. A create of --bundle /proc/self/cwd/bundle edits the caller's bundle."""
+    node.start_server()
+    r = node.front("create", "--bundle", "/proc/self/cwd/bundle", "c9", GPUHOOK_PYTHON=sys.executable)
+    assert r.returncode == 0, r.stderr
+    assert "GPUHOOK_ACCELERATOR=nvidia" in (node.bundle / "config.json").read_text()
+    assert [rec.get("runtime_server", False) for rec in log_records(node.log)] == [False]
+
+
+@pytest.mark.parametrize("argv, path", [(["--log", "/dev/stderr"], None), (["--log=/dev/fd/2"], None),
+                                        (["--root", "//proc/thread-self/cwd/state"], None),
+                                        (["--root", "../../../../../../../../proc/self/root/x"], None),
+                                        ([], "/bin:/proc/self/cwd/bin")])
+def test_each_way_of_naming_the_own_process_is_not_served(node, callers, argv, path):
+    a, _ = callers
+    if path:
+        a.env["PATH"] = path
+    req = a.request(node, *argv, "create", "--bundle", "bundle", "c4")
+    assert server.handle(req, server.Installation()) == b"fallback\0"
+    assert json.loads((a.dir / "bundle" / "config.json").read_text()) == SPEC

@@ -128,3 +128,41 @@ def test_a_probe_that_names_its_vendor_otherwise_is_not_taken(tmp_path, monkeypa
         assert any("fpga probe" in w and "fpga-old" in w for w in inv.warnings), inv.warnings
     monkeypatch.setitem(sys.modules, "fpga_probe", fpga_probe("fpga", "fpga"))
     assert [v.vendor for v in probe(str(tmp_path), ("fpga",), signs=False).vendors] == ["fpga"]
+
+
+RENAMED = """
+import json, sys
+from gpuhook import vendors
+from gpuhook.testing import fakehost
+
+new = {"nvidia": "nv", "amd": "radeon", "intel": "arc", "accel": "npu", "dxg": "wsl2"}
+vendors.VENDORS = tuple(vendors.Vendor(name=new[v.name], signs=v.signs, probe=v.probe) for v in vendors.VENDORS)
+vendors.NAMES, vendors.BY_NAME, vendors.SPELLINGS = vendors._index(vendors.VENDORS)
+from gpuhook.probe import probe
+
+out = {}
+for old, name in new.items():
+    root = f"{sys.argv[1]}/{old}"
+    fh = fakehost.FakeHost(root, mknod=False)
+    if old in ("nvidia", "amd", "intel"):
+        fakehost.SCENARIOS[old](fh)
+    elif old == "dxg":
+        fh.proc_devices({"dxg": 240})
+        fh.file("/dev/dxg", "")
+    else:
+        fh.proc_devices({"accel": 261})
+        fh.chardev("/dev/accel/accel0", 261, 0)
+    inv = probe(root, (name,), signs=False)
+    out[name] = sorted({v.vendor for v in inv.vendors} | {d.vendor for v in inv.vendors for d in v.devices})
+print(json.dumps(out))
+"""
+
+
+def test_a_vendor_renamed_in_the_registry_alone_is_probed_under_its_new_name(tmp_path):
+    """Each probe module takes its vendor's name from the registry (vendors.by_module): a
+    rename there alone, of every vendor, names their devices by the new names."""
+    r = subprocess.run([sys.executable, "-c", RENAMED, str(tmp_path)], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": REPO}, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"nv": ["nv"], "radeon": ["radeon"], "arc": ["arc"], "npu": ["npu"],
+                                    "wsl2": ["wsl2"]}
