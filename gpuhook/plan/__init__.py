@@ -257,6 +257,11 @@ def unusable(v: "VendorInventory", caps: "frozenset | None" = None) -> "tuple[st
     return None
 
 
+# what a failed plan() leaves on the exception it raises: the warnings given before it (the
+# create logs them with the error); the exception itself goes on as it was
+WARNINGS_SO_FAR = "gpuhook_plan_warnings"
+
+
 def plan(
     inv: "Inventory",
     req: "Request",
@@ -264,17 +269,23 @@ def plan(
     config=None,
     state_dir: "str | None" = None,
     helper: "str | None" = None,
-    gathered: "list[str] | None" = None,
 ) -> "Plan":
     """The Plan for one container.
 
     ldconfig: the node's (None: find_ldconfig()). helper: gpuhook-hook as the node sees it
     (None: this package's own, when it was built). config: the node config
     (gpuhook.config.Config; None: the defaults). state_dir: where the round robin of max-gpus
-    remembers what it gave (None: no memory, the first devices). gathered: a list the
-    warnings go into as they come (the Plan's are its copy): a plan() that raises leaves
-    there those it had, for the create's log line."""
-    warnings: list[str] = [] if gathered is None else gathered
+    remembers what it gave (None: no memory, the first devices). A failure on the way raises
+    as it is, with the warnings given before it as its WARNINGS_SO_FAR attribute."""
+    warnings: list[str] = []
+    try:
+        return _plan(inv, req, ldconfig, config, state_dir, helper, warnings)
+    except Exception as e:
+        setattr(e, WARNINGS_SO_FAR, tuple(warnings))
+        raise
+
+
+def _plan(inv, req, ldconfig, config, state_dir, helper, warnings: list[str]) -> "Plan":
     warn = warnings.append
     if req.is_sandbox or not inv.vendors:
         return Plan(Edits())

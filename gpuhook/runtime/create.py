@@ -68,15 +68,17 @@ def parse_spec(raw: bytes) -> dict:
 
 def planned(inventory, request, config, out: "Outcome"):
     """The Plan for this request on this node (plan.plan: the one call of it); its warnings
-    added to out's, those gathered before a failure too."""
+    added to out's, those given before a failure too."""
     from ..config import cache_dir
-    from ..plan import find_ldconfig, plan
+    from ..plan import WARNINGS_SO_FAR, find_ldconfig, plan
 
-    gathered: list[str] = []
     try:
-        return plan(inventory, request, config.ldconfig or find_ldconfig(), config, cache_dir(), gathered=gathered)
-    finally:
-        out.warnings += gathered
+        p = plan(inventory, request, config.ldconfig or find_ldconfig(), config, cache_dir())
+    except Exception as e:
+        out.warnings += getattr(e, WARNINGS_SO_FAR, ())
+        raise
+    out.warnings += p.warnings
+    return p
 
 
 def edit_bundle(bundle: str, config, out: Outcome, call: Call) -> None:
