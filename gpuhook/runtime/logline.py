@@ -5,12 +5,22 @@ import os
 import time
 
 
+# The log time (UTC), printf-style, as the front writes it too (gen_header): year, month, day,
+# hour, minute, second, then (TIME_FORMAT) the milliseconds; TIME_FORMAT_S, whole seconds.
+_DATE_TIME = "%04d-%02d-%02dT%02d:%02d:%02d"
+TIME_FORMAT = _DATE_TIME + ".%03dZ"
+TIME_FORMAT_S = _DATE_TIME + "Z"
+# a log file's mode when a line creates it (the front's too)
+LOG_MODE = 0o640
+
+
 def utc_now(ms: bool = True, t: float | None = None) -> str:
     """2026-11-29T19:40:49.577Z, the log time format of the runtime and of gpuhook.log (ms=False:
     whole seconds)."""
     t = time.time() if t is None else t
-    head = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
-    return head + (f".{int(t * 1000) % 1000:03d}Z" if ms else "Z")
+    g = time.gmtime(t)
+    date_time = (g.tm_year, g.tm_mon, g.tm_mday, g.tm_hour, g.tm_min, g.tm_sec)
+    return TIME_FORMAT % (*date_time, int(t * 1000) % 1000) if ms else TIME_FORMAT_S % date_time
 
 
 def line_bytes(line: str) -> bytes:
@@ -18,7 +28,7 @@ def line_bytes(line: str) -> bytes:
     return (line.replace("\n", " ") + "\n").encode("utf-8", "replace")
 
 
-def append_line(path: str, line: str | bytes, mode: int = 0o640) -> None:
+def append_line(path: str, line: str | bytes, mode: int = LOG_MODE) -> None:
     """One write(2) of a whole line with O_APPEND: concurrent creates never interleave. A
     str is made one line (line_bytes); bytes are written as they are. mode: a new file's."""
     try:
@@ -49,5 +59,5 @@ def runtime_error(inv, call, msg: str) -> str:
             line = fastjson.dumps({"level": "error", "msg": f"gpuhook-runtime: {msg}", "time": utc_now(ms=False)})
         else:
             line = f"gpuhook-runtime: {msg}"
-        append_line(call.path(inv.log), line, call.mode(0o640))
+        append_line(call.path(inv.log), line, call.mode(LOG_MODE))
     return f"gpuhook-runtime: {msg}\n"
