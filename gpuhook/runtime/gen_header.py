@@ -43,6 +43,13 @@ def _no_gpu_line() -> str:
     return line.replace('"@ID@"', "%2$s").replace("@BUNDLE@", "%3$s")
 
 
+def _printf(format: str, strings: int) -> str:
+    """A message format the front prints as it is: `strings` "%s" and no other conversion."""
+    if format.count("%") != strings or format.count("%s") != strings:
+        raise ValueError(f"not a format of {strings} strings for the front: {format!r}")
+    return format
+
+
 def _strings(name: str, values, why: str) -> str:
     items = ", ".join(_c(v) for v in values)
     return f"/* {why} */\nstatic const char *const {name}[] = {{{items + ', ' if items else ''}NULL}};\n"
@@ -190,6 +197,11 @@ def render() -> str:
         _define("NO_GPU_LINE", _no_gpu_line(), "create.log_line's, for a create with no GPU"),
         _define("TIME_FORMAT", logline.TIME_FORMAT, "logline.TIME_FORMAT: year, month, day, hour, minute, second, ms"),
         _define("LOG_MODE", logline.LOG_MODE, "logline.LOG_MODE: a log file's, when a line creates it", octal=True),
+        _define("PREFIX", logline.PREFIX, "logline.PREFIX: the runtime's error lines"),
+        _define("NO_RUNTIME", _printf(logline.NO_RUNTIME, 2), "logline.NO_RUNTIME: the runtime, the config file"),
+        _define("RUNTIME_IS_FRONT", _printf(logline.RUNTIME_IS_FRONT, 2), "logline.RUNTIME_IS_FRONT"),
+        _define("CANNOT_RUN", _printf(logline.CANNOT_RUN, 2), "logline.CANNOT_RUN: the runtime, the error"),
+        _define("NO_RUNTIME_STATUS", logline.NO_RUNTIME_STATUS, "logline.NO_RUNTIME_STATUS"),
         _define("RECORD_DIR", execenv.RECORD_DIR, "exec.RECORD_DIR: <cache dir>/RECORD_DIR/<root key>/<id>"),
         _define("DEFAULT_ROOT_DIR", execenv.DEFAULT_ROOT_DIR, "exec.DEFAULT_ROOT_DIR: /run/<runtime> without --root"),
         _define("WRITABLE_BY_OTHERS", execenv.WRITABLE_BY_OTHERS, "exec.WRITABLE_BY_OTHERS: not gpuhook's", octal=True),

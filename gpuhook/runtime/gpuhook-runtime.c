@@ -143,8 +143,7 @@ static char *real_runtime(const char *configured, const char *config_path) {
     char *rt = *configured ? find_runtime(configured) : NULL;
     for (const char *const *d = DEFAULT_RUNTIMES; !*configured && !rt && *d; d++) rt = find_runtime(*d);
     if (rt && !is_front(rt)) return rt;
-    fprintf(stderr, rt ? "gpuhook-runtime: the real OCI runtime %s is gpuhook-runtime itself (set `runtime` in %s)\n"
-                       : "gpuhook-runtime: no real OCI runtime: %s not found (set `runtime` in %s)\n",
+    fprintf(stderr, rt ? PREFIX RUNTIME_IS_FRONT "\n" : PREFIX NO_RUNTIME "\n",
             rt ? rt : *configured ? configured : DEFAULT_RUNTIMES_TEXT, config_path);
     return NULL;
 }
@@ -274,8 +273,8 @@ static void log_no_gpu(const char *file, const struct invocation *inv, double ms
 static void exec_runtime(const char *rt, char **argv) {
     argv[0] = (char *)rt;
     execv(rt, argv);
-    fprintf(stderr, "gpuhook-runtime: cannot run the real OCI runtime %s: %s\n", rt, strerror(errno));
-    _exit(127);
+    fprintf(stderr, PREFIX CANNOT_RUN "\n", rt, strerror(errno));
+    _exit(NO_RUNTIME_STATUS);
 }
 
 static long long now_ns(void) {
@@ -406,7 +405,7 @@ static void exec_python(int argc, char **argv, const char *dir) {
         for (const char *const *n = PYTHONS; (!py || !*py) && *n; n++) /* a name: beside the front */
             if (is_executable(p = **n == '/' ? fmt("%s", *n) : fmt("%s/%s", dir, *n))) py = p;
         if (!py || !*py) {
-            fprintf(stderr, "gpuhook-runtime: no Python to inject GPUs with (set " PYTHON_ENV ")\n");
+            fprintf(stderr, PREFIX "no Python to inject GPUs with (set " PYTHON_ENV ")\n");
             return;
         }
         args[k++] = py;
@@ -415,7 +414,7 @@ static void exec_python(int argc, char **argv, const char *dir) {
     else k = append(args, k, "-I", "-m", RUNTIME_MODULE, NULL); /* no site-packages dir: as sys.path has it */
     for (int j = 1; j < argc; j++) args[k++] = argv[j];
     execv(py, args);
-    fprintf(stderr, "gpuhook-runtime: cannot run Python (%s): %s\n", py, strerror(errno));
+    fprintf(stderr, PREFIX "cannot run Python (%s): %s\n", py, strerror(errno));
 }
 
 int main(int argc, char **argv) {
@@ -426,7 +425,7 @@ int main(int argc, char **argv) {
     parse_args(argc, argv, &inv);
     if (!c.slow) {
         char *rt = real_runtime(c.value[FRONT_RUNTIME], c.path);
-        if (!rt) return 127;
+        if (!rt) return NO_RUNTIME_STATUS;
         /* No GPU at all: config.json stays as it is, one log line, the runtime (a config with
          * errors goes to Python, whose log line says why). An exec goes to Python only into a
          * container gpuhook injected. Everything else: the runtime. */
@@ -446,5 +445,5 @@ int main(int argc, char **argv) {
     if (!strcmp(c.value[FRONT_FAIL_MODE], FAIL_CLOSED)) return 1; /* slow: the defaults' */
     char *rt = real_runtime(c.value[FRONT_RUNTIME], c.path);
     if (rt) exec_runtime(rt, argv);
-    return 127;
+    return NO_RUNTIME_STATUS;
 }

@@ -103,6 +103,16 @@ static const char *const FRONT_DEFAULTS[FRONT_NKEYS] = {
 
 #define LOG_MODE 0640 /* logline.LOG_MODE: a log file's, when a line creates it */
 
+#define PREFIX "gpuhook-runtime: " /* logline.PREFIX: the runtime's error lines */
+
+#define NO_RUNTIME "no real OCI runtime: %s not found (set `runtime` in %s)" /* logline.NO_RUNTIME: the runtime, the config file */
+
+#define RUNTIME_IS_FRONT "the real OCI runtime %s is gpuhook-runtime itself (set `runtime` in %s)" /* logline.RUNTIME_IS_FRONT */
+
+#define CANNOT_RUN "cannot run the real OCI runtime %s: %s" /* logline.CANNOT_RUN: the runtime, the error */
+
+#define NO_RUNTIME_STATUS 127 /* logline.NO_RUNTIME_STATUS */
+
 #define RECORD_DIR "exec" /* exec.RECORD_DIR: <cache dir>/RECORD_DIR/<root key>/<id> */
 
 #define DEFAULT_ROOT_DIR "/run" /* exec.DEFAULT_ROOT_DIR: /run/<runtime> without --root */

@@ -12,6 +12,14 @@ TIME_FORMAT = _DATE_TIME + ".%03dZ"
 TIME_FORMAT_S = _DATE_TIME + "Z"
 # a log file's mode when a line creates it (the front's too)
 LOG_MODE = 0o640
+# The runtime's error lines begin with PREFIX; a call with no real runtime to run says one of
+# these (printf-style: the runtime, then the config file or the error) and exits NO_RUNTIME_STATUS.
+# The front says them too (gen_header).
+PREFIX = "gpuhook-runtime: "
+NO_RUNTIME = "no real OCI runtime: %s not found (set `runtime` in %s)"
+RUNTIME_IS_FRONT = "the real OCI runtime %s is gpuhook-runtime itself (set `runtime` in %s)"
+CANNOT_RUN = "cannot run the real OCI runtime %s: %s"
+NO_RUNTIME_STATUS = 127
 
 
 def utc_now(ms: bool = True, t: float | None = None) -> str:
@@ -56,8 +64,8 @@ def runtime_error(inv, call, msg: str) -> str:
         if inv.log_format == "json":
             from .. import fastjson
 
-            line = fastjson.dumps({"level": "error", "msg": f"gpuhook-runtime: {msg}", "time": utc_now(ms=False)})
+            line = fastjson.dumps({"level": "error", "msg": PREFIX + msg, "time": utc_now(ms=False)})
         else:
-            line = f"gpuhook-runtime: {msg}"
+            line = PREFIX + msg
         append_line(call.path(inv.log), line, call.mode(LOG_MODE))
-    return f"gpuhook-runtime: {msg}\n"
+    return PREFIX + msg + "\n"
