@@ -90,37 +90,9 @@ def apply(spec: dict, edits: Edits) -> dict:
     check(spec)
     spec = _copy(spec)
     if edits.env:
-        env = _list(_dict(spec, "process"), "env")
-        index = {e.partition("=")[0]: i for i, e in enumerate(env) if isinstance(e, str)}
-        for item in edits.env:
-            key = item.partition("=")[0]
-            if key in index:
-                env[index[key]] = item
-            else:
-                index[key] = len(env)
-                env.append(item)
+        _set_env(_list(_dict(spec, "process"), "env"), edits.env)
     if edits.device_nodes:
-        linux = _dict(spec, "linux")
-        devices = _list(linux, "devices")
-        rules = _list(_dict(linux, "resources"), "devices")
-        by_path = {d.get("path"): d for d in devices if isinstance(d, dict)}
-        for n in edits.device_nodes:
-            have = by_path.get(n.path)
-            if have is None:
-                entry = {"path": n.path, "type": n.type, "major": n.major, "minor": n.minor}
-                if n.file_mode is not None:
-                    entry["fileMode"] = n.file_mode
-                if n.uid is not None:
-                    entry["uid"] = n.uid
-                if n.gid is not None:
-                    entry["gid"] = n.gid
-                devices.append(entry)
-                by_path[n.path] = entry
-            elif (have.get("type"), have.get("major"), have.get("minor")) != (n.type, n.major, n.minor):
-                continue  # the path is taken by another device (a device plugin's): leave it
-            rule = {"allow": True, "type": n.type, "major": n.major, "minor": n.minor, "access": n.permissions}
-            if rule not in rules:
-                rules.append(rule)
+        _add_devices(_dict(spec, "linux"), edits.device_nodes)
     if edits.mounts:
         mounts = _list(spec, "mounts")
         taken = {m.get("destination") for m in mounts if isinstance(m, dict)}
@@ -134,7 +106,7 @@ def apply(spec: dict, edits: Edits) -> dict:
         hooks = _dict(spec, "hooks")
         for h in edits.hooks:
             stage = _list(hooks, h.hook_name)
-            entry = {"path": h.path, "args": list(h.args), "env": list(h.env)}
+            entry: dict = {"path": h.path, "args": list(h.args), "env": list(h.env)}
             if h.timeout is not None:
                 entry["timeout"] = h.timeout
             if entry not in stage:
@@ -144,6 +116,43 @@ def apply(spec: dict, edits: Edits) -> dict:
         gids = _list(user, "additionalGids")
         gids.extend(g for g in edits.additional_gids if g not in gids)
     return spec
+
+
+def _set_env(env: list, items) -> None:
+    """Each NAME=value of items into process.env: in place of the entry of that name, else appended."""
+    index = {e.partition("=")[0]: i for i, e in enumerate(env) if isinstance(e, str)}
+    for item in items:
+        key = item.partition("=")[0]
+        if key in index:
+            env[index[key]] = item
+        else:
+            index[key] = len(env)
+            env.append(item)
+
+
+def _add_devices(linux: dict, nodes) -> None:
+    """Each device node into linux.devices and its allow rule into linux.resources.devices; a
+    path already taken by another device (a device plugin's) is left as it is."""
+    devices = _list(linux, "devices")
+    rules = _list(_dict(linux, "resources"), "devices")
+    by_path = {d.get("path"): d for d in devices if isinstance(d, dict)}
+    for n in nodes:
+        have = by_path.get(n.path)
+        if have is None:
+            entry = {"path": n.path, "type": n.type, "major": n.major, "minor": n.minor}
+            if n.file_mode is not None:
+                entry["fileMode"] = n.file_mode
+            if n.uid is not None:
+                entry["uid"] = n.uid
+            if n.gid is not None:
+                entry["gid"] = n.gid
+            devices.append(entry)
+            by_path[n.path] = entry
+        elif (have.get("type"), have.get("major"), have.get("minor")) != (n.type, n.major, n.minor):
+            continue  # the path is taken by another device (a device plugin's): leave it
+        rule = {"allow": True, "type": n.type, "major": n.major, "minor": n.minor, "access": n.permissions}
+        if rule not in rules:
+            rules.append(rule)
 
 
 def _copy(value):
@@ -211,7 +220,7 @@ def write_atomic(path: str, data: bytes, mode: int | None = None, sync_dir: bool
     there, which the next writer (the front's fallback to Python after a server died)
     removes. Where the filesystem has no O_TMPFILE, or there is no /proc to link it from (a
     bare chroot), a named temp file as before."""
-    d = os.path.dirname(os.path.abspath(path))
+    d = os.path.dirname(path) or "."  # as the kernel reads it: never normalised ("link/.." is not ".")
     if mode is None:
         try:
             mode = os.stat(path).st_mode & 0o7777

@@ -102,7 +102,9 @@ def request_from_spec(spec: dict, bundle: "str | None" = None) -> "Request":
     dests = tuple(m["destination"] for m in mounts if isinstance(m, dict) and isinstance(m.get("destination"), str))
     namespaces: list = linux["namespaces"] if isinstance(linux.get("namespaces"), list) else []
     userns = any(isinstance(n, dict) and n.get("type") == "user" for n in namespaces)
-    return Request(env, annotations, rootfs and os.path.normpath(rootfs), numbers, dests, userns)
+    # rootfs as runc resolves it: a link then ".." is the link target's parent, never the
+    # link's own directory (os.path.normpath's), as the hook's realpath(3) reads it too
+    return Request(env, annotations, rootfs and os.path.realpath(rootfs), numbers, dests, userns)
 
 
 def find_ldconfig() -> "str | None":

@@ -63,6 +63,9 @@ def probe(
         except Exception as e:  # a broken vendor probe must not hide the others
             host.warn(f"{name} probe failed: {type(e).__name__}: {e}")
             continue
-        if inv is not None and inv.devices:
+        other = inv and ({inv.vendor} | {d.vendor for d in inv.devices}) - {name}
+        if other:  # the registry's name is the one name (vendors.py): another is a module's slip
+            host.warn(f"{name} probe named its vendor {', '.join(sorted(other))}: its devices are not given")
+        elif inv is not None and inv.devices:
             found.append(inv)
     return Inventory(host.root, tuple(found), tuple(host.warnings))

@@ -14,8 +14,10 @@ front starts Python itself: the server only ever saves time. Who the caller is, 
 asks the kernel, never the request: the peer's pid and uid (SO_PEERCRED), a pidfd of it
 (SO_PEERPIDFD), then its executable, mount namespace and user namespace from /proc/<pid>,
 read while the pidfd shows it alive (so the pid was not another's meanwhile). It serves only
-its own uid, its own installation's front (that file, by device and inode) and its own mount
-and user namespaces; any other caller gets "fallback", and an upgrade of its own installation
+its own uid, its own installation's front (that file, by device and inode), its own mount
+and user namespaces and root directory, and a request whose directory is the caller's own
+(/proc/<pid>/cwd: the front's getcwd is a claim, "/" when its directory is gone, and a
+relative path is read in that directory); any other caller gets "fallback", and an upgrade of its own installation
 (a new front file, or the bundle's current version another) "stale", and it exits: systemd
 starts the new one on the next connection. What it reads and writes is chosen by its own
 environment and node config, never the request's: a request whose GPUHOOK_CONFIG or
@@ -95,6 +97,8 @@ OWN_ENV = ("GPUHOOK_CONFIG", "GPUHOOK_CACHE_DIR")
 # the answer names), the $PWD its relative --root is read against, and GPUHOOK_STAGES (the
 # log line's timings). Nothing else of the request's environment is used.
 CALLER_ENV = ("PATH", "PWD", "GPUHOOK_STAGES")
+# what the server reads of /proc/<peer pid> (Peer's fields, in this order)
+PEER_FILES = ("exe", "ns/mnt", "ns/user", "root", "cwd")
 SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux 6.5; Python 3.11's socket lacks the name
 # what a create may import, imported before the first request (a probe imports its vendor's)
 WARM = (
@@ -172,12 +176,12 @@ def identity(path: str) -> str:
 
 class Peer:
     """The process at the other end of a connection, as the kernel says: its executable, mount
-    namespace and user namespace ("dev:ino" each)."""
+    namespace, user namespace, root directory and current directory ("dev:ino" each)."""
 
-    __slots__ = ("exe", "mntns", "userns")
+    __slots__ = ("exe", "mntns", "userns", "root", "cwd")
 
-    def __init__(self, exe: str, mntns: str, userns: str):
-        self.exe, self.mntns, self.userns = exe, mntns, userns
+    def __init__(self, exe: str, mntns: str, userns: str, root: str, cwd: str):
+        self.exe, self.mntns, self.userns, self.root, self.cwd = exe, mntns, userns, root, cwd
 
 
 def peer_of(conn: socket.socket) -> Peer | None:
@@ -198,23 +202,26 @@ def peer_of(conn: socket.socket) -> Peer | None:
         except OSError:
             return None
     try:
-        peer = Peer(*(identity(f"/proc/{pid}/{name}") for name in ("exe", "ns/mnt", "ns/user")))
+        exe, mntns, userns, root, cwd = (identity(f"/proc/{pid}/{name}") for name in PEER_FILES)
+        peer = Peer(exe, mntns, userns, root, cwd)
         signal.pidfd_send_signal(pidfd, 0)
     except OSError:
         return None
     finally:
         os.close(pidfd)
-    return None if "0:0" in (peer.exe, peer.mntns, peer.userns) else peer
+    return None if "0:0" in (peer.exe, peer.mntns, peer.userns, peer.root, peer.cwd) else peer
 
 
 class Installation:
-    """What this server serves: its installation's root, its front, its namespaces."""
+    """What this server serves: its installation's root, its front, its namespaces and its
+    root directory (fsroot: a caller chroot'ed elsewhere names other files by the same path)."""
 
     def __init__(self):
         self.root = install_root()
         self.front = identity(os.path.join(self.root, FRONT))
         self.mntns = identity("/proc/self/ns/mnt")
         self.userns = identity("/proc/self/ns/user")
+        self.fsroot = identity("/proc/self/root")
 
     def changed(self) -> bool:
         """An upgrade under this server: its front is another file now, or (a host bundle's
@@ -247,8 +254,9 @@ def reply(kind: str, **named: "str | bytes | list[str]") -> bytes:
 
 def refusal(peer: Peer | None, own: Installation) -> bytes | None:
     """The answer to a caller this server does not serve ("fallback", or "stale" when its own
-    installation changed under it), None for its own front in its own namespaces."""
-    if peer is None or peer.mntns != own.mntns or peer.userns != own.userns:
+    installation changed under it), None for its own front in its own namespaces and root
+    directory."""
+    if peer is None or (peer.mntns, peer.userns, peer.root) != (own.mntns, own.userns, own.fsroot):
         return reply("fallback")
     if peer.exe != own.front:
         return reply("stale" if own.changed() else "fallback")
@@ -327,10 +335,11 @@ def listening_socket() -> socket.socket:
 class Connection:
     """One caller's connection: what it sent so far, the answer still to send, its deadline."""
 
-    __slots__ = ("sock", "deadline", "chunks", "size", "out")
+    __slots__ = ("sock", "deadline", "chunks", "size", "out", "peer")
 
     def __init__(self, sock: socket.socket, deadline: float):
         self.sock, self.deadline = sock, deadline
+        self.peer: Peer | None = None  # who connected (peer_of), once refusal() let it through
         self.chunks: list[bytes] = []
         self.size = 0
         self.out: bytes | None = None
@@ -380,7 +389,8 @@ class Loop:
             self.open[conn.fileno()] = c
             self.sel.register(conn, selectors.EVENT_READ, c)
             try:
-                refused = refusal(peer_of(conn), self.own) if len(self.open) <= MAX_CONNECTIONS else reply("fallback")
+                c.peer = peer_of(conn) if len(self.open) <= MAX_CONNECTIONS else None
+                refused = refusal(c.peer, self.own)
             except OSError:
                 refused = reply("fallback")
             if refused is not None:
@@ -402,7 +412,11 @@ class Loop:
             c.chunks.append(chunk)
         else:
             req = parse_request(b"".join(c.chunks))
-            self.answer(c, handle(req, self.own) if req is not None else reply("fallback"))
+            # a relative path is read in req.cwd: only where that is the caller's directory
+            if req is None or c.peer is None or identity(req.cwd) != c.peer.cwd:
+                self.answer(c, reply("fallback"))
+            else:
+                self.answer(c, handle(req, self.own))
 
     def turn(self) -> None:
         """What is ready, once; then the connections past their deadline are closed."""

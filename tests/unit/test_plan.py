@@ -153,3 +153,16 @@ def test_the_plan_of_an_opted_out_pod_says_why_and_warns_of_bad_annotations():
     (w,) = p.warnings
     assert "gpuhook.dev/colour" in w and "not a gpuhook annotation" in w
     assert plan(Inventory("/", ()), req()) == Plan(Edits())  # a CPU-only node: nothing to say
+
+
+def test_the_rootfs_is_the_one_the_bundle_path_names_through_a_link_and_dotdot(tmp_path):
+    """A bundle given as link/.. names, as runc resolves it, the link target's parent: the
+    rootfs the ld-cache hook is given is that one's, never the rootfs beside the link."""
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    (tmp_path / "real" / "rootfs").mkdir()
+    (tmp_path / "other" / "rootfs").mkdir(parents=True)
+    (tmp_path / "other" / "link").symlink_to(tmp_path / "real" / "sub")
+    bundle = str(tmp_path / "other" / "link" / "..")
+    for path in ("rootfs", f"{bundle}/rootfs"):
+        r = request_from_spec({"root": {"path": path}}, bundle)
+        assert os.path.samefile(r.rootfs, tmp_path / "real" / "rootfs"), (path, r.rootfs)

@@ -600,3 +600,78 @@ def test_a_relative_own_env_is_not_served(node, callers, monkeypatch, name):
     req.env[name] = value
     assert server.handle(req, server.Installation()) == b"fallback\0"
     assert json.loads((a.dir / "bundle" / "config.json").read_text()) == SPEC
+
+
+def test_a_caller_whose_directory_is_not_the_one_it_names_is_not_served(node):
+    """The directory a request names is the front's claim (getcwd; "/" when its directory is
+    gone): the server reads a relative path there only when it is the caller's directory as
+    the kernel says (/proc/<pid>/cwd). A front in a removed directory with a relative
+    --bundle: Python starts in the caller's own directory, and the file of that name under
+    "/" is never edited."""
+    if not is_root():
+        pytest.skip("needs root (a directory under /)")
+    node.start_server()
+    name = f"gpuhook-test-bundle-{os.getpid()}-{time.monotonic_ns()}"
+    decoy = Path("/") / name
+    decoy.mkdir()
+    try:
+        (decoy / "config.json").write_text(json.dumps(SPEC))
+        gone = node.tmp / "gone"
+        gone.mkdir()
+        r = subprocess.run(["sh", "-c", 'cd "$1" && rmdir "$1" && shift && exec "$@"', "sh", str(gone),
+                            wrapper_path(), "create", "--bundle", name, "c12"], env=node.env(),
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        assert json.loads((decoy / "config.json").read_text()) == SPEC, "the server edited a file under /"
+        assert node.mark.exists(), "the server answered for a directory that was not the caller's"
+    finally:
+        (decoy / "config.json").unlink(missing_ok=True)
+        decoy.rmdir()
+
+
+def test_a_caller_in_another_root_directory_is_not_served():
+    """A caller chroot'ed elsewhere (same namespaces, the same front bind-mounted in) names
+    other files by the same absolute paths: "fallback", as for another mount namespace."""
+    own = server.Installation()
+    peer = server.Peer(own.front, own.mntns, own.userns, own.fsroot, server.identity("/"))
+    assert server.refusal(peer, own) is None
+    peer.root = server.identity("/proc")  # another directory as its root
+    assert server.refusal(peer, own) == b"fallback\0"
+
+
+class ReadEnv(dict):
+    """An environment that remembers each name read of it."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.read: set[str] = set()
+
+    def get(self, key, default=None):
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key):
+        self.read.add(key)
+        return super().__contains__(key)
+
+
+def test_the_served_calls_read_of_the_callers_environment_only_what_the_server_passes(node, callers):
+    """The server passes CALLER_ENV of a request's environment and nothing else: a create (a
+    relative --root: its $PWD) and an exec read no other name of the caller's environment, or
+    a fresh interpreter and the server would see the caller otherwise."""
+    from gpuhook.runtime import prepare
+    from gpuhook.runtime.args import Call
+
+    a, _ = callers
+    seen: set[str] = set()
+    for argv in (("--root", "state", "create", "--bundle", "bundle", "c20"),
+                 ("--root", "state", "exec", "c20", "true"), ("exec", "--process", "p.json", "c20")):
+        env = ReadEnv({**os.environ, **a.env})
+        answer = prepare(list(argv), Call(env, str(a.dir)))
+        assert answer.argv is not None and answer.argv[0] == a.runtime, (argv, answer.said)
+        seen |= env.read
+    assert {"PATH", "PWD"} <= seen and seen <= set(server.CALLER_ENV), seen - set(server.CALLER_ENV)

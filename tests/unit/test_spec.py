@@ -473,3 +473,20 @@ def test_write_atomic_puts_its_temp_file_beside_the_target(tmp_path, monkeypatch
         write_atomic(str(tmp_path / "config.json"), b"{}")
         assert os.listdir(elsewhere) == []
     assert (tmp_path / "config.json").read_bytes() == b"{}"
+
+
+def test_write_atomic_writes_the_file_its_path_names_through_a_link_and_dotdot(tmp_path):
+    """A path through a link then ".." (a bundle given as `link/..`) names, as runc and the
+    read before the write see it, the link target's parent, not the directory of the link:
+    the new file goes there, and the other directory's file of that name is left alone."""
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "link").symlink_to(tmp_path / "real" / "sub")
+    (tmp_path / "real" / "config.json").write_text("old")
+    (tmp_path / "other" / "config.json").write_text("someone else's")
+    path = str(tmp_path / "other" / "link" / ".." / "config.json")
+    with open(path) as f:
+        assert f.read() == "old"  # the file the kernel names by that path
+    write_atomic(path, b"new", sync_dir=False)
+    assert (tmp_path / "real" / "config.json").read_text() == "new"
+    assert (tmp_path / "other" / "config.json").read_text() == "someone else's"

@@ -103,3 +103,28 @@ def test_a_new_vendor_is_one_registry_entry(tmp_path):
     assert got["accelerator"] == ["GPUHOOK_ACCELERATOR=fpga"] and got["warnings"] == []
     assert got["subsystems"] == ["drm", "kfd", "accel", "fpga", "module"] and "fpga_mgr" in got["modules"]
     assert got["warm"]
+
+
+def test_a_probe_that_names_its_vendor_otherwise_is_not_taken(tmp_path, monkeypatch):
+    """The registry's name is the vendor's one name: a probe module whose inventory (or a
+    device of it) says another (a rename in vendors.py its module missed, as "wsl" was dxg's)
+    gives nothing under that name, and the probe says why in a warning."""
+    import types
+
+    from gpuhook import vendors
+    from gpuhook.inventory import Device, Node, VendorInventory
+
+    def fpga_probe(spelling: str, device_spelling: str):
+        def run(host):
+            node = Node("/dev/fpga0", "c", 240, 0)
+            return VendorInventory(spelling, (Device(device_spelling, "accel", 0, "fpga0", (node,)),))
+        return types.SimpleNamespace(probe=run)
+
+    monkeypatch.setitem(vendors.BY_NAME, "fpga", vendors.Vendor("fpga", (), "fpga_probe"))
+    for spelling, device_spelling in (("fpga-old", "fpga"), ("fpga", "fpga-old")):
+        monkeypatch.setitem(sys.modules, "fpga_probe", fpga_probe(spelling, device_spelling))
+        inv = probe(str(tmp_path), ("fpga",), signs=False)
+        assert inv.vendors == (), spelling
+        assert any("fpga probe" in w and "fpga-old" in w for w in inv.warnings), inv.warnings
+    monkeypatch.setitem(sys.modules, "fpga_probe", fpga_probe("fpga", "fpga"))
+    assert [v.vendor for v in probe(str(tmp_path), ("fpga",), signs=False).vendors] == ["fpga"]
