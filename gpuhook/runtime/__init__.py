@@ -30,19 +30,19 @@ def prepare(argv: list[str], call: Call) -> Answer:
     (its argv[0] the runtime's path) or the status to exit with (no runtime, fail_mode
     closed), the text for stderr and the log line. Run by main()
     and, for a node's resident server, by server.py."""
-    from ..config import config_path, find_runtime, is_front, load
-    from .logline import runtime_error
+    from ..config import DEFAULT_RUNTIMES, config_path, find_runtime, is_front, load
+    from .logline import NO_RUNTIME, NO_RUNTIME_STATUS, RUNTIME_IS_FRONT, runtime_error
 
     inv = parse_args(argv, call.cwd)
     config, config_errors = load()
     call.stage("config")
     real = find_runtime(config.runtime, call.env.get("PATH", ""), call.cwd)
     if real is None:
-        msg = f"no real OCI runtime: {config.runtime or 'runc or crun'} not found (set `runtime` in {config_path()})"
-        return Answer(status=127, said=runtime_error(inv, call, msg))
+        msg = NO_RUNTIME % (config.runtime or " or ".join(DEFAULT_RUNTIMES), config_path())
+        return Answer(status=NO_RUNTIME_STATUS, said=runtime_error(inv, call, msg))
     if is_front(real):
-        msg = f"the real OCI runtime {real} is gpuhook-runtime itself (set `runtime` in {config_path()})"
-        return Answer(status=127, said=runtime_error(inv, call, msg))
+        msg = RUNTIME_IS_FRONT % (real, config_path())
+        return Answer(status=NO_RUNTIME_STATUS, said=runtime_error(inv, call, msg))
     if inv.command in EDITING_COMMANDS:
         from .create import create_call
 
@@ -57,7 +57,7 @@ def prepare(argv: list[str], call: Call) -> Answer:
 def main(argv: list[str] | None = None) -> None:
     """The fresh interpreter's call: its log line and stderr text written, then the real
     runtime exec'd (or the exit)."""
-    from .logline import runtime_error, write_log
+    from .logline import CANNOT_RUN, NO_RUNTIME_STATUS, runtime_error, write_log
 
     call = Call.here()
     args = list(sys.argv[1:] if argv is None else argv)
@@ -71,6 +71,6 @@ def main(argv: list[str] | None = None) -> None:
     try:
         os.execv(answer.argv[0], answer.argv)
     except OSError as e:  # e.g. a script whose interpreter is missing, a noexec mount
-        msg = f"cannot run the real OCI runtime {answer.argv[0]}: {e.strerror or e}"
+        msg = CANNOT_RUN % (answer.argv[0], e.strerror or e)
         sys.stderr.write(runtime_error(parse_args(args, call.cwd), call, msg))
-        sys.exit(127)
+        sys.exit(NO_RUNTIME_STATUS)

@@ -39,8 +39,16 @@ EXEC_VALUE_FLAGS = frozenset(
     }
 )
 EDITING_COMMANDS = frozenset({"create", "run"})
+EXEC_COMMAND = "exec"
+ROOT_FLAG = "root"  # the global flag of the runtime's state root (the exec record's key)
+BUNDLE_FLAGS = ("bundle", "b")  # create/run's bundle directory
 # the subcommands whose container id gpuhook reads (the exec env record: exec.py)
-VALUE_FLAGS = {"create": CREATE_VALUE_FLAGS, "run": CREATE_VALUE_FLAGS, "exec": EXEC_VALUE_FLAGS, "delete": frozenset()}
+VALUE_FLAGS = {
+    "create": CREATE_VALUE_FLAGS,
+    "run": CREATE_VALUE_FLAGS,
+    EXEC_COMMAND: EXEC_VALUE_FLAGS,
+    "delete": frozenset(),
+}
 # Go's strconv.ParseBool's true, for run's --detach=VALUE
 _TRUE = ("1", "t", "T", "TRUE", "true", "True")
 
@@ -112,7 +120,7 @@ def _command_flags(argv: list[str], i: int, command: str) -> tuple[list[str], li
             found.append((name, value))
         else:
             positional.append(arg)
-            if command == "exec":
+            if command == EXEC_COMMAND:
                 break
         i += 1
     return positional, found
@@ -137,16 +145,16 @@ def parse_args(argv: list[str], cwd: str | None = None) -> Invocation:
     """
     i, flags = _global_flags(argv)
     command = argv[i] if i < len(argv) else None
-    inv = Invocation(command, None, None, flags.get("log"), flags.get("log-format"), flags.get("root"))
+    inv = Invocation(command, None, None, flags.get("log"), flags.get("log-format"), flags.get(ROOT_FLAG))
     if command not in VALUE_FLAGS:
         return inv
     positional, own = _command_flags(argv, i + 1, command)
     inv.container_id = positional[0] if positional else None
     if command in EDITING_COMMANDS:
-        bundle = _last(own, "bundle", "b")
+        bundle = _last(own, *BUNDLE_FLAGS)
         here = os.getcwd() if cwd is None else cwd
         inv.bundle = here if not bundle else bundle if bundle.startswith("/") else os.path.join(here, bundle)
-    elif command == "exec":
+    elif command == EXEC_COMMAND:
         inv.process = _last(own, "process", "p")
         inv.exec_at = i
     if command == "run" and any(name in ("detach", "d") for name, _ in own):

@@ -45,6 +45,9 @@ MAX_RECORD_BYTES = 64 << 10
 # a record this young is never swept: its create has written it, and the runtime it execs next
 # may not have made the container's state yet
 SWEEP_AFTER_S = 60.0
+DEFAULT_ROOT_DIR = "/run"  # a runtime's state root without --root: DEFAULT_ROOT_DIR/<its name>
+# a record's level or file with any of these mode bits is not gpuhook's own
+WRITABLE_BY_OTHERS = 0o022
 # runc's: its id pattern is ^[\w+-\.]+$, where "+-\." is the range + , - . (so a comma too),
 # and neither "." nor ".." (tests/unit/test_exec_env.py asks the real runc)
 ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_+,.-")
@@ -55,7 +58,7 @@ def runtime_root(root: str | None, runtime: str, pwd: str | None = None) -> str:
     the front reads it (pwd/ROOT, pwd: caller_pwd; None: left relative, which no record is
     keyed by), or /run/<runtime name>."""
     if not root:
-        return "/run/" + os.path.basename(runtime)
+        return DEFAULT_ROOT_DIR + "/" + os.path.basename(runtime)
     if not root.startswith("/") and pwd is not None:
         return pwd + "/" + root
     return root
@@ -113,7 +116,7 @@ def _open_level(name: str, parent: int | None, create: bool) -> int:
         if made:
             os.fchmod(fd, 0o700)
         st = os.fstat(fd)
-        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        if st.st_uid != os.geteuid() or st.st_mode & WRITABLE_BY_OTHERS:
             raise PermissionError(f"{name}: not gpuhook's own (uid {st.st_uid}, mode {st.st_mode & 0o7777:o})")
     except BaseException:
         os.close(fd)
@@ -280,7 +283,7 @@ def read_record_data(path: str) -> dict | None:
         os.close(d)
     try:
         st = os.fstat(fd)
-        if st.st_mode & 0o170000 != 0o100000 or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        if st.st_mode & 0o170000 != 0o100000 or st.st_uid != os.geteuid() or st.st_mode & WRITABLE_BY_OTHERS:
             return None
         data = fastjson.loads(os.read(fd, MAX_RECORD_BYTES))
         env = data["env"]

@@ -43,13 +43,48 @@ def _no_gpu_line() -> str:
     return line.replace('"@ID@"', "%2$s").replace("@BUNDLE@", "%3$s")
 
 
+def _printf(format: str, strings: int) -> str:
+    """A message format the front prints as it is: `strings` "%s" and no other conversion."""
+    if format.count("%") != strings or format.count("%s") != strings:
+        raise ValueError(f"not a format of {strings} strings for the front: {format!r}")
+    return format
+
+
 def _strings(name: str, values, why: str) -> str:
     items = ", ".join(_c(v) for v in values)
     return f"/* {why} */\nstatic const char *const {name}[] = {{{items + ', ' if items else ''}NULL}};\n"
 
 
-def _define(name: str, value: "str | int", why: str) -> str:
-    return f"#define {name} {_c(value) if isinstance(value, str) else value} /* {why} */\n"
+def _define(name: str, value: "str | int", why: str, octal: bool = False) -> str:
+    text = _c(value) if isinstance(value, str) else f"0{value:o}" if octal else str(value)
+    return f"#define {name} {text} /* {why} */\n"
+
+
+def _wire() -> str:
+    """server.REQUEST_FIELDS and REPLIES by name: the request's fields as an enum in the wire's
+    order (REQUEST_IS_LIST: a counted list), and for each reply the front acts on, its kind and
+    its fields' places (REPLY_<KIND>_<FIELD>; REPLY_REST, the rest, last)."""
+    from . import server
+
+    fields = "".join(f"    REQUEST_{f.upper()},\n" for f in server.REQUEST_FIELDS)
+    lists = ", ".join(f"[REQUEST_{f.upper()}] = 1" for f in server.REQUEST_LISTS)
+    out = [
+        "/* server.REQUEST_FIELDS: the request's fields, in the wire's order */\n",
+        f"enum request_field {{\n{fields}    REQUEST_NFIELDS\n}};\n",
+        f"static const int REQUEST_IS_LIST[REQUEST_NFIELDS] = {{{lists}}}; /* server.REQUEST_LISTS */\n",
+    ]
+    for kind in ("exec", "exit"):
+        names = server.REPLIES[kind]
+        if server.REPLY_REST in names[:-1]:
+            raise ValueError(f"server.REPLIES[{kind!r}]: {server.REPLY_REST} is the rest: it goes last")
+        tail = "" if names[-1:] == (server.REPLY_REST,) else f"REPLY_{kind.upper()}_NFIELDS"
+        enum = ", ".join(
+            [f"REPLY_{kind.upper()}_{n.upper()}" + (" = 1" if not i else "") for i, n in enumerate(names)]
+            + ([tail] if tail else [])
+        )
+        out.append(_define(f"REPLY_{kind.upper()}", kind, f"server.REPLIES: then {', '.join(names)}"))
+        out.append(f"enum reply_{kind} {{ {enum} }};\n")
+    return "".join(out)
 
 
 def _signs() -> str:
@@ -94,11 +129,28 @@ def _front_file() -> str:
         + _define("FRONT_FILE_PREFIX", prefix, "config.front_file: <cache dir>/PREFIX<config path escaped>SUFFIX")
         + _define("FRONT_FILE_SUFFIX", suffix, "config.front_file")
         + _define("FAIL_CLOSED", _one_of("closed", config.FAIL_MODES), "config.FAIL_MODES")
+        + _define("FRONT_NO_ERRORS", fields[config.FRONT_ERRORS], "config.front_text: a file with no errors")
+        + _escapes(prefix, suffix)
         + "/* the front file's NAME=VALUE fields (config.front_text: FRONT_IDENTITY, FRONT_KEYS, FRONT_ERRORS) */\n"
         + f"enum front_key {{\n{enum}    FRONT_NKEYS\n}};\n"
         + f"static const char *const FRONT_KEY_NAMES[FRONT_NKEYS] = {{\n{names}}};\n"
         + "/* the values with no config file: the defaults (config.Config()), as front_text writes them */\n"
         + f"static const char *const FRONT_DEFAULTS[FRONT_NKEYS] = {{\n{defaults}}};\n"
+    )
+
+
+def _escapes(prefix: str, suffix: str) -> str:
+    """How config.front_file writes "/" and "%" in the one file name a path becomes."""
+    from .. import config
+
+    def escaped(c: str) -> str:
+        name = os.path.basename(config.front_file(c))
+        if not (name.startswith(prefix) and name.endswith(suffix)):
+            raise ValueError(f"config.front_file({c!r}) is not {prefix}<escaped>{suffix}: {name}")
+        return name[len(prefix) : len(name) - len(suffix)]
+
+    return _define("ESCAPED_SLASH", escaped("/"), 'config.front_file: "/" in a path as a name') + _define(
+        "ESCAPED_PERCENT", escaped("%"), 'config.front_file: "%" in a path as a name'
     )
 
 
@@ -116,7 +168,7 @@ def _one_of(value: str, choices) -> str:
 def render() -> str:
     from .. import config, defaults, runtime
     from ..install import build
-    from . import args, server
+    from . import args, logline, server
     from . import exec as execenv
 
     parts = [
@@ -128,6 +180,9 @@ def render() -> str:
         _strings("EXEC_VALUE_FLAGS", sorted(args.EXEC_VALUE_FLAGS), "args.EXEC_VALUE_FLAGS"),
         _strings("EDITING_COMMANDS", sorted(args.EDITING_COMMANDS), "args.EDITING_COMMANDS: create, run"),
         _strings("SERVED_COMMANDS", sorted(server.SERVED), "server.SERVED: what the resident server runs"),
+        _define("EXEC_COMMAND", args.EXEC_COMMAND, "args.EXEC_COMMAND"),
+        _define("ROOT_FLAG", args.ROOT_FLAG, "args.ROOT_FLAG: the runtime's state root"),
+        _strings("BUNDLE_FLAGS", args.BUNDLE_FLAGS, "args.BUNDLE_FLAGS: create/run's bundle"),
         _signs(),
         _define("CONFIG_FILE", defaults.CONFIG_FILE, "defaults.CONFIG_FILE"),
         _define("CACHE_DIR", defaults.CACHE_DIR, "defaults.CACHE_DIR"),
@@ -140,11 +195,21 @@ def render() -> str:
         _define("FRONT_NAME", os.path.basename(config.FRONT_BINARY), "config.is_front: the wrapper's own name"),
         _front_file(),
         _define("NO_GPU_LINE", _no_gpu_line(), "create.log_line's, for a create with no GPU"),
+        _define("TIME_FORMAT", logline.TIME_FORMAT, "logline.TIME_FORMAT: year, month, day, hour, minute, second, ms"),
+        _define("LOG_MODE", logline.LOG_MODE, "logline.LOG_MODE: a log file's, when a line creates it", octal=True),
+        _define("PREFIX", logline.PREFIX, "logline.PREFIX: the runtime's error lines"),
+        _define("NO_RUNTIME", _printf(logline.NO_RUNTIME, 2), "logline.NO_RUNTIME: the runtime, the config file"),
+        _define("RUNTIME_IS_FRONT", _printf(logline.RUNTIME_IS_FRONT, 2), "logline.RUNTIME_IS_FRONT"),
+        _define("CANNOT_RUN", _printf(logline.CANNOT_RUN, 2), "logline.CANNOT_RUN: the runtime, the error"),
+        _define("NO_RUNTIME_STATUS", logline.NO_RUNTIME_STATUS, "logline.NO_RUNTIME_STATUS"),
         _define("RECORD_DIR", execenv.RECORD_DIR, "exec.RECORD_DIR: <cache dir>/RECORD_DIR/<root key>/<id>"),
+        _define("DEFAULT_ROOT_DIR", execenv.DEFAULT_ROOT_DIR, "exec.DEFAULT_ROOT_DIR: /run/<runtime> without --root"),
+        _define("WRITABLE_BY_OTHERS", execenv.WRITABLE_BY_OTHERS, "exec.WRITABLE_BY_OTHERS: not gpuhook's", octal=True),
         _define("ID_CHARS", "".join(sorted(execenv.ID_CHARS)), "exec.ID_CHARS: runc's id characters"),
         _define("SOCKET_NAME", server.SOCKET_NAME, "server.SOCKET_NAME, in the cache dir"),
         _define("SERVER_MAGIC", server.MAGIC, "server.MAGIC: the wire's version"),
         _define("SERVER_TIMEOUT_S", server.FRONT_TIMEOUT_S, "server.FRONT_TIMEOUT_S: then Python starts here"),
+        _wire(),
         _define("MAX_REPLY", server.MAX_REPLY_BYTES, "server.MAX_REPLY_BYTES"),
         _define("MAX_REPLY_FIELDS", server.MAX_REPLY_FIELDS, "server.MAX_REPLY_FIELDS"),
         _define("MAX_REPLY_TEXT", server.MAX_REPLY_TEXT, "server.MAX_REPLY_TEXT: an answer's stderr text"),

@@ -77,11 +77,11 @@ static void parse_args(int argc, char **argv, struct invocation *inv) {
     for (; i < argc && is_flag(argv[i]); i++) {
         if (!strcmp(argv[i], "--") && ++i) break; /* past it: the subcommand */
         const char *value = flag_value(argc, argv, &i, GLOBAL_VALUE_FLAGS, name, sizeof name);
-        if (!strcmp(name, "root")) inv->root = value;
+        if (!strcmp(name, ROOT_FLAG)) inv->root = value;
     }
     if (i >= argc) return;
     inv->command = argv[i++];
-    int editing = one_of(inv->command, EDITING_COMMANDS), exec = !strcmp(inv->command, "exec");
+    int editing = one_of(inv->command, EDITING_COMMANDS), exec = !strcmp(inv->command, EXEC_COMMAND);
     if (!editing && !exec) return;
     const char *bundle = NULL;
     for (; i < argc; i++) {
@@ -95,7 +95,7 @@ static void parse_args(int argc, char **argv, struct invocation *inv) {
             continue;
         }
         const char *value = flag_value(argc, argv, &i, editing ? CREATE_VALUE_FLAGS : EXEC_VALUE_FLAGS, name, 64);
-        if (editing && (!strcmp(name, "bundle") || !strcmp(name, "b"))) bundle = value;
+        if (editing && one_of(name, BUNDLE_FLAGS)) bundle = value;
     }
     if (!editing) return;
     char *dir = bundle && bundle[0] == '/' ? NULL : cwd();
@@ -143,8 +143,7 @@ static char *real_runtime(const char *configured, const char *config_path) {
     char *rt = *configured ? find_runtime(configured) : NULL;
     for (const char *const *d = DEFAULT_RUNTIMES; !*configured && !rt && *d; d++) rt = find_runtime(*d);
     if (rt && !is_front(rt)) return rt;
-    fprintf(stderr, rt ? "gpuhook-runtime: the real OCI runtime %s is gpuhook-runtime itself (set `runtime` in %s)\n"
-                       : "gpuhook-runtime: no real OCI runtime: %s not found (set `runtime` in %s)\n",
+    fprintf(stderr, rt ? PREFIX RUNTIME_IS_FRONT "\n" : PREFIX NO_RUNTIME "\n",
             rt ? rt : *configured ? configured : DEFAULT_RUNTIMES_TEXT, config_path);
     return NULL;
 }
@@ -160,7 +159,7 @@ static const char *cache_dir(void) {
 static int open_checked(int dir, const char *name, int want_dir) {
     int fd = dir == -1 ? -1 : openat(dir, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | (want_dir ? O_DIRECTORY : 0));
     struct stat st;
-    if (fd >= 0 && (fstat(fd, &st) || st.st_uid != geteuid() || (st.st_mode & 022) ||
+    if (fd >= 0 && (fstat(fd, &st) || st.st_uid != geteuid() || (st.st_mode & WRITABLE_BY_OTHERS) ||
                     (want_dir ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode)))) {
         close(fd);
         fd = -1;
@@ -169,11 +168,11 @@ static int open_checked(int dir, const char *name, int want_dir) {
     return fd;
 }
 
-/* escape: "%" as "%25", "/" as "%2F": one file name for a path */
+/* escape: "%" and "/" as config.front_file has them: one file name for a path */
 static char *escape(const char *path) {
     char *out = malloc(strlen(path) * 3 + 1), *o = out;
     if (!out) _exit(127);
-    for (const char *p = path; *p; p++) o = *p == '/' ? stpcpy(o, "%2F") : *p == '%' ? stpcpy(o, "%25") : (*o++ = *p, o);
+    for (const char *p = path; *p; p++) o = *p == '/' ? stpcpy(o, ESCAPED_SLASH) : *p == '%' ? stpcpy(o, ESCAPED_PERCENT) : (*o++ = *p, o);
     *o = 0;
     return out;
 }
@@ -222,7 +221,7 @@ static int has_record(const char *root, const char *rt, const char *id) {
     const char *base = strrchr(rt, '/'), *p = getenv("PWD");
     struct stat st, here;
     int pwd = p && p[0] == '/' && !stat(p, &st) && !stat(".", &here) && st.st_dev == here.st_dev && st.st_ino == here.st_ino;
-    char *rroot = !root || !*root ? fmt("/run/%s", base ? base + 1 : rt) : root[0] == '/' ? fmt("%s", root)
+    char *rroot = !root || !*root ? fmt("%s/%s", DEFAULT_ROOT_DIR, base ? base + 1 : rt) : root[0] == '/' ? fmt("%s", root)
                                                                          : fmt("%s/%s", pwd ? p : cwd(), root);
     if (!id || !*id || !strcmp(id, ".") || !strcmp(id, "..") || id[strspn(id, ID_CHARS)]) return 0;
     int fd = open_checked(open_checked(open_checked(AT_FDCWD, cache_dir(), 1), RECORD_DIR, 1), escape(rroot), 1);
@@ -252,7 +251,7 @@ static int gpu_present(const char *root) {
 
 /* append_log: one write with O_APPEND (runtime.append_line), no link, no FIFO wait; a new file 0640 */
 static void append_log(const char *file, const char *line, size_t n) {
-    int fd = open(file, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0640);
+    int fd = open(file, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, LOG_MODE);
     if (fd >= 0 && (write(fd, line, n) < 0 || 1)) close(fd);
 }
 
@@ -264,8 +263,8 @@ static void log_no_gpu(const char *file, const struct invocation *inv, double ms
     struct tm tm;
     clock_gettime(CLOCK_REALTIME, &now);
     gmtime_r(&now.tv_sec, &tm);
-    char *stamp = fmt("%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
-                     tm.tm_min, tm.tm_sec, now.tv_nsec / 1000000); /* logline.utc_now's */
+    char *stamp = fmt(TIME_FORMAT, tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                      (int)(now.tv_nsec / 1000000)); /* logline.utc_now's */
     char *line = fmt(NO_GPU_LINE, stamp, odd ? "\"?\"" : inv->container_id ? fmt("\"%s\"", id) : "null",
                      odd ? "?" : bundle, ms);
     if (*file) append_log(file, line, strlen(line));
@@ -274,8 +273,8 @@ static void log_no_gpu(const char *file, const struct invocation *inv, double ms
 static void exec_runtime(const char *rt, char **argv) {
     argv[0] = (char *)rt;
     execv(rt, argv);
-    fprintf(stderr, "gpuhook-runtime: cannot run the real OCI runtime %s: %s\n", rt, strerror(errno));
-    _exit(127);
+    fprintf(stderr, PREFIX CANNOT_RUN "\n", rt, strerror(errno));
+    _exit(NO_RUNTIME_STATUS);
 }
 
 static long long now_ns(void) {
@@ -313,12 +312,12 @@ static int reply_log(const char *text, const char *file, const char *line) {
  * exec the argv it answers ("exec", text, log file, log line, argv) or exit as it says ("exit",
  * status, text, log file, log line). Anything else ("fallback", "stale", a timeout): returns
  * (its socket is close-on-exec: Python's start closes it). */
-static void ask_server(int argc, char **argv) {
+static void ask_server(char **argv) {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    char *req, *reply, *fields[MAX_REPLY_FIELDS + 1];
+    char *req, *reply, *field[MAX_REPLY_FIELDS + 1], *status;
     if (snprintf(addr.sun_path, sizeof addr.sun_path, "%s/%s", cache_dir(), SOCKET_NAME) >= (int)sizeof addr.sun_path) return;
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0), k = 0;
-    long long deadline = now_ns() + SERVER_TIMEOUT_S * 1000000000LL;
+    long long deadline = now_ns() + SERVER_TIMEOUT_S * 1000000000LL; /* past it, the server does nothing */
     struct ucred cred;
     socklen_t len = sizeof cred;
     struct pollfd p = {.fd = fd, .events = POLLOUT};
@@ -330,13 +329,15 @@ static void ask_server(int argc, char **argv) {
     FILE *m = open_memstream(&req, &size); /* NUL-ended fields; who this is, the server asks the kernel */
     mode_t mask = umask(0);
     umask(mask);
-    int n_env = 0;
-    while (environ[n_env]) n_env++;
-    /* past the deadline the server does nothing: this front has started Python */
-    fprintf(m, "%s%c%d%c%lld%c%s%c%d%c", SERVER_MAGIC, 0, (int)mask, 0, deadline, 0, cwd(), 0, n_env, 0);
-    for (char **e = environ; *e; e++) fprintf(m, "%s%c", *e, 0);
-    fprintf(m, "%d%c", argc - 1, 0);
-    for (int i = 1; i < argc; i++) fprintf(m, "%s%c", argv[i], 0);
+    const char *one[REQUEST_NFIELDS] = {[REQUEST_MAGIC] = SERVER_MAGIC, [REQUEST_UMASK] = fmt("%d", (int)mask),
+                                        [REQUEST_DEADLINE_NS] = fmt("%lld", deadline), [REQUEST_CWD] = cwd()};
+    char **list[REQUEST_NFIELDS] = {[REQUEST_ENV] = environ, [REQUEST_ARGV] = argv + 1}; /* its length first */
+    for (int f = 0, n = 0; f < REQUEST_NFIELDS; f++, n = 0) {
+        if (!list[f] != !REQUEST_IS_LIST[f] || (!list[f] && !one[f])) return; /* a field this front has not */
+        while (list[f] && list[f][n]) n++;
+        if (list[f]) fprintf(m, "%d%c", n, 0);
+        for (int i = 0; i < (list[f] ? n : 1); i++) fprintf(m, "%s%c", list[f] ? list[f][i] : one[f], 0);
+    }
     if (fclose(m)) _exit(127);
     for (ssize_t w, off = 0; off < (ssize_t)size; off += w)
         if ((w = io(fd, 1, req + off, size - (size_t)off, deadline)) <= 0) return;
@@ -345,16 +346,17 @@ static void ask_server(int argc, char **argv) {
     for (ssize_t r; (r = io(fd, 0, reply + got, MAX_REPLY - got, deadline)) != 0; got += (size_t)r)
         if (r < 0 || got + (size_t)r >= MAX_REPLY) return; /* the deadline passed, or too big to trust */
     if (!got || reply[got - 1]) return;                       /* not whole */
-    for (char *f = reply; f < reply + got; f += strlen(f) + 1)
+    for (char *s = reply; s < reply + got; s += strlen(s) + 1)
         if (k == MAX_REPLY_FIELDS) return;
-        else fields[k++] = f;
-    fields[k] = NULL;
-    if (k >= 5 && !strcmp(fields[0], "exec") && strchr(fields[4], '/') && reply_log(fields[1], fields[2], fields[3]))
-        exec_runtime(fields[4], fields + 4); /* the socket is close-on-exec, as every fd here */
-    size_t n = k == 5 ? strlen(fields[1]) : 0; /* the status: "0" to "255", no sign, no 0 first */
-    if (n >= 1 && n <= 3 && !fields[1][strspn(fields[1], "0123456789")] && (n == 1 || fields[1][0] != '0') &&
-        atoi(fields[1]) <= 255 && !strcmp(fields[0], "exit") && reply_log(fields[2], fields[3], fields[4]))
-        _exit(atoi(fields[1]));
+        else field[k++] = s;
+    field[k] = NULL, status = field[REPLY_EXIT_STATUS]; /* field[0]: the kind, then its fields by name */
+    if (k > REPLY_EXEC_ARGV && !strcmp(field[0], REPLY_EXEC) && strchr(field[REPLY_EXEC_ARGV], '/') &&
+        reply_log(field[REPLY_EXEC_SAID], field[REPLY_EXEC_LOG_FILE], field[REPLY_EXEC_LOG_LINE]))
+        exec_runtime(field[REPLY_EXEC_ARGV], field + REPLY_EXEC_ARGV); /* the socket is close-on-exec, as every fd here */
+    size_t n = k == REPLY_EXIT_NFIELDS && !strcmp(field[0], REPLY_EXIT) ? strlen(status) : 0; /* "0" to "255", no sign, no 0 first */
+    if (n >= 1 && n <= 3 && !status[strspn(status, "0123456789")] && (n == 1 || status[0] != '0') && atoi(status) <= 255 &&
+        reply_log(field[REPLY_EXIT_SAID], field[REPLY_EXIT_LOG_FILE], field[REPLY_EXIT_LOG_LINE]))
+        _exit(atoi(status));
 }
 
 /* here: this binary's directory, every link resolved (bin/ is a link to the version installed:
@@ -403,7 +405,7 @@ static void exec_python(int argc, char **argv, const char *dir) {
         for (const char *const *n = PYTHONS; (!py || !*py) && *n; n++) /* a name: beside the front */
             if (is_executable(p = **n == '/' ? fmt("%s", *n) : fmt("%s/%s", dir, *n))) py = p;
         if (!py || !*py) {
-            fprintf(stderr, "gpuhook-runtime: no Python to inject GPUs with (set " PYTHON_ENV ")\n");
+            fprintf(stderr, PREFIX "no Python to inject GPUs with (set " PYTHON_ENV ")\n");
             return;
         }
         args[k++] = py;
@@ -412,7 +414,7 @@ static void exec_python(int argc, char **argv, const char *dir) {
     else k = append(args, k, "-I", "-m", RUNTIME_MODULE, NULL); /* no site-packages dir: as sys.path has it */
     for (int j = 1; j < argc; j++) args[k++] = argv[j];
     execv(py, args);
-    fprintf(stderr, "gpuhook-runtime: cannot run Python (%s): %s\n", py, strerror(errno));
+    fprintf(stderr, PREFIX "cannot run Python (%s): %s\n", py, strerror(errno));
 }
 
 int main(int argc, char **argv) {
@@ -423,13 +425,13 @@ int main(int argc, char **argv) {
     parse_args(argc, argv, &inv);
     if (!c.slow) {
         char *rt = real_runtime(c.value[FRONT_RUNTIME], c.path);
-        if (!rt) return 127;
+        if (!rt) return NO_RUNTIME_STATUS;
         /* No GPU at all: config.json stays as it is, one log line, the runtime (a config with
          * errors goes to Python, whose log line says why). An exec goes to Python only into a
          * container gpuhook injected. Everything else: the runtime. */
         int editing = one_of(inv.command, EDITING_COMMANDS);
-        if (editing ? !strcmp(c.value[FRONT_ERRORS], "0") && !gpu_present(c.value[FRONT_HOST_ROOT])
-                    : !inv.command || strcmp(inv.command, "exec") || !has_record(inv.root, rt, inv.container_id)) {
+        if (editing ? !strcmp(c.value[FRONT_ERRORS], FRONT_NO_ERRORS) && !gpu_present(c.value[FRONT_HOST_ROOT])
+                    : !inv.command || strcmp(inv.command, EXEC_COMMAND) || !has_record(inv.root, rt, inv.container_id)) {
             if (editing) log_no_gpu(c.value[FRONT_LOG_FILE], &inv, (double)(now_ns() - started) / 1e6);
             exec_runtime(rt, argv);
         }
@@ -438,10 +440,10 @@ int main(int argc, char **argv) {
      * with errors, or no current front file: Python decides everything, the node's resident
      * one when it answers (server.py), else a fresh one. */
     char *dir = here(argv[0]); /* resolved once: Python's paths name one version */
-    if (one_of(inv.command, SERVED_COMMANDS)) ask_server(argc, argv);
+    if (one_of(inv.command, SERVED_COMMANDS)) ask_server(argv);
     exec_python(argc, argv, dir);
     if (!strcmp(c.value[FRONT_FAIL_MODE], FAIL_CLOSED)) return 1; /* slow: the defaults' */
     char *rt = real_runtime(c.value[FRONT_RUNTIME], c.path);
     if (rt) exec_runtime(rt, argv);
-    return 127;
+    return NO_RUNTIME_STATUS;
 }

@@ -17,6 +17,13 @@ static const char *const EDITING_COMMANDS[] = {"create", "run", NULL};
 /* server.SERVED: what the resident server runs */
 static const char *const SERVED_COMMANDS[] = {"create", "exec", "run", NULL};
 
+#define EXEC_COMMAND "exec" /* args.EXEC_COMMAND */
+
+#define ROOT_FLAG "root" /* args.ROOT_FLAG: the runtime's state root */
+
+/* args.BUNDLE_FLAGS: create/run's bundle */
+static const char *const BUNDLE_FLAGS[] = {"bundle", "b", NULL};
+
 /* where a GPU can show up (probe.SIGNS), each once: a directory, and a name in it */
 enum sign_kind { SIGN_EXACT, SIGN_ANY, SIGN_DIGIT };
 static const struct sign {
@@ -60,6 +67,9 @@ static const char *const DEFAULT_RUNTIMES[] = {"runc", "crun", NULL};
 #define FRONT_FILE_PREFIX "config-" /* config.front_file: <cache dir>/PREFIX<config path escaped>SUFFIX */
 #define FRONT_FILE_SUFFIX ".front" /* config.front_file */
 #define FAIL_CLOSED "closed" /* config.FAIL_MODES */
+#define FRONT_NO_ERRORS "0" /* config.front_text: a file with no errors */
+#define ESCAPED_SLASH "%2F" /* config.front_file: "/" in a path as a name */
+#define ESCAPED_PERCENT "%25" /* config.front_file: "%" in a path as a name */
 /* the front file's NAME=VALUE fields (config.front_text: FRONT_IDENTITY, FRONT_KEYS, FRONT_ERRORS) */
 enum front_key {
     FRONT_CONFIG,
@@ -89,7 +99,25 @@ static const char *const FRONT_DEFAULTS[FRONT_NKEYS] = {
 
 #define NO_GPU_LINE "{\"time\":\"%1$s\",\"event\":\"create\",\"container_id\":%2$s,\"bundle\":\"%3$s\",\"decision\":\"no-gpu\",\"vendors\":[],\"nodes\":[],\"mounts\":[],\"hooks\":0,\"duration_ms\":%4$.2f}\n" /* create.log_line's, for a create with no GPU */
 
+#define TIME_FORMAT "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ" /* logline.TIME_FORMAT: year, month, day, hour, minute, second, ms */
+
+#define LOG_MODE 0640 /* logline.LOG_MODE: a log file's, when a line creates it */
+
+#define PREFIX "gpuhook-runtime: " /* logline.PREFIX: the runtime's error lines */
+
+#define NO_RUNTIME "no real OCI runtime: %s not found (set `runtime` in %s)" /* logline.NO_RUNTIME: the runtime, the config file */
+
+#define RUNTIME_IS_FRONT "the real OCI runtime %s is gpuhook-runtime itself (set `runtime` in %s)" /* logline.RUNTIME_IS_FRONT */
+
+#define CANNOT_RUN "cannot run the real OCI runtime %s: %s" /* logline.CANNOT_RUN: the runtime, the error */
+
+#define NO_RUNTIME_STATUS 127 /* logline.NO_RUNTIME_STATUS */
+
 #define RECORD_DIR "exec" /* exec.RECORD_DIR: <cache dir>/RECORD_DIR/<root key>/<id> */
+
+#define DEFAULT_ROOT_DIR "/run" /* exec.DEFAULT_ROOT_DIR: /run/<runtime> without --root */
+
+#define WRITABLE_BY_OTHERS 022 /* exec.WRITABLE_BY_OTHERS: not gpuhook's */
 
 #define ID_CHARS "+,-.0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz" /* exec.ID_CHARS: runc's id characters */
 
@@ -98,6 +126,22 @@ static const char *const FRONT_DEFAULTS[FRONT_NKEYS] = {
 #define SERVER_MAGIC "gpuhook-runtime 3" /* server.MAGIC: the wire's version */
 
 #define SERVER_TIMEOUT_S 3 /* server.FRONT_TIMEOUT_S: then Python starts here */
+
+/* server.REQUEST_FIELDS: the request's fields, in the wire's order */
+enum request_field {
+    REQUEST_MAGIC,
+    REQUEST_UMASK,
+    REQUEST_DEADLINE_NS,
+    REQUEST_CWD,
+    REQUEST_ENV,
+    REQUEST_ARGV,
+    REQUEST_NFIELDS
+};
+static const int REQUEST_IS_LIST[REQUEST_NFIELDS] = {[REQUEST_ENV] = 1, [REQUEST_ARGV] = 1}; /* server.REQUEST_LISTS */
+#define REPLY_EXEC "exec" /* server.REPLIES: then said, log_file, log_line, argv */
+enum reply_exec { REPLY_EXEC_SAID = 1, REPLY_EXEC_LOG_FILE, REPLY_EXEC_LOG_LINE, REPLY_EXEC_ARGV };
+#define REPLY_EXIT "exit" /* server.REPLIES: then status, said, log_file, log_line */
+enum reply_exit { REPLY_EXIT_STATUS = 1, REPLY_EXIT_SAID, REPLY_EXIT_LOG_FILE, REPLY_EXIT_LOG_LINE, REPLY_EXIT_NFIELDS };
 
 #define MAX_REPLY 1048576 /* server.MAX_REPLY_BYTES */
 

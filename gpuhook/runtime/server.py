@@ -37,11 +37,12 @@ lock). No request changes the process: its environment, directory ("/"), umask a
 stay the server's own; what a request needs is its args.Call, and what it says (the stderr
 text, the log line) comes back in its args.Answer. The socket is 0600 in a 0700 directory.
 
-The wire: NUL-terminated fields. Request: MAGIC, the front's umask, its deadline
-(CLOCK_MONOTONIC ns), the current directory, the number of env entries and the entries, the
-number of arguments and the arguments. Reply: "exec", the text for stderr, the log file and
-its line ("" and "" for none), then the argv; or "exit", the status, the text for stderr, the
-log file and its line; or "fallback" (start Python) or "stale" (the same, and the server goes).
+The wire (REQUEST_FIELDS, REPLIES): NUL-terminated fields. Request: MAGIC, the front's umask,
+its deadline (CLOCK_MONOTONIC ns), the current directory, the number of env entries and the
+entries, the number of arguments and the arguments. Reply: "exec", the text for stderr, the log
+file and its line ("" and "" for none), then the argv; or "exit", the status, the text for
+stderr, the log file and its line; or "fallback" (start Python) or "stale" (the same, and the
+server goes).
 The front acts on nothing but a reply whole and well-formed in every field.
 """
 
@@ -57,9 +58,23 @@ from .. import vendors
 from ..config import cache_dir
 from ..defaults import BUNDLE_VERSIONS
 from . import prepare
-from .args import EDITING_COMMANDS, Abandoned, Call, parse_args
+from .args import EDITING_COMMANDS, EXEC_COMMAND, Abandoned, Call, parse_args
 
 MAGIC = "gpuhook-runtime 3"
+# The wire, by name (the front's header is generated from these: gen_header.py). A request is
+# these fields in this order, each one field but a counted list (REQUEST_LISTS): its length,
+# then that many fields.
+REQUEST_FIELDS = ("magic", "umask", "deadline_ns", "cwd", "env", "argv")
+REQUEST_LISTS = ("env", "argv")
+# A reply is its kind, then that kind's fields in this order; REPLY_REST, last, is a list: the
+# rest of the reply. The front acts on "exec" and "exit"; anything else starts Python.
+REPLIES = {
+    "exec": ("said", "log_file", "log_line", "argv"),
+    "exit": ("status", "said", "log_file", "log_line"),
+    "fallback": (),  # start Python
+    "stale": (),  # the same, and the server goes
+}
+REPLY_REST = "argv"
 SOCKET_NAME = "runtime.sock"  # in the cache dir
 MAX_REQUEST = 1 << 20
 REQUEST_TIMEOUT = 2.0  # for a connection's whole request and answer, from its accept
@@ -75,7 +90,7 @@ MAX_REPLY_TEXT = 64 << 10  # the stderr text of an answer
 MAX_REPLY_LOG_LINE = 256 << 10  # its log line (runtime.log_line bounds what a pod can put there)
 FRONT = os.path.join("bin", "gpuhook-runtime")  # the front, in its installation's root
 # the subcommands the front brings here
-SERVED = EDITING_COMMANDS | {"exec"}
+SERVED = EDITING_COMMANDS | {EXEC_COMMAND}
 # The environment a create reads (config.py, runtime/). What chooses the files the server
 # reads and writes is its own: a request naming another value of these, or a relative one,
 # gets "fallback" (a fresh interpreter honours them, as the caller's own process)...
@@ -124,29 +139,35 @@ def install_root() -> str:
 
 
 def parse_request(data: bytes) -> Request | None:
-    """None for anything that is not a whole, well-formed request."""
-    fields = data.split(b"\0")
-    if len(fields) < 7 or fields.pop() != b"" or fields[0] != MAGIC.encode():
+    """None for anything that is not a whole, well-formed request (REQUEST_FIELDS)."""
+    fields, at = data.split(b"\0"), 0
+    one: dict[str, bytes] = {}
+    lists: dict[str, list[bytes]] = {}
+    if fields.pop() != b"":
         return None
     try:
-        umask_value, deadline_ns = int(fields[1]), int(fields[2])
-        cwd = os.fsdecode(fields[3])
-        n_env = int(fields[4])
-        env_fields = fields[5 : 5 + n_env]
-        n_argv = int(fields[5 + n_env])
-        argv = [os.fsdecode(a) for a in fields[6 + n_env :]]
+        for name in REQUEST_FIELDS:
+            if name in REQUEST_LISTS:
+                n = int(fields[at])
+                lists[name], at = fields[at + 1 : at + 1 + n], at + 1 + n
+                if n < 0 or len(lists[name]) != n:
+                    return None
+            else:
+                one[name], at = fields[at], at + 1
+        umask_value, deadline_ns = int(one["umask"]), int(one["deadline_ns"])
     except (ValueError, IndexError):
         return None
-    if n_env < 0 or len(env_fields) != n_env or len(argv) != n_argv or not cwd.startswith("/"):
+    cwd = os.fsdecode(one["cwd"])
+    if at != len(fields) or one["magic"] != MAGIC.encode() or not cwd.startswith("/"):
         return None
     if not 0 <= umask_value <= 0o777:
         return None
     env: dict[str, str] = {}
-    for entry in env_fields:
+    for entry in lists["env"]:
         key, eq, value = os.fsdecode(entry).partition("=")
         if eq and key:
             env.setdefault(key, value)  # the first of a name, as getenv(3) reads it
-    return Request(umask_value, deadline_ns, cwd, env, argv)
+    return Request(umask_value, deadline_ns, cwd, env, [os.fsdecode(a) for a in lists["argv"]])
 
 
 def identity(path: str) -> str:
@@ -223,14 +244,27 @@ def _reply(*fields: str | bytes) -> bytes:
     return b"".join((f if isinstance(f, bytes) else os.fsencode(f)) + b"\0" for f in fields)
 
 
+def reply(kind: str, **named: "str | bytes | list[str]") -> bytes:
+    """A reply of `kind` (REPLIES), its fields given by name, put in the wire's order."""
+    fields: list[str | bytes] = [kind]
+    for name in REPLIES[kind]:
+        value = named.pop(name)
+        if isinstance(value, list) != (name == REPLY_REST):
+            raise TypeError(f"{kind!r} reply: {name} is {'the rest, a list' if name == REPLY_REST else 'one field'}")
+        fields.extend(value) if isinstance(value, list) else fields.append(value)
+    if named:
+        raise TypeError(f"not fields of a {kind!r} reply: {sorted(named)}")
+    return _reply(*fields)
+
+
 def refusal(peer: Peer | None, own: Installation) -> bytes | None:
     """The answer to a caller this server does not serve ("fallback", or "stale" when its own
     installation changed under it), None for its own front in its own namespaces and root
     directory."""
     if peer is None or (peer.mntns, peer.userns, peer.root) != (own.mntns, own.userns, own.fsroot):
-        return _reply("fallback")
+        return reply("fallback")
     if peer.exe != own.front:
-        return _reply("stale" if own.changed() else "fallback")
+        return reply("stale" if own.changed() else "fallback")
     return None
 
 
@@ -269,18 +303,18 @@ def handle(req: Request, own: Installation) -> bytes:
     """Run the create path for one request (of a caller refusal() let through), as its call
     (call_of): its directory, umask, CALLER_ENV and deadline are passed in, never set here."""
     if time.monotonic_ns() > req.deadline_ns - MARGIN_NS:
-        return _reply("fallback")
+        return reply("fallback")
     call = call_of(req)
     if call is None:
-        return _reply("fallback")
+        return reply("fallback")
     try:
         answer = prepare(list(req.argv), call)
     except (Exception, Abandoned):  # a bug here, or nobody waiting: Python runs it afresh
-        return _reply("fallback")
-    log = answer.log or ("", b"")
+        return reply("fallback")
+    log_file, log_line = answer.log or ("", b"")
     if answer.argv is None:
-        return _reply("exit", str(answer.status), answer.said, *log)
-    return _reply("exec", answer.said, *log, *answer.argv)
+        return reply("exit", status=str(answer.status), said=answer.said, log_file=log_file, log_line=log_line)
+    return reply("exec", said=answer.said, log_file=log_file, log_line=log_line, argv=answer.argv)
 
 
 def listening_socket() -> socket.socket:
@@ -378,12 +412,12 @@ class Loop:
             self.sel.register(conn, selectors.EVENT_READ, c)
             try:
                 c.peer = peer_of(conn) if len(self.open) <= MAX_CONNECTIONS else None
-                reply = refusal(c.peer, self.own)
+                refused = refusal(c.peer, self.own)
             except OSError:
-                reply = _reply("fallback")
-            if reply is not None:
-                self.stale = self.stale or reply.startswith(b"stale\0")
-                self.answer(c, reply)
+                refused = reply("fallback")
+            if refused is not None:
+                self.stale = self.stale or refused == reply("stale")
+                self.answer(c, refused)
 
     def read(self, c: Connection) -> None:
         """More of a request; a whole one (the caller's end shut) is run now."""
@@ -395,14 +429,14 @@ class Loop:
             return self.close(c)
         c.size += len(chunk)
         if c.size > MAX_REQUEST:
-            self.answer(c, _reply("fallback"))
+            self.answer(c, reply("fallback"))
         elif chunk:
             c.chunks.append(chunk)
         else:
             req = parse_request(b"".join(c.chunks))
             # a relative path is read in req.cwd: only where that is the caller's directory
             if req is None or c.peer is None or identity(req.cwd) != c.peer.cwd:
-                self.answer(c, _reply("fallback"))
+                self.answer(c, reply("fallback"))
             else:
                 self.answer(c, handle(req, self.own))
 

@@ -87,8 +87,12 @@ def node(tmp_path, make_host):
 def request(node: Node, *argv: str, **env: str) -> bytes:
     """A whole, well-formed request as the front sends it, with the node's environment."""
     entries = [f"{k}={v}" for k, v in {**node.env(), **env}.items()]
-    fields = [server.MAGIC, "18", str(time.monotonic_ns() + 10**10), str(node.tmp), str(len(entries)), *entries,
-              str(len(argv)), *argv]
+    named = {"magic": server.MAGIC, "umask": "18", "deadline_ns": str(time.monotonic_ns() + 10**10),
+             "cwd": str(node.tmp), "env": entries, "argv": list(argv)}
+    fields: list[str] = []
+    for name in server.REQUEST_FIELDS:  # by name, in the wire's order
+        value = named[name]
+        fields += [str(len(value)), *value] if name in server.REQUEST_LISTS else [value]
     return b"".join(os.fsencode(f) + b"\0" for f in fields)
 
 

@@ -271,11 +271,27 @@ def ask(node, fields: list[str]) -> bytes:
     return reply
 
 
-def request(node, deadline_ns: int, *argv: str, **env: str) -> list[str]:
-    """A request's fields as the front sends them, with the node's environment."""
+def request(node, deadline_ns: int, *argv: str, umask: int = 0o22, cwd: str | None = None, **env: str) -> list[str]:
+    """A request's fields as the front sends them (by name, in server.REQUEST_FIELDS' order),
+    with the node's environment."""
     entries = [f"{k}={v}" for k, v in {"GPUHOOK_CONFIG": str(node.config), "GPUHOOK_CACHE_DIR": node.cache,
                                         **env}.items()]
-    return [server.MAGIC, "18", str(deadline_ns), str(node.tmp), str(len(entries)), *entries, str(len(argv)), *argv]
+    named = {"magic": server.MAGIC, "umask": str(umask), "deadline_ns": str(deadline_ns),
+             "cwd": cwd or str(node.tmp), "env": entries, "argv": list(argv)}
+    fields: list[str] = []
+    for name in server.REQUEST_FIELDS:
+        value = named[name]
+        fields += [str(len(value)), *value] if name in server.REQUEST_LISTS else [value]
+    return fields
+
+
+def answer_of(reply: bytes) -> dict:
+    """A reply's fields by name (server.REPLIES: its kind's, the rest a list), its kind as "kind"."""
+    kind, *rest = reply.split(b"\0")[:-1]
+    fields: dict = {"kind": kind}
+    for i, name in enumerate(server.REPLIES[kind.decode()]):
+        fields[name] = rest[i:] if name == server.REPLY_REST else rest[i]
+    return fields
 
 
 def test_a_request_past_its_deadline_writes_nothing(node, monkeypatch):
@@ -293,8 +309,9 @@ def test_a_request_past_its_deadline_writes_nothing(node, monkeypatch):
     assert log_records(node.log) == [] and not os.path.exists(os.path.join(node.cache, "exec"))
     # the same request in time is served; its log line is in the answer (the front writes it)
     req = server.parse_request(server._reply(*request(node, time.monotonic_ns() + 10**10, *argv)))
-    reply = server.handle(req, own).split(b"\0")
-    assert reply[0] == b"exec" and reply[2] == node.log.encode() and b'"decision":"injected"' in reply[3]
+    reply = answer_of(server.handle(req, own))
+    assert reply["kind"] == b"exec" and reply["log_file"] == node.log.encode()
+    assert b'"decision":"injected"' in reply["log_line"]
     assert "GPUHOOK_ACCELERATOR=nvidia" in (node.bundle / "config.json").read_text()
     assert log_records(node.log) == []
     assert os.getcwd() == here and os.environ["GPUHOOK_CONFIG"] == str(node.config)
@@ -434,8 +451,7 @@ class Caller:
 
     def request(self, node, *argv: str, umask: int = 0o22):
         env = {"GPUHOOK_CONFIG": os.environ["GPUHOOK_CONFIG"], "GPUHOOK_CACHE_DIR": node.cache, **self.env}
-        fields = request(node, time.monotonic_ns() + 10**10, *argv, **env)
-        fields[1], fields[3] = str(umask), str(self.dir)
+        fields = request(node, time.monotonic_ns() + 10**10, *argv, umask=umask, cwd=str(self.dir), **env)
         return server.parse_request(server._reply(*fields))
 
 
@@ -473,13 +489,14 @@ def untouchable():
         sys.stderr = saved_stderr
 
 
-def served(node, caller: Caller, cid: str) -> tuple[list[bytes], dict]:
+def served(node, caller: Caller, cid: str) -> tuple[dict, dict]:
     """A create of the caller's relative bundle, relative --root, answered by handle(): the
     answer's fields and its log line."""
     reply = server.handle(caller.request(node, "--root", "state", "create", "--bundle", "bundle", cid),
-                          server.Installation()).split(b"\0")
-    assert reply[0] == b"exec" and reply[2] == node.log.encode(), reply
-    return reply, json.loads(reply[3])
+                          server.Installation())
+    fields = answer_of(reply)
+    assert fields["kind"] == b"exec" and fields["log_file"] == node.log.encode(), reply
+    return fields, json.loads(fields["log_line"])
 
 
 def test_each_request_is_served_as_its_own_call(node, callers):
@@ -517,7 +534,7 @@ def served_apart_and_at_once(node, a: Caller, b: Caller) -> None:
             for t in threads:
                 t.join(timeout=60)
         for c, (reply, line) in zip((a, b), replies):
-            assert reply[4:-1] == [os.fsencode(p) for p in (c.runtime, "--root", "state", "create", "--bundle",
+            assert reply["argv"] == [os.fsencode(p) for p in (c.runtime, "--root", "state", "create", "--bundle",
                                                               "bundle", "c1")]
             assert line["decision"] == "injected" and line["bundle"] == str(c.dir / "bundle")
             assert line["runtime_server"] is True
@@ -534,8 +551,8 @@ def test_a_requests_umask_is_its_own(node, callers):
     a.env["PATH"] = "/nonexistent"
     req = a.request(node, "--log", "runc.log", "create", "--bundle", "bundle", "c2", umask=0o77)
     with untouchable():
-        reply = server.handle(req, server.Installation()).split(b"\0")
-    assert reply[:2] == [b"exit", b"127"] and b"no real OCI runtime" in reply[2], reply
+        reply = answer_of(server.handle(req, server.Installation()))
+    assert reply["kind"] == b"exit" and reply["status"] == b"127" and b"no real OCI runtime" in reply["said"], reply
     assert stat.S_IMODE(os.stat(a.dir / "runc.log").st_mode) == 0o600
     assert "no real OCI runtime" in (a.dir / "runc.log").read_text()
 
