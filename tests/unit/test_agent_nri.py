@@ -7,8 +7,6 @@ reached the runtime). Which front is chosen comes from what is at the socket's p
 
 from __future__ import annotations
 
-import io
-import json
 import os
 import signal
 import socket
@@ -24,14 +22,6 @@ from gpuhook import log
 from gpuhook.agent import core as agent_mod, nri as nri_mod
 from gpuhook.nri import plugin as nri_plugin
 from gpuhook.probe import probe
-
-
-@pytest.fixture
-def logs():
-    out = io.StringIO()
-    log.configure(stream=out, fmt="json", level="debug")
-    yield lambda: [json.loads(line) for line in out.getvalue().splitlines()]
-    log.configure(stream=io.StringIO(), fmt="json")
 
 
 class Runtime:
