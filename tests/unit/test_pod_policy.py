@@ -1,0 +1,222 @@
+"""What a pod's gpuhook.dev/* annotations ask (policy.pod_policy) and what the kubelet's device
+manager checkpoint on a node says was allocated to other pods (policy.allocated_devices): the
+inputs a pod author, an admin or an attacker writing either controls, and what gpuhook makes
+of them, with the one line it logs for what it ignores."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+
+import pytest
+
+from gpuhook.plan import policy
+from gpuhook.plan.policy import Allocation, PodPolicy, pod_policy
+
+CHECKPOINT = "var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+
+
+def asked(annotations: dict) -> tuple[PodPolicy, list[str]]:
+    warnings: list[str] = []
+    return pod_policy(annotations, warnings.append), warnings
+
+
+# -- gpuhook.dev/inject -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["false", "FALSE", " no ", "0", "off", "Off\t"])
+def test_inject_false_opts_out(value):
+    assert asked({"gpuhook.dev/inject": value}) == (PodPolicy(inject=False), [])
+
+
+@pytest.mark.parametrize("value", ["true", "TRUE", "1", " yes", "on"])
+def test_inject_true_is_the_default(value):
+    assert asked({"gpuhook.dev/inject": value}) == (PodPolicy(), [])
+
+
+@pytest.mark.parametrize("value", ["maybe", "", "nope", "f", "2"])
+def test_inject_neither_is_ignored_with_a_line(value):
+    assert asked({"gpuhook.dev/inject": value}) == (
+        PodPolicy(), [f"annotation gpuhook.dev/inject: {value!r} is not true or false, ignored"])
+
+
+# -- gpuhook.dev/vendors ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value, vendors", [
+    ("nvidia", {"nvidia"}), ("nvidia,amd", {"nvidia", "amd"}), (" Intel ", {"intel"}),
+    ("amd, ,accel,", {"amd", "accel"}), ("wsl", {"dxg"}), ("dxg,WSL", {"dxg"}),
+    (",".join(policy.VENDOR_NAMES), set(policy.VENDOR_NAMES)),
+])
+def test_vendors_narrow_to_the_vendors_named(value, vendors):
+    assert asked({"gpuhook.dev/vendors": value}) == (PodPolicy(vendors=frozenset(vendors)), [])
+
+
+@pytest.mark.parametrize("value, why", [
+    ("nvidia,../../etc", "unknown vendor '../../etc'"),
+    ("cuda", "unknown vendor 'cuda'"),
+    ("nvidia amd", "unknown vendor 'nvidia amd'"),
+    (" , ", "no vendor named"),
+    ("", "no vendor named"),
+])
+def test_vendors_unknown_or_none_means_every_vendor_with_a_line(value, why):
+    assert asked({"gpuhook.dev/vendors": value}) == (PodPolicy(), [
+        f"annotation gpuhook.dev/vendors: {value!r}: {why} (known: {', '.join(policy.VENDOR_NAMES)}); "
+        "ignored, every vendor of the node is given"])
+
+
+# -- gpuhook.dev/max-gpus -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value, n", [("0", 0), ("1", 1), (" 8 ", 8), ("0012", 12), ("1024", 1024)])
+def test_max_gpus_is_a_whole_number_up_to_the_limit(value, n):
+    assert asked({"gpuhook.dev/max-gpus": value}) == (PodPolicy(max_gpus=n), [])
+
+
+@pytest.mark.parametrize("value", ["-1", "1e3", "1025", "9999", "01025", "99999999999999999999", "\u0661", "²",
+                                   "one", "", "1.0"])
+def test_max_gpus_otherwise_is_no_limit_with_a_line(value):
+    assert asked({"gpuhook.dev/max-gpus": value}) == (PodPolicy(), [
+        f"annotation gpuhook.dev/max-gpus: {value!r} is not a whole number from 0 to 1024; ignored, no limit"])
+
+
+# -- every annotation ---------------------------------------------------------------------------
+
+
+def test_a_value_over_256_characters_is_ignored_unread():
+    at_limit = " " * 255 + "0"
+    assert asked({"gpuhook.dev/max-gpus": at_limit}) == (PodPolicy(max_gpus=0), [])
+    for key in policy.KNOWN_ANNOTATIONS:
+        pol, warnings = asked({key: "0" + " " * 256})
+        assert pol == PodPolicy() and warnings == [
+            f"annotation {key}: value of 257 characters, over 256, ignored"]
+
+
+def test_other_gpuhook_keys_are_named_cut_short_and_ignored():
+    long_key = "gpuhook.dev/" + "x" * 100
+    pol, warnings = asked({"gpuhook.dev/devices": "/dev/sda", long_key: "1"})
+    known = "gpuhook.dev/inject, gpuhook.dev/vendors, gpuhook.dev/max-gpus"
+    assert pol == PodPolicy()
+    assert warnings == [
+        f"annotation 'gpuhook.dev/devices': not a gpuhook annotation (known: {known}), ignored",
+        f"annotation {(long_key[:60] + '...')!r}: not a gpuhook annotation (known: {known}), ignored"]
+
+
+def test_annotations_of_others_are_not_read():
+    pol, warnings = asked({"io.kubernetes.cri.sandbox-uid": "x", "gpuhook.devx/inject": "false",
+                           "example.com/gpuhook.dev/inject": "false", "GPUHOOK.DEV/inject": "false"})
+    assert (pol, warnings) == (PodPolicy(), [])
+
+
+def test_all_three_together_and_each_warning_in_key_order():
+    pol, warnings = asked({"gpuhook.dev/vendors": "amd", "gpuhook.dev/max-gpus": "2", "gpuhook.dev/inject": "no"})
+    assert pol == PodPolicy(False, frozenset({"amd"}), 2) and warnings == []
+    pol, warnings = asked({"gpuhook.dev/vendors": "x", "gpuhook.dev/max-gpus": "y", "gpuhook.dev/inject": "z"})
+    assert pol == PodPolicy() and [w.split(":")[0] for w in warnings] == [
+        "annotation gpuhook.dev/inject", "annotation gpuhook.dev/max-gpus", "annotation gpuhook.dev/vendors"]
+
+
+def test_show_quotes_escapes_and_cuts():
+    assert policy.show("a\nb") == "'a\\nb'"
+    assert policy.show("x" * 60) == repr("x" * 60)
+    assert policy.show("x" * 61) == repr("x" * 60 + "...")
+    assert policy.show("abcdef", 3) == repr("abc...")
+
+
+# -- the kubelet's checkpoint -------------------------------------------------------------------
+
+
+def checkpoint(root, entries, raw: "bytes | None" = None) -> None:
+    path = os.path.join(root, CHECKPOINT)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(raw if raw is not None else json.dumps(
+            {"Data": {"PodDeviceEntries": entries, "RegisteredDevices": {}}, "Checksum": 1}).encode())
+
+
+def entry(pod, resource, ids, resp=None, container="main") -> dict:
+    e = {"PodUID": pod, "ContainerName": container, "ResourceName": resource, "DeviceIDs": ids}
+    if resp is not None:
+        e["AllocResp"] = resp
+    return e
+
+
+def test_no_checkpoint_means_no_allocations(tmp_path):
+    assert policy.allocated_devices(str(tmp_path), "me") == ([], None)
+
+
+def test_the_allocations_of_other_pods_in_file_order(tmp_path):
+    resp = base64.b64encode(b"\x1a\x0c\x12\x0a/dev/nvid1").decode()
+    checkpoint(tmp_path, [
+        entry("p1", "nvidia.com/gpu", {"0": ["GPU-a", "GPU-b"], "1": ["GPU-c"]}, resp),
+        entry("me", "nvidia.com/gpu", {"-1": ["GPU-d"]}),
+        entry("p2", "amd.com/gpu", ["0000:43:00.0", 7]),  # a plain list before Kubernetes 1.20
+        entry("p3", "gpu.intel.com/i915", {"-1": None}),
+        entry("p4", "nvidia.com/gpu", None, resp=5),
+    ])
+    allocs, why = policy.allocated_devices(str(tmp_path), "me")
+    assert why is None and allocs == [
+        Allocation("nvidia.com/gpu", "GPU-a", "p1", resp), Allocation("nvidia.com/gpu", "GPU-b", "p1", resp),
+        Allocation("nvidia.com/gpu", "GPU-c", "p1", resp),
+        Allocation("amd.com/gpu", "0000:43:00.0", "p2", ""), Allocation("amd.com/gpu", "7", "p2", "")]
+    assert policy.alloc_device_paths(allocs[0].alloc_resp) == ("/dev/nvid1",)
+    # with no pod of its own (a container outside Kubernetes) every entry is someone else's
+    allocs, why = policy.allocated_devices(str(tmp_path), None)
+    assert why is None and [(a.pod, a.id) for a in allocs] == [
+        ("p1", "GPU-a"), ("p1", "GPU-b"), ("p1", "GPU-c"), ("me", "GPU-d"), ("p2", "0000:43:00.0"), ("p2", "7")]
+
+
+def test_odd_fields_of_an_entry_are_read_as_nothing(tmp_path):
+    checkpoint(tmp_path, [
+        {"DeviceIDs": {"-1": ["a", 1.5, None, ["x"], {"y": 1}, True]}},  # no pod, no resource; odd ids
+        {"PodUID": None, "ResourceName": None, "DeviceIDs": []},
+    ])
+    allocs, why = policy.allocated_devices(str(tmp_path), "me")
+    assert why is None and allocs == [Allocation("", "a", "", ""), Allocation("", "True", "", "")]
+
+
+def test_an_empty_list_of_entries(tmp_path):
+    checkpoint(tmp_path, None)
+    assert policy.allocated_devices(str(tmp_path), "me") == ([], None)
+
+
+@pytest.mark.parametrize("raw, why", [
+    (b"{", "JSONDecodeError"),
+    (b"[]", "TypeError"),
+    (b"{}", "KeyError"),
+    (b'{"Data": {}}', "KeyError"),
+    (b'{"Data": []}', "TypeError"),
+    (b'{"Data": {"PodDeviceEntries": [1]}}', "AttributeError"),
+    (b'{"Data": {"PodDeviceEntries": 5}}', "TypeError"),
+    (b'{"Data": {"PodDeviceEntries": [{"DeviceIDs": {"-1": 3}}]}}', "TypeError"),
+    (b"\xff\xfe", "UnicodeDecodeError"),
+])
+def test_a_checkpoint_that_is_not_one_says_why(tmp_path, raw, why):
+    checkpoint(tmp_path, None, raw)
+    assert policy.allocated_devices(str(tmp_path), "me") == (
+        None, f"{policy.CHECKPOINT}: not a device manager checkpoint ({why})")
+
+
+def test_a_checkpoint_that_cannot_be_read_is_unreadable(tmp_path):
+    os.makedirs(os.path.join(tmp_path, CHECKPOINT))  # a directory in its place
+    assert policy.allocated_devices(str(tmp_path), "me") == (None, f"{policy.CHECKPOINT} unreadable")
+
+
+def test_a_checkpoint_too_large_to_be_the_kubelets_is_unreadable(tmp_path):
+    path = os.path.join(tmp_path, CHECKPOINT)
+    os.makedirs(os.path.dirname(path))
+    with open(path, "wb") as f:
+        f.truncate((32 << 20) + 1)
+    assert policy.allocated_devices(str(tmp_path), "me") == (None, f"{policy.CHECKPOINT} unreadable")
+    with open(path, "wb") as f:  # 32 MiB is still read
+        data = b'{"Data": {"PodDeviceEntries": []}}'
+        f.write(data + b" " * ((32 << 20) - len(data)))
+    assert policy.allocated_devices(str(tmp_path), "me") == ([], None)
+
+
+def test_a_dangling_link_as_the_checkpoint_is_unreadable_not_absent(tmp_path):
+    path = os.path.join(tmp_path, CHECKPOINT)
+    os.makedirs(os.path.dirname(path))
+    os.symlink("/nonexistent/checkpoint", path)
+    assert policy.allocated_devices(str(tmp_path), "me") == (None, f"{policy.CHECKPOINT} unreadable")
