@@ -72,7 +72,8 @@ lint: venv
 # function's mutants, which fifth rotating with the commit (a whole run from scratch: 30+ min).
 MUTATION_JOBS ?= 2
 MUTATION_SAMPLE ?=
-MUTANTS ?= $(if $(MUTATION_SAMPLE),$(shell $(BIN)/python tests/mutation_score.py --sample $(MUTATION_SAMPLE)))
+MUTATION_SEED ?=
+MUTANTS ?= $(if $(MUTATION_SAMPLE),$(shell $(BIN)/python tests/mutation_score.py --sample $(MUTATION_SAMPLE) $(MUTATION_SEED)))
 mutation: venv
 	@[ -f tests/mutants-equivalent.txt ]
 	@echo "mutmut over $(or $(MUTANTS),every mutant) (log: mutants.log)"

@@ -5,10 +5,14 @@ broken file, cache or front file there does (never more than the defaults and a 
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import subprocess
+import sys
 
 import pytest
 
+from conftest import REPO
 from gpuhook import config as cfg
 
 
@@ -75,16 +79,36 @@ def test_a_config_that_cannot_be_opened_is_the_defaults_with_a_line(node):
 def test_a_config_that_is_not_utf8_is_the_defaults_and_the_front_leaves_it_to_python(node):
     node.write_bytes(b'runtime = "/usr/bin/\xff"\n')
     assert cfg.load(str(node)) == (cfg.Config(), [f"{node} is not UTF-8; defaults used"])
+    assert stat.S_IMODE(os.stat(cfg.cache_dir()).st_mode) == 0o700  # made private by the front file's write
     assert front_fields(str(node))["errors"] == "1"
     assert front_fields(str(node))["runtime"] == ""
 
 
 def test_invalid_toml_is_the_defaults_with_the_parsers_reason(node):
+    import tomllib
+
     node.write_text("share = \n")
-    conf, errors = cfg.load(str(node))
-    assert conf == cfg.Config()
-    assert len(errors) == 1 and errors[0].startswith(f"{node}: invalid TOML: ") and len(errors[0]) > len(
-        f"{node}: invalid TOML: ")
+    with pytest.raises(tomllib.TOMLDecodeError) as reason:
+        tomllib.loads(node.read_text())
+    assert cfg.load(str(node)) == (cfg.Config(), [f"{node}: invalid TOML: {reason.value}"])
+
+
+def test_a_config_over_the_limit_is_refused_whole_not_read_cut(node):
+    line = b'fail_mode = "closed"\n'
+    pad = b"#" * (cfg.MAX_CONFIG_BYTES - len(line) - 1) + b"\n"
+    node.write_bytes(pad + line)  # exactly the limit: read
+    assert cfg.load(str(node)) == (cfg.Config(fail_mode="closed"), [])
+    node.write_bytes(pad + line + b"\n")  # one byte more: the defaults and a line, the front told so
+    assert cfg.load(str(node)) == (cfg.Config(), [f"{node} is larger than 1 MiB; defaults used"])
+    assert front_fields(str(node))["errors"] == "1"
+    node.write_bytes(pad + b"x" * (2 << 20))
+    assert cfg.load(str(node)) == (cfg.Config(), [f"{node} is larger than 1 MiB; defaults used"])
+
+
+def test_an_executable_config_file_is_still_a_regular_file(node):
+    node.write_text('fail_mode = "closed"\n')
+    node.chmod(0o755)
+    assert cfg.load(str(node)) == (cfg.Config(fail_mode="closed"), [])
 
 
 def test_an_overlong_toml_error_is_cut():
@@ -172,7 +196,7 @@ def test_a_normal_absolute_path(path, clean):
 
 @pytest.mark.parametrize("key, valid", [
     ("gpu.type", True), ("a", True), ("A9", True), ("x" * 63, True), ("a-b_c.d", True),
-    ("example.com/gpu", True), ("a/b", True), ("a-b.c-d/x", True), (("a" * 63 + ".") * 3 + "a" * 61 + "/x", True),
+    ("example.com/gpu", True), ("a/b", True), ("a-0123456789bcdefghijklmnopqrstuvwxyz.io/x", True), ("a-b.c-d/x", True), (("a" * 63 + ".") * 3 + "a" * 61 + "/x", True),
     ("", True),  # off
     ("x" * 64, False), ("-a", False), ("a-", False), ("_a", False), ("a.", False), ("a b", False), ("é", False),
     ("/x", False), ("a/", False), ("a/b/c", False), ("Example.com/x", False), ("-a.com/x", False),
@@ -270,14 +294,15 @@ def test_a_cache_not_gpuhooks_own_or_not_current_is_never_used(node, how):
     assert cfg.load(str(node)) == (cfg.Config(runtime="/usr/bin/crun"), [])
 
 
-def test_a_cache_readable_by_others_but_gpuhooks_own_is_used(node):
+@pytest.mark.parametrize("mode", [0o644, 0o755, 0o711])
+def test_a_cache_others_may_read_but_not_write_is_gpuhooks_own_and_used(node, mode):
     node.write_text('runtime = "/usr/bin/crun"\n')
     cfg.load(str(node))
     path = cache_file(node)
     text = open(path).read().replace("/usr/bin/crun", "/usr/bin/runc")
     with open(path, "w") as f:
         f.write(text)
-    os.chmod(path, 0o644)
+    os.chmod(path, mode)
     assert cfg.load(str(node))[0].runtime == "/usr/bin/runc"
 
 
@@ -327,7 +352,7 @@ def test_the_front_file_is_not_rewritten_while_it_says_the_same(node):
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
 
 
-@pytest.mark.parametrize("how", ["world-writable", "group-writable", "other owner", "link", "different"])
+@pytest.mark.parametrize("how", ["world-writable", "group-writable", "other owner", "link", "different", "fifo"])
 def test_a_front_file_not_gpuhooks_own_is_replaced(node, tmp_path, how):
     node.write_text('runtime = "/usr/bin/crun"\n')
     cfg.load(str(node))
@@ -341,6 +366,9 @@ def test_a_front_file_not_gpuhooks_own_is_replaced(node, tmp_path, how):
     elif how == "different":
         with open(front, "wb") as f:
             f.write(good.replace(b"runtime=/usr/bin/crun", b"runtime=/tmp/evil"))
+    elif how == "fifo":  # must not hang the create
+        os.unlink(front)
+        os.mkfifo(front, 0o600)
     else:
         os.chmod(front, {"world-writable": 0o602, "group-writable": 0o620, "other owner": 0o600}[how])
         if how == "other owner":
@@ -351,11 +379,12 @@ def test_a_front_file_not_gpuhooks_own_is_replaced(node, tmp_path, how):
     assert open(front, "rb").read() == good
 
 
-def test_a_front_file_readable_by_others_but_gpuhooks_own_is_kept(node):
+@pytest.mark.parametrize("mode", [0o644, 0o755, 0o711])
+def test_a_front_file_others_may_read_but_not_write_is_kept(node, mode):
     node.write_text('runtime = "/usr/bin/crun"\n')
     cfg.load(str(node))
     front = cfg.front_file(str(node))
-    os.chmod(front, 0o644)
+    os.chmod(front, mode)
     ino = os.stat(front).st_ino
     cfg.load(str(node))
     assert os.stat(front).st_ino == ino
@@ -384,6 +413,9 @@ def test_a_front_file_of_exactly_the_limit_is_still_written(node):
     assert st is not None and len(cfg.front_text(st, cfg.parse(node.read_text())[0], [])) == cfg.MAX_FRONT_BYTES
     cfg.load(str(node))
     assert os.path.getsize(cfg.front_file(str(node))) == cfg.MAX_FRONT_BYTES
+    ino = os.stat(cfg.front_file(str(node))).st_ino
+    cfg.load(str(node))  # read whole and found the same: kept
+    assert os.stat(cfg.front_file(str(node))).st_ino == ino
 
 
 def test_a_front_file_that_cannot_be_written_costs_nothing(node, tmp_path, monkeypatch):
@@ -407,6 +439,8 @@ def test_the_front_is_known_by_its_name_its_file_or_a_copy(tmp_path, monkeypatch
     assert cfg.is_front(str(tmp_path / "hardlink"))
     copy = tmp_path / "copy"
     copy.write_bytes(data)
+    assert cfg.is_front(str(copy))
+    copy.chmod(0o755)  # an executable copy, as installed
     assert cfg.is_front(str(copy))
     for i, b in [(0, b"X"), (len(data) - 1, b"X"), (1 << 16, b"X"), ((1 << 16) - 1, b"X")]:
         copy.write_bytes(data[:i] + b + data[i + 1:])  # same size, one byte differs
@@ -437,3 +471,56 @@ def test_the_shipped_front_is_the_front(tmp_path):
     copy = tmp_path / "runtime"
     copy.write_bytes(open(cfg.FRONT_BINARY, "rb").read())
     assert cfg.is_front(str(copy))
+
+
+# -- the real runtime -------------------------------------------------------------------------
+
+
+def test_a_relative_runtime_path_is_taken_from_the_working_directory_not_path(tmp_path, monkeypatch):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "bin" / "sub").mkdir(parents=True)
+    for d in ("sub", "bin/sub"):
+        (tmp_path / d / "runc").write_text("#!/bin/sh\n")
+        (tmp_path / d / "runc").chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    assert cfg.find_runtime("sub/runc") == "sub/runc"
+    os.unlink(tmp_path / "sub" / "runc")
+    assert cfg.find_runtime("sub/runc") is None  # never looked up on PATH (bin/sub/runc)
+
+
+STANDARD_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+
+
+def test_without_path_the_runtime_is_looked_up_in_the_standard_directories(monkeypatch):
+    monkeypatch.delenv("PATH", raising=False)
+    want = next((os.path.join(d, n) for n in ("runc", "crun") for d in STANDARD_PATH
+                 if os.access(os.path.join(d, n), os.X_OK)), None)
+    if want is None:
+        pytest.skip("neither runc nor crun installed")
+    assert cfg.find_runtime(None) == want
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare")
+@pytest.mark.parametrize("layout, want", [
+    ({"/usr/local/sbin": ["runc"]}, "/usr/local/sbin/runc"),
+    ({"/usr/local/sbin": ["crun"], "/usr/local/bin": ["runc"]}, "/usr/local/bin/runc"),
+])
+def test_a_node_without_path_looks_in_usr_local_first(tmp_path, layout, want):
+    """A node whose runtime starts gpuhook without PATH and whose runc is a local build: found
+    in /usr/local (sbin, then bin) before the distribution's. The two directories are the
+    test's own, mounted over the host's in a mount namespace of a child."""
+    binds = []
+    for d in ("/usr/local/sbin", "/usr/local/bin"):
+        mine = tmp_path / d.strip("/").replace("/", "_")
+        mine.mkdir()
+        for name in layout.get(d, []):
+            (mine / name).write_text("#!/bin/sh\n")
+            (mine / name).chmod(0o755)
+        binds.append(f"mount --bind {mine} {d}")
+    probe = "import sys; from gpuhook import config; sys.stdout.write(repr(config.find_runtime(None)))"
+    script = " && ".join(["mount --make-rprivate /", *binds, f"exec env -u PATH {sys.executable} -c '{probe}'"])
+    r = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, cwd=REPO)
+    if r.returncode != 0 and "mount" in r.stderr:
+        pytest.skip("cannot mount here: " + r.stderr.strip())
+    assert r.returncode == 0 and r.stdout == repr(want), r.stderr

@@ -85,6 +85,19 @@ def test_a_ttl_of_zero_probes_every_time_and_stores_nothing(tmp_path, probes):
     assert len(probes) == 2 and not os.path.exists(tmp_path / "cache")
     use(fh, tmp_path, ttl=-1)
     assert len(probes) == 3 and not os.path.exists(tmp_path / "cache")
+    use(fh, tmp_path, ttl=0, nvidia_driver_root="/run/nvidia/driver")  # the setting still holds
+    assert probes[-1] == (fh.root, "/run/nvidia/driver")
+
+
+def test_a_ttl_under_a_second_is_a_ttl(tmp_path, probes, clock):
+    fh = host(tmp_path)
+    use(fh, tmp_path, ttl=0.5)
+    clock[0] += 0.4
+    use(fh, tmp_path, ttl=0.5)
+    assert len(probes) == 1
+    clock[0] += 0.1
+    use(fh, tmp_path, ttl=0.5)
+    assert len(probes) == 2
 
 
 def test_the_agents_validity_outlasts_the_ttl_up_to_an_hour(tmp_path, probes, clock):
@@ -141,10 +154,11 @@ def test_an_entry_gpuhook_did_not_write_is_never_used(tmp_path, probes, how):
     assert use(fh, tmp_path).vendors and len(probes) == 2
 
 
-def test_an_entry_others_may_read_is_still_gpuhooks(tmp_path, probes):
+@pytest.mark.parametrize("mode", [0o644, 0o755, 0o711])
+def test_an_entry_others_may_read_is_still_gpuhooks(tmp_path, probes, mode):
     fh = host(tmp_path)
     use(fh, tmp_path)
-    os.chmod(entry_path(tmp_path, fh), 0o644)
+    os.chmod(entry_path(tmp_path, fh), mode)
     use(fh, tmp_path)
     assert len(probes) == 1
 
@@ -217,3 +231,28 @@ def test_the_host_root_itself(tmp_path):
     st = os.stat("/dev")
     assert fp[2 + cache.WATCHED.index("/dev")] == [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
     assert cache._dir_stats("", ["/dev", "/nonexistent"]) == [fp[2 + cache.WATCHED.index("/dev")], None]
+
+
+def test_a_root_whose_name_ends_in_x_keeps_its_files(tmp_path, probes):
+    """The files a result names are checked under the root as it is named (only a trailing /
+    taken off): a result naming libraries is reused."""
+    fh = fakehost.FakeHost(str(tmp_path / "hostX"), mknod=False)
+    fakehost.nvidia(fh, gpus=1)
+    inv = use(fh, tmp_path)
+    assert cache.mounted_files(inv)
+    assert use(fh, tmp_path) == inv and len(probes) == 1
+
+
+def test_the_nodes_own_root_reuses_a_result_naming_its_files(tmp_path, monkeypatch):
+    """root "/": the node's own paths, unprefixed, for the fingerprint and for the files a
+    result names (here one that names /etc/hostname as a library)."""
+    from gpuhook.inventory import Inventory, Library, VendorInventory
+
+    inv = Inventory("/", (VendorInventory("nvidia", (), (), (Library("/etc/hostname", "libx.so.1", "compute"),)),))
+    monkeypatch.setattr(probe_pkg, "probe", lambda root, **kw: Inventory(root, ()))
+    for _ in range(3):  # the node may change meanwhile (a device node made): then once more
+        cache.store("/", str(tmp_path / "cache"), inv, cache.fingerprint("/"))
+        if cache.probe_cached("/", str(tmp_path / "cache"), 60.0) == inv:
+            break
+    else:
+        raise AssertionError("a result for / naming node files was never reused")
