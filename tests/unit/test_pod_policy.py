@@ -220,3 +220,57 @@ def test_a_dangling_link_as_the_checkpoint_is_unreadable_not_absent(tmp_path):
     os.makedirs(os.path.dirname(path))
     os.symlink("/nonexistent/checkpoint", path)
     assert policy.allocated_devices(str(tmp_path), "me") == (None, f"{policy.CHECKPOINT} unreadable")
+
+
+# -- the device plugin's answer in the checkpoint (AllocResp) ---------------------------------
+
+
+def _varint(n: int) -> bytes:
+    out = b""
+    while True:
+        out += bytes([n & 0x7F | (0x80 if n > 0x7F else 0)])
+        n >>= 7
+        if not n:
+            return out
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field (wire type 2)."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+@pytest.mark.parametrize("env_len", [0, 100, 200, 20000])  # lengths of one, two and three varint bytes
+def test_the_plugins_device_paths_are_read_past_envs_of_any_length(env_len):
+    """ContainerAllocateResponse: envs (1, a map entry {key 1, value 2}) then devices (3,
+    DeviceSpec {container_path 1, host_path 2, permissions 3}), as the kubelet keeps it."""
+    env = _field(1, _field(1, b"NVIDIA_VISIBLE_DEVICES") + _field(2, b"M" * env_len))
+    paths = ["/dev/nvidia7", "/dev/nvidia-caps/nvidia-cap21", "/dev/nvidiactl", "/dev/" + "x" * 130]
+    devices = b"".join(_field(3, _field(1, p.encode()) + _field(2, p.encode()) + _field(3, b"rw")) for p in paths)
+    fixed = bytes([5 << 3 | 5]) + b"\0" * 4 + bytes([6 << 3 | 1]) + b"\0" * 8 + bytes([7 << 3]) + _varint(300)
+    raw = base64.b64encode(env + fixed + devices).decode()
+    assert policy.alloc_device_paths(raw) == tuple(paths)
+
+
+def test_a_varint_of_more_than_ten_bytes_ends_the_read():
+    key = bytes([0x9A] + [0x80] * 9 + [0x00])  # field 3, wire 2, spelt in 11 bytes
+    good = _field(3, _field(2, b"/dev/nvidia0"))
+    assert policy.alloc_device_paths(base64.b64encode(good + key + good[1:]).decode()) == ("/dev/nvidia0",)
+
+
+def test_an_answer_cut_inside_a_device_names_none_of_it():
+    whole = _field(3, _field(2, b"/dev/nvidia0") + _field(3, b"rw"))
+    cut = whole[:-3]  # the length still says the whole DeviceSpec
+    assert policy.alloc_device_paths(base64.b64encode(whole).decode()) == ("/dev/nvidia0",)
+    assert policy.alloc_device_paths(base64.b64encode(cut).decode()) == ()
+
+
+def test_an_answer_that_is_not_strict_base64_names_no_device():
+    raw = base64.b64encode(_field(3, _field(2, b"/dev/nvidia0"))).decode()
+    assert policy.alloc_device_paths(raw) == ("/dev/nvidia0",)
+    for bad in (raw[:4] + "\n" + raw[4:], raw[:4] + "!" + raw[4:], raw[:4] + "-_" + raw[4:]):
+        assert policy.alloc_device_paths(bad) == ()
+
+
+def test_a_device_path_that_is_not_utf8_is_read_with_replacements():
+    raw = base64.b64encode(_field(3, _field(2, b"/dev/nvidia\xff0"))).decode()
+    assert policy.alloc_device_paths(raw) == ("/dev/nvidia\ufffd0",)

@@ -110,8 +110,12 @@ EVERYTHING = ALL_NV | ALL_AMD | ALL_INTEL
     ("gpu.intel.com/i915", "card1-0", {"intel:0000:04:00.0"}),
     ("gpu.intel.com/xe", "card0-3", {"intel:0000:03:00.0"}),
     ("gpu.intel.com/i915_monitoring", "all", set()),
-    # another vendor's resource takes no GPU of these
+    # another vendor's resource takes no GPU of these, unless its id is one of a GPU's own
     ("example.com/fpga", "fpga0", set()),
+    ("example.com/vgpu", UUIDS[1], {f"nvidia:{UUIDS[1]}"}),
+    ("example.com/vgpu", "0000:85:00.0", {"amd:0000:85:00.0"}),
+    ("example.com/display", "card1-0", {"intel:0000:04:00.0"}),
+    ("example.com/display", "card1", {"intel:0000:04:00.0"}),
 ])
 def test_each_device_plugin_id_takes_its_gpu(tmp_path, resource, ident, taken):
     got, held, warnings = given(str(tmp_path), [(OTHER, resource, [ident]), (ME, "nvidia.com/gpu", [f"{UUIDS[0]}::1"])])
@@ -222,6 +226,24 @@ def test_a_mig_uuid_is_mapped_to_its_parent_by_the_plugins_device_nodes(tmp_path
     # without device nodes in the answer (the default, passDeviceSpecs=false): every NVIDIA GPU held back
     got, held, warnings = given(str(tmp_path / "b"), [(OTHER, "nvidia.com/mig-1g.10gb", [MIG_UUID])], vendors=(nvidia,))
     assert got == set() and {h["device"] for h in held} == ALL_NV and any("cannot map" in w for w in warnings)
+
+
+def test_mig_instances_on_two_gpus_hold_back_both_parents(tmp_path):
+    """One container given MIG instances of two GPUs: the plugin's answer names both parents
+    (/dev/nvidia5 and /dev/nvidia7: indices 1 and 3); both are held back, the others given."""
+    root = str(tmp_path)
+    other = "MIG-1f2c1d90-3e5a-5b17-9c2e-5da9abb51764"
+    resp = alloc_resp(["/dev/nvidiactl", "/dev/nvidia5", "/dev/nvidia7"], {"NVIDIA_VISIBLE_DEVICES": f"{MIG_UUID},{other}"})
+    write_checkpoint(root, [(OTHER, "nvidia.com/mig-1g.10gb", [MIG_UUID, other])])
+    path = os.path.join(root, CHECKPOINT)
+    data = json.load(open(path))
+    data["Data"]["PodDeviceEntries"][0]["AllocResp"] = resp
+    json.dump(data, open(path, "w"))
+    explain: dict = {}
+    plan(Inventory(root, (nvidia(),)), request(annotations={"io.kubernetes.cri.sandbox-uid": ME}, rootfs=None),
+         config=Config(share="unallocated"), explain=explain)
+    assert sorted(h["device"] for h in explain["held_back"]) == sorted([f"nvidia:{UUIDS[1]}", f"nvidia:{UUIDS[3]}"])
+    assert set(explain["devices"]) == {f"nvidia:{UUIDS[0]}", f"nvidia:{UUIDS[2]}"}
 
 
 @pytest.mark.parametrize("raw,paths", [("", ()), ("CgA=", ()), ("not base64!", ()), ("////", ()),
