@@ -26,7 +26,7 @@ from gpuhook.plan import plan
 
 CHECKPOINT = "var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
 CUDA = Library("/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.14", "libcuda.so.1", "compute")
-UUIDS = [f"GPU-{i:08x}-3e5a-4b17-9c2e-5da9abb517{i:02x}" for i in range(4)]
+UUIDS = [f"GPU-{i:08x}-3e5a-4b17-9c2e-5da9abb6f8{i:02x}" for i in range(4)]  # every hex digit, as real ones
 ME = "6f1c2a9e-0d3b-4c55-9a1e-7b2d8c4f0a11"
 OTHER = "b4e7d1f0-8c2a-4e9b-a3d5-1f6e0c9b7a22"
 
@@ -92,6 +92,7 @@ EVERYTHING = ALL_NV | ALL_AMD | ALL_INTEL
     ("nvidia.com/gpu.shared", f"{UUIDS[2]}::1", {f"nvidia:{UUIDS[2]}"}),  # renameByDefault
     ("nvidia.com/gpu", "2", {f"nvidia:{UUIDS[2]}"}),
     ("nvidia.com/gpu", "0::1", {f"nvidia:{UUIDS[0]}"}),
+    ("nvidia.com/gpu", f"{UUIDS[1]}::123456789", {f"nvidia:{UUIDS[1]}"}),  # a replica number of up to 9 digits
     ("nvidia.com/gpu", UUIDS[3].lower(), {f"nvidia:{UUIDS[3]}"}),
     # NVIDIA MIG, mapped to the parent GPU: the old UUID form, and the index form <gpu>:<mig>
     ("nvidia.com/mig-1g.10gb", f"MIG-{UUIDS[1]}/7/0", {f"nvidia:{UUIDS[1]}"}),
@@ -141,6 +142,10 @@ def test_an_amd_partition_on_an_xcp_platform_device(tmp_path):
     ("nvidia.com/gpu", "9", "nvidia"),
     ("nvidia.com/gpu", "nvidia0", "nvidia"),
     ("nvidia.com/gpu", f"{UUIDS[0]}::x", "nvidia"),
+    ("nvidia.com/gpu", f"{UUIDS[0]}::1234567890", "nvidia"),  # 10 digits: no replica number gpuhook reads
+    ("nvidia.com/gpu", f"{UUIDS[0]}::", "nvidia"),
+    ("amd.com/gpu", "000:85:00.0", "amd"),  # a PCI address with a short domain
+    ("amd.com/gpu", "0000:85:0.0", "amd"),
     ("nvidia.com/gpu", "vgpu-7", "nvidia"),
     ("amd.com/gpu", "amdgpu_xcp_9", "amd"),  # no such platform device
     ("amd.com/gpu", "gpu-0", "amd"),
