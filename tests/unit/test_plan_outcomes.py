@@ -1,0 +1,193 @@
+"""What plan() decides for a container, read as a user reads it: the edits (env, device nodes,
+mounts, hooks, groups), the vendors and devices given, the devices held back, the one-line
+reason when a GPU node gives nothing, and the warnings. Inputs are what a pod author, an
+image or a node brings: the env, the annotations, the devices a device plugin already put in
+the spec, the node's inventory and config.
+
+outcome() is the one place that reads plan()'s result: when plan() returns another shape,
+only it changes."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import pytest
+
+from conftest import request
+from gpuhook.config import Config
+from gpuhook.edits import Edits
+from gpuhook.inventory import Device, Inventory, Library, Node, VendorInventory
+from gpuhook.plan import plan, unusable
+
+V = "550.54.14"
+LIB = "/usr/lib/x86_64-linux-gnu"
+CUDA = Library(f"{LIB}/libcuda.so.{V}", "libcuda.so.1", "compute")
+NVML = Library(f"{LIB}/libnvidia-ml.so.{V}", "libnvidia-ml.so.1", "utility")
+
+
+class Outcome(NamedTuple):
+    edits: Edits
+    vendors: tuple
+    devices: tuple
+    held_back: tuple  # ((device, why), ...)
+    reason: "str | None"
+    warnings: tuple
+
+    def env(self, key: str) -> "str | None":
+        return next((e.split("=", 1)[1] for e in self.edits.env if e.startswith(key + "=")), None)
+
+    @property
+    def nodes(self) -> list:
+        return [n.path for n in self.edits.device_nodes]
+
+    @property
+    def mounts(self) -> dict:
+        return {m.container_path: m.host_path for m in self.edits.mounts}
+
+
+def outcome(inv: Inventory, req=None, **kw) -> Outcome:
+    warnings: list = []
+    explain: dict = {}
+    edits = plan(inv, req if req is not None else request(rootfs=None), warnings=warnings, explain=explain, **kw)
+    return Outcome(edits, tuple(explain.get("vendors", ())), tuple(explain.get("devices", ())),
+                   tuple((h["device"], h["why"]) for h in explain.get("held_back", ())), explain.get("reason"),
+                   tuple(warnings))
+
+
+def nvidia(n=2, libs=(CUDA, NVML), version=V, binaries=()) -> VendorInventory:
+    return VendorInventory("nvidia", tuple(
+        Device("nvidia", "gpu", i, f"GPU-{i:04d}", (Node(f"/dev/nvidia{i}", "c", 195, i),), f"0000:{0x18 + i:02x}:00.0")
+        for i in range(n)), (Node("/dev/nvidiactl", "c", 195, 255),), tuple(libs), tuple(binaries), version)
+
+
+def amd(n=1) -> VendorInventory:
+    return VendorInventory("amd", tuple(
+        Device("amd", "gpu", i, f"0000:{0x43 + i:02x}:00.0", (Node(f"/dev/dri/renderD{128 + i}", "c", 226, 128 + i),),
+               f"0000:{0x43 + i:02x}:00.0") for i in range(n)), (Node("/dev/kfd", "c", 235, 0),))
+
+
+def dxg(libs=("libdxcore.so",)) -> VendorInventory:
+    return VendorInventory("dxg", (Device("dxg", "gpu", 0, "dxg0", (Node("/dev/dxg", "c", 10, 63),)),), (),
+                           tuple(Library(f"/usr/lib/wsl/lib/{n}", n, "compute") for n in libs))
+
+
+# -- a vendor whose userspace is missing -----------------------------------------------------------
+
+
+def test_nvidia_without_libcuda_is_left_out_whole_with_why():
+    o = outcome(Inventory("/", (nvidia(libs=(NVML,)), amd())))
+    assert o.vendors == ("amd",) and o.env("GPUHOOK_ACCELERATOR") == "amd"
+    assert not any(p.startswith("/dev/nvidia") for p in o.nodes) and not any("nvidia" in p for p in o.mounts)
+    assert o.warnings == (f"nvidia: 2 device(s) not given: no libcuda.so.1 of driver {V} on this node "
+                          "(capability compute); the container runs without them",)
+
+
+def test_what_a_container_of_nvidia_needs_follows_its_capabilities():
+    only_nvml = Inventory("/", (nvidia(libs=(NVML,)),))
+    only_cuda = Inventory("/", (nvidia(libs=(CUDA,)),))
+    utility = request(env={"NVIDIA_DRIVER_CAPABILITIES": "utility"}, rootfs=None)
+    assert outcome(only_nvml, utility).vendors == ("nvidia",)  # utility needs NVML only
+    o = outcome(only_cuda, utility)
+    assert o.vendors == () and o.warnings == (
+        f"nvidia: 2 device(s) not given: no libnvidia-ml.so.1 of driver {V} on this node (capability utility); "
+        "the container runs without them",)
+    video = request(env={"NVIDIA_DRIVER_CAPABILITIES": "video"}, rootfs=None)
+    assert outcome(Inventory("/", (nvidia(libs=()),)), video).vendors == ("nvidia",)  # needs neither
+    assert outcome(only_cuda, request(env={"NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}, rootfs=None)).vendors \
+        == ("nvidia",)  # compute first: libcuda is what it cannot work without
+
+
+def test_the_missing_library_names_the_driver_or_says_it_is_unknown():
+    assert unusable(nvidia(libs=(NVML,))) == (
+        "no-libcuda", f"no libcuda.so.1 of driver {V} on this node (capability compute)")
+    assert unusable(nvidia(libs=(NVML,), version=None)) == (
+        "no-libcuda", "no libcuda.so.1 of driver (unknown version) on this node (capability compute)")
+    assert unusable(nvidia(libs=(CUDA,)), frozenset({"utility"})) == (
+        "no-libnvidia-ml", f"no libnvidia-ml.so.1 of driver {V} on this node (capability utility)")
+    assert unusable(nvidia(libs=(CUDA,)), frozenset({"utility", "compute"})) is None
+    assert unusable(nvidia(libs=()), frozenset({"graphics"})) is None
+    assert unusable(nvidia()) is None and unusable(amd()) is None
+
+
+def test_wsl_without_libdxcore_is_left_out():
+    assert unusable(dxg()) is None
+    assert unusable(dxg(libs=("libd3d12.so",))) == ("no-libdxcore", "no libdxcore.so in /usr/lib/wsl/lib")
+    assert unusable(dxg(libs=("libdxcore.so.1",))) is not None  # the exact file the runtime loads
+    o = outcome(Inventory("/", (dxg(libs=("libd3d12.so",)),)))
+    assert o.edits == Edits() and o.warnings == (
+        "dxg: 1 device(s) not given: no libdxcore.so in /usr/lib/wsl/lib; the container runs without them",)
+    assert o.reason is not None and o.reason.startswith("no usable GPU for this container")
+
+
+# -- why a GPU node gave nothing ------------------------------------------------------------------
+
+
+def test_each_reason_for_nothing():
+    inv = Inventory("/", (nvidia(), amd()))
+    assert outcome(inv, request(annotations={"gpuhook.dev/max-gpus": "0"}, rootfs=None)).reason == \
+        'the pod says gpuhook.dev/max-gpus: "0"'
+    assert outcome(Inventory("/", (nvidia(),)), request(annotations={"gpuhook.dev/vendors": "amd"}, rootfs=None)).reason \
+        == "the pod's gpuhook.dev/vendors names no vendor of this node"
+    assert outcome(inv, request(annotations={"gpuhook.dev/inject": "false"}, rootfs=None)).reason == \
+        'the pod says gpuhook.dev/inject: "false"'
+    o = outcome(Inventory("/", (nvidia(),)), request(env={"NVIDIA_VISIBLE_DEVICES": "7"}, rootfs=None))
+    assert o.edits == Edits() and o.reason == ("no usable GPU for this container (its NVIDIA_VISIBLE_DEVICES, or a "
+                                               "vendor's userspace missing: see warnings)")
+    given = outcome(inv)
+    assert given.reason is None and given.vendors == ("nvidia", "amd")
+    assert given.devices == ("nvidia:GPU-0000", "nvidia:GPU-0001", "amd:0000:43:00.0")
+
+
+def test_a_vendor_named_by_the_pod_but_without_devices_is_no_vendor_of_the_node():
+    empty_amd = VendorInventory("amd", (), (Node("/dev/kfd", "c", 235, 0),))
+    o = outcome(Inventory("/", (nvidia(), empty_amd)), request(annotations={"gpuhook.dev/vendors": "amd"}, rootfs=None))
+    assert o.edits == Edits() and o.reason == "the pod's gpuhook.dev/vendors names no vendor of this node"
+
+
+def test_nothing_at_all_for_a_sandbox_or_a_node_without_gpus():
+    for key in ("io.kubernetes.cri.container-type", "io.kubernetes.cri-o.ContainerType"):
+        o = outcome(Inventory("/", (nvidia(),)), request(annotations={key: "sandbox"}, rootfs=None))
+        assert o == Outcome(Edits(), (), (), (), None, ())
+    assert outcome(Inventory("/", ())) == Outcome(Edits(), (), (), (), None, ())
+
+
+# -- NVIDIA_VISIBLE_DEVICES=none: the driver, no GPU -------------------------------------------------
+
+
+def test_visible_none_gives_the_driver_files_and_no_device():
+    o = outcome(Inventory("/", (nvidia(),)), request(env={"NVIDIA_VISIBLE_DEVICES": "none"}, rootfs=None))
+    assert o.nodes == ["/dev/nvidiactl"] and f"{LIB}/libcuda.so.{V}" in o.mounts
+    assert o.vendors == () and o.devices == () and o.env("GPUHOOK_ACCELERATOR") is None
+
+
+@pytest.mark.parametrize("value", ["void", ""])
+def test_visible_void_gives_nothing_of_nvidia(value):
+    o = outcome(Inventory("/", (nvidia(), amd())), request(env={"NVIDIA_VISIBLE_DEVICES": value}, rootfs=None))
+    assert o.vendors == ("amd",) and not any("nvidia" in p for p in o.nodes)
+
+
+# -- share = "unallocated" is the default --------------------------------------------------------------
+
+
+def test_without_a_node_config_the_kubelets_allocations_are_held_back(tmp_path):
+    import json
+    import os
+
+    path = tmp_path / "var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+    os.makedirs(path.parent)
+    path.write_text(json.dumps({"Data": {"PodDeviceEntries": [
+        {"PodUID": "other", "ResourceName": "nvidia.com/gpu", "DeviceIDs": {"0": ["GPU-0001"]}}]}}))
+    inv = Inventory(str(tmp_path), (nvidia(),))
+    o = outcome(inv)
+    assert o.devices == ("nvidia:GPU-0000",)
+    assert o.held_back == (("nvidia:GPU-0001", "allocated by the kubelet to pod 'other' (nvidia.com/gpu 'GPU-0001')"),)
+    assert outcome(inv, config=Config(share="all")).devices == ("nvidia:GPU-0000", "nvidia:GPU-0001")
+    assert outcome(inv, config=Config()).devices == ("nvidia:GPU-0000",)
+    path.write_text("{not json")
+    o = outcome(inv)
+    assert o.edits == Edits() and o.held_back == (("nvidia:GPU-0000", "the kubelet's checkpoint is unreadable"),
+                                                  ("nvidia:GPU-0001", "the kubelet's checkpoint is unreadable"))
+    assert o.reason == (f"/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint: not a device manager checkpoint "
+                        "(JSONDecodeError): which GPUs are free is unknown (share = unallocated)")
+    assert o.warnings == ("share = unallocated: /var/lib/kubelet/device-plugins/kubelet_internal_checkpoint: not a "
+                          "device manager checkpoint (JSONDecodeError); no GPU is given (which are free is unknown)",)
