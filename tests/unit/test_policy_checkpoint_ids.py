@@ -110,6 +110,7 @@ EVERYTHING = ALL_NV | ALL_AMD | ALL_INTEL
     # Intel: card name with the shared-device number; the monitoring resource takes none
     ("gpu.intel.com/i915", "card1-0", {"intel:0000:04:00.0"}),
     ("gpu.intel.com/xe", "card0-3", {"intel:0000:03:00.0"}),
+    ("gpu.intel.com/i915", "card1", {"intel:0000:04:00.0"}),
     ("gpu.intel.com/i915_monitoring", "all", set()),
     # another vendor's resource takes no GPU of these, unless its id is one of a GPU's own
     ("example.com/fpga", "fpga0", set()),
@@ -126,12 +127,14 @@ def test_each_device_plugin_id_takes_its_gpu(tmp_path, resource, ident, taken):
     assert not [w for w in warnings if "cannot map" in w]
 
 
-def test_an_amd_partition_on_an_xcp_platform_device(tmp_path):
-    """ROCm names partitions 1.. by their platform device: its render node says which."""
+@pytest.mark.parametrize("name", ["amdgpu_xcp_2", "amdgpu_xcp.2"])
+def test_an_amd_partition_on_an_xcp_platform_device(tmp_path, name):
+    """ROCm names partitions 1.. by their platform device (the kernel's amdgpu_xcp.<n>, or
+    amdgpu_xcp_<n>): its render node says which."""
     root = str(tmp_path)
-    os.makedirs(os.path.join(root, "sys/devices/platform/amdgpu_xcp_2/drm/renderD130"))
-    os.makedirs(os.path.join(root, "sys/devices/platform/amdgpu_xcp_2/drm/card12"))
-    got, held, warnings = given(root, [(OTHER, "amd.com/cpx_nps4", ["amdgpu_xcp_2-slice-0"])], vendors=(amd,))
+    os.makedirs(os.path.join(root, f"sys/devices/platform/{name}/drm/renderD130"))
+    os.makedirs(os.path.join(root, f"sys/devices/platform/{name}/drm/card12"))
+    got, held, warnings = given(root, [(OTHER, "amd.com/cpx_nps4", [f"{name}-slice-0"])], vendors=(amd,))
     assert {h["device"] for h in held} == {"amd:0000:05:00.2"}
     assert got == ALL_AMD - {"amd:0000:05:00.2"} and warnings == []
 
@@ -145,6 +148,15 @@ def test_an_amd_partition_on_an_xcp_platform_device(tmp_path):
     ("nvidia.com/gpu", f"{UUIDS[0]}::1234567890", "nvidia"),  # 10 digits: no replica number gpuhook reads
     ("nvidia.com/gpu", f"{UUIDS[0]}::", "nvidia"),
     ("amd.com/gpu", "000:85:00.0", "amd"),  # a PCI address with a short domain
+    ("amd.com/gpu", "0000:85:00.0-slice-x", "amd"),
+    ("gpu.intel.com/i915", "all", "intel"),  # "all" takes nothing only under the monitoring resource
+    ("gpu.intel.com/i915", "card1-x", "intel"),
+    ("nvidia.com/gpu", "nvidia5/foo", "nvidia"),  # GKE's names: /gi<n> and /vgpu<n> only, at most two
+    ("nvidia.com/gpu", "nvidia5/xx3", "nvidia"),
+    ("nvidia.com/gpu", "nvidia5/vgpux", "nvidia"),
+    ("nvidia.com/gpu", "nvidia4/gi1/vgpu0/vgpu1", "nvidia"),
+    ("nvidia.com/mig-1g.10gb", f"MIG-{UUIDS[1]}/7", "nvidia"),  # MIG-GPU-<uuid>/<gi>/<ci>: both numbers
+    ("nvidia.com/mig-1g.10gb", f"MIG-{UUIDS[1]}/7/0/1", "nvidia"),
     ("amd.com/gpu", "0000:85:0.0", "amd"),
     ("nvidia.com/gpu", "vgpu-7", "nvidia"),
     ("amd.com/gpu", "amdgpu_xcp_9", "amd"),  # no such platform device
