@@ -510,6 +510,7 @@ def test_a_node_without_path_looks_in_usr_local_first(tmp_path, layout, want):
     """A node whose runtime starts gpuhook without PATH and whose runc is a local build: found
     in /usr/local (sbin, then bin) before the distribution's. The two directories are the
     test's own, mounted over the host's in a mount namespace of a child."""
+    assert cfg.find_runtime(str(tmp_path / "runc")) is None  # (here too: a path that is not there)
     binds = []
     for d in ("/usr/local/sbin", "/usr/local/bin"):
         mine = tmp_path / d.strip("/").replace("/", "_")

@@ -246,7 +246,8 @@ def test_the_plugins_device_paths_are_read_past_envs_of_any_length(env_len):
     env = _field(1, _field(1, b"NVIDIA_VISIBLE_DEVICES") + _field(2, b"M" * env_len))
     paths = ["/dev/nvidia7", "/dev/nvidia-caps/nvidia-cap21", "/dev/nvidiactl", "/dev/" + "x" * 130]
     devices = b"".join(_field(3, _field(1, p.encode()) + _field(2, p.encode()) + _field(3, b"rw")) for p in paths)
-    fixed = bytes([5 << 3 | 5]) + b"\0" * 4 + bytes([6 << 3 | 1]) + b"\0" * 8 + bytes([7 << 3]) + _varint(300)
+    fixed = (bytes([5 << 3 | 5]) + bytes(range(0x91, 0x95)) + bytes([6 << 3 | 1]) + bytes(range(0xA1, 0xA9))
+             + bytes([7 << 3]) + _varint(300))  # fixed32, fixed64 (bytes that read as no field), a varint
     raw = base64.b64encode(env + fixed + devices).decode()
     assert policy.alloc_device_paths(raw) == tuple(paths)
 

@@ -97,3 +97,22 @@ def test_a_filesystem_error_other_than_no_tmpfile_is_raised(tmp_path, monkeypatc
     with pytest.raises(OSError) as e:
         spec.write_atomic(str(tmp_path / "f"), b"data", 0o600)
     assert e.value.errno == errno.ENOSPC and os.listdir(tmp_path) == []
+
+
+def test_the_named_temp_file_is_never_more_open_than_its_mode(tmp_path, no_tmpfile, monkeypatch):
+    """Written before its mode is set: it is created with that mode already (a reader of the
+    directory cannot open it meanwhile)."""
+    modes = []
+    real_write = os.write
+
+    def write(fd, data):
+        modes.append(stat.S_IMODE(os.fstat(fd).st_mode))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    old = os.umask(0)
+    try:
+        spec.write_atomic(str(tmp_path / "secret"), b"data", 0o600)
+    finally:
+        os.umask(old)
+    assert modes and set(modes) == {0o600}
