@@ -105,3 +105,17 @@ def test_the_nodes_own_root():
     real, why = trusted_dir("/", "/usr/lib")
     assert real is None and why == "/usr/lib: no MPS control daemon there (no /usr/lib/control)"
     assert trusted_dir("/", "/nonexistent-gpuhook") == (None, "/nonexistent-gpuhook: not there")
+
+
+def test_a_host_root_whose_name_ends_in_x(tmp_path):
+    root = tmp_path / "hostX"
+    (root / "run" / "mps").mkdir(parents=True)
+    (root / "run" / "mps" / "control").write_text("")
+    for d in (tmp_path, root, root / "run", root / "run" / "mps"):
+        os.chmod(d, 0o755)
+    assert trusted_dir(str(root), "/run/mps") == (f"{root}/run/mps", None)
+
+
+def test_what_cannot_be_looked_at_is_one_line(tmp_path, host):
+    assert trusted_dir(str(tmp_path / "none"), "/run/mps") == (None, "/run/mps: No such file or directory")
+    assert trusted_dir(str(host), "/run/m\0ps") == (None, "/run/m\0ps: embedded null byte")
