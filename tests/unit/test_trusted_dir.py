@@ -43,6 +43,9 @@ def test_root_links_absolute_and_relative_are_followed_inside_the_root(host):
     assert trusted_dir(str(host), "/run/dot") == (f"{host}/run/mps", None)
     os.symlink("/run/mps", host / "abs")
     assert trusted_dir(str(host), "/abs") == (f"{host}/run/mps", None)
+    (host / "opt").mkdir(mode=0o755)
+    os.symlink("/run/mps", host / "opt" / "mps")  # absolute, from below the root: from the root again
+    assert trusted_dir(str(host), "/opt/mps") == (f"{host}/run/mps", None)
 
 
 def test_a_link_loop_is_refused(host):
@@ -93,6 +96,7 @@ def test_no_directory_of_its_own(host):
     (host / "run" / "file").write_text("")
     assert trusted_dir(str(host), "/") == (None, "/: not a directory of its own")
     assert trusted_dir(str(host), "/..") == (None, "/..: not a directory of its own")
+    assert trusted_dir(str(host), "/run/..") == (None, "/run/..: not a directory of its own")  # the root itself
     assert trusted_dir(str(host), "/run/none") == (None, "/run/none: not there")
     assert trusted_dir(str(host), "/run/file") == (None, "/run/file: /run/file is not a directory")
     assert trusted_dir(str(host), "/run/file/x") == (None, "/run/file/x: /run/file is not a directory")
