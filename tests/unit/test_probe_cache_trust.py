@@ -256,3 +256,28 @@ def test_the_nodes_own_root_reuses_a_result_naming_its_files(tmp_path, monkeypat
             break
     else:
         raise AssertionError("a result for / naming node files was never reused")
+
+
+def test_a_root_whose_name_ends_in_x_still_sees_a_change(tmp_path, probes):
+    fh = fakehost.FakeHost(str(tmp_path / "hostX"), mknod=False)
+    fakehost.nvidia(fh, gpus=1, libs=False)
+    use(fh, tmp_path)
+    use(fh, tmp_path)
+    assert len(probes) == 1
+    fh.chardev("/dev/nvidia1", 195, 1)
+    use(fh, tmp_path)
+    assert len(probes) == 2
+
+
+def test_a_driver_root_the_node_names_is_watched(tmp_path, probes):
+    """nvidia_driver_root = "/opt/nvidia-driver" (not one of auto's): a driver installed there
+    later is seen at the next create."""
+    fh = fakehost.FakeHost(str(tmp_path / "host"), mknod=False)
+    fakehost.nvidia(fh, gpus=1, userspace=False)
+    os.makedirs(fh.p("/opt/nvidia-driver"))
+    use(fh, tmp_path, nvidia_driver_root="/opt/nvidia-driver")
+    use(fh, tmp_path, nvidia_driver_root="/opt/nvidia-driver")
+    assert len(probes) == 1
+    fakehost.operator_driver_root(fh, "550.54.14", root="/opt/nvidia-driver")
+    inv = use(fh, tmp_path, nvidia_driver_root="/opt/nvidia-driver")
+    assert len(probes) == 2 and inv.vendor("nvidia").driver_root == "/opt/nvidia-driver"

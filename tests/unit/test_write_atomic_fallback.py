@@ -116,3 +116,11 @@ def test_the_named_temp_file_is_never_more_open_than_its_mode(tmp_path, no_tmpfi
     finally:
         os.umask(old)
     assert modes and set(modes) == {0o600}
+
+
+def test_a_temp_name_left_by_a_writer_killed_before_its_rename_is_taken_over(tmp_path):
+    """The unnamed temp file's way (O_TMPFILE): a writer killed between the link and the rename
+    left .<name>.gpuhook.tmp, a whole file; the next write removes it and puts its own in place."""
+    (tmp_path / ".f.gpuhook.tmp").write_bytes(b"a killed writer's whole file")
+    spec.write_atomic(str(tmp_path / "f"), b"data", 0o600)
+    assert (tmp_path / "f").read_bytes() == b"data" and os.listdir(tmp_path) == ["f"]
