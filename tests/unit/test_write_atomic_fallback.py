@@ -124,3 +124,24 @@ def test_a_temp_name_left_by_a_writer_killed_before_its_rename_is_taken_over(tmp
     (tmp_path / ".f.gpuhook.tmp").write_bytes(b"a killed writer's whole file")
     spec.write_atomic(str(tmp_path / "f"), b"data", 0o600)
     assert (tmp_path / "f").read_bytes() == b"data" and os.listdir(tmp_path) == ["f"]
+
+
+def test_a_temp_name_taken_over_between_link_and_rename_is_linked_again(tmp_path, monkeypatch):
+    """Another writer of the same file took .<name>.gpuhook.tmp over (removed this writer's
+    link, put its own file there and renamed it into place) between this writer's link and
+    rename: this one links its own file again and wins."""
+    real_rename = os.rename
+    raced = []
+
+    def rename(src, dst, **kw):
+        if not raced:
+            raced.append(src)
+            os.unlink(src, dir_fd=kw["src_dir_fd"])  # the other writer, in between
+            (tmp_path / src).write_bytes(b"theirs")
+            real_rename(src, dst, **kw)
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", src)
+        return real_rename(src, dst, **kw)
+
+    monkeypatch.setattr(os, "rename", rename)
+    spec.write_atomic(str(tmp_path / "f"), b"mine", 0o600)
+    assert raced and (tmp_path / "f").read_bytes() == b"mine" and os.listdir(tmp_path) == ["f"]
