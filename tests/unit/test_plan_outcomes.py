@@ -191,3 +191,53 @@ def test_without_a_node_config_the_kubelets_allocations_are_held_back(tmp_path):
                         "(JSONDecodeError): which GPUs are free is unknown (share = unallocated)")
     assert o.warnings == ("share = unallocated: /var/lib/kubelet/device-plugins/kubelet_internal_checkpoint: not a "
                           "device manager checkpoint (JSONDecodeError); no GPU is given (which are free is unknown)",)
+
+
+# -- the MPS pipe directory and NVIDIA tools ------------------------------------------------------
+
+
+@pytest.fixture
+def mps_node(tmp_path):
+    """A node root with the MPS daemon's pipe directory at /run/mps (root's, 0755, control in it)."""
+    import os
+
+    (tmp_path / "run" / "mps").mkdir(parents=True)
+    (tmp_path / "run" / "mps" / "control").write_text("")
+    for d in (tmp_path, tmp_path / "run", tmp_path / "run" / "mps"):
+        os.chmod(d, 0o755)
+    return Inventory(str(tmp_path), (nvidia(),)), Config(mps_pipe_dir="/run/mps", share="all")
+
+
+@pytest.mark.parametrize("env, dest", [
+    ({}, "/tmp/nvidia-mps"),
+    ({"CUDA_MPS_PIPE_DIRECTORY": "/run/mps-pipes"}, "/run/mps-pipes"),
+    ({"CUDA_MPS_PIPE_DIRECTORY": "/run/mps-pipes/"}, "/run/mps-pipes"),
+    ({"CUDA_MPS_PIPE_DIRECTORY": "/run/mpsX"}, "/run/mpsX"),
+])
+def test_the_mps_pipes_are_mounted_read_write_where_the_container_looks(mps_node, env, dest):
+    inv, config = mps_node
+    o = outcome(inv, request(env=env, rootfs=None), config=config)
+    (m,) = [m for m in o.edits.mounts if m.host_path == f"{inv.root}/run/mps"]
+    assert (m.container_path, m.type, m.options) == (dest, "bind", ("nosuid", "nodev", "noexec", "rbind", "rprivate"))
+    assert o.warnings == ()
+
+
+def test_a_pipe_directory_the_container_cannot_use_is_replaced_by_the_default(mps_node):
+    inv, config = mps_node
+    o = outcome(inv, request(env={"CUDA_MPS_PIPE_DIRECTORY": "/proc/x"}, rootfs=None), config=config)
+    assert o.mounts["/tmp/nvidia-mps"] == f"{inv.root}/run/mps"
+    assert o.warnings == ("CUDA_MPS_PIPE_DIRECTORY: '/proc/x' is not a usable directory; the MPS pipes are at "
+                          "/tmp/nvidia-mps",)
+
+
+def test_a_tool_the_table_does_not_know_comes_with_utility():
+    inv = Inventory("/", (nvidia(binaries=("/usr/bin/nvidia-smi", "/usr/bin/nvidia-newtool")),))
+    assert "/usr/bin/nvidia-newtool" in outcome(inv).mounts
+    compute = request(env={"NVIDIA_DRIVER_CAPABILITIES": "compute"}, rootfs=None)
+    assert "/usr/bin/nvidia-newtool" not in outcome(inv, compute).mounts
+
+
+def test_visible_devices_by_volume_mounts_with_a_trailing_slash():
+    vol = "/var/run/nvidia-container-devices"
+    req = request(env={"NVIDIA_VISIBLE_DEVICES": vol + "/"}, mounts=(f"{vol}/GPU-0001",), rootfs=None)
+    assert outcome(Inventory("/", (nvidia(),)), req).devices == ("nvidia:GPU-0001",)
