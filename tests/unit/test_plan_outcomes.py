@@ -241,3 +241,28 @@ def test_visible_devices_by_volume_mounts_with_a_trailing_slash():
     vol = "/var/run/nvidia-container-devices"
     req = request(env={"NVIDIA_VISIBLE_DEVICES": vol + "/"}, mounts=(f"{vol}/GPU-0001",), rootfs=None)
     assert outcome(Inventory("/", (nvidia(),)), req).devices == ("nvidia:GPU-0001",)
+
+
+def test_the_hooks_log_where_the_node_config_says(tmp_path):
+    from gpuhook import hook
+
+    inv = Inventory("/", (nvidia(),))
+    req = request(rootfs="/run/b/rootfs")
+    kw = dict(ldconfig="/sbin/ldconfig", helper="/usr/lib/gpuhook/gpuhook-hook")
+    (h,) = outcome(inv, req, config=Config(log_file="/var/log/gpuhook-x.log", share="all"), **kw).edits.hooks
+    assert f"{hook.LOG_ENV}=/var/log/gpuhook-x.log" in h.env
+    (h,) = outcome(inv, req, config=Config(log_file="", share="all"), **kw).edits.hooks
+    assert not any(e.startswith(hook.LOG_ENV + "=") for e in h.env)
+
+
+def test_a_mig_capability_node_in_the_spec_names_no_gpu():
+    """/dev/nvidia-caps/* come with a GPU's MIG instances; a spec holding one (and not the GPU's
+    own node) is not a device plugin's choice of that GPU."""
+    gpus = tuple(Device("nvidia", "gpu", i, f"GPU-{i:04d}", (Node(f"/dev/nvidia{i}", "c", 195, i),
+                                                               Node(f"/dev/nvidia-caps/nvidia-cap{21 + i}", "c", 511, 21 + i)))
+                 for i in range(2))
+    inv = Inventory("/", (VendorInventory("nvidia", gpus, (), (CUDA, NVML), (), V),))
+    req = request(spec_devices={"/dev/nvidia-caps/nvidia-cap22": ("c", 511, 22)}, rootfs=None)
+    assert outcome(inv, req).devices == ("nvidia:GPU-0000", "nvidia:GPU-0001")
+    req = request(spec_devices={"/dev/nvidia1": ("c", 195, 1)}, rootfs=None)
+    assert outcome(inv, req).devices == ("nvidia:GPU-0001",)
