@@ -250,7 +250,7 @@ def test_the_hooks_log_where_the_node_config_says(tmp_path):
     req = request(rootfs="/run/b/rootfs")
     kw = dict(ldconfig="/sbin/ldconfig", helper="/usr/lib/gpuhook/gpuhook-hook")
     (h,) = outcome(inv, req, config=Config(log_file="/var/log/gpuhook-x.log", share="all"), **kw).edits.hooks
-    assert f"{hook.LOG_ENV}=/var/log/gpuhook-x.log" in h.env
+    assert f"{hook.LOG_ENV}=/var/log/gpuhook-x.log" in h.env and h.path == "/usr/lib/gpuhook/gpuhook-hook"
     (h,) = outcome(inv, req, config=Config(log_file="", share="all"), **kw).edits.hooks
     assert not any(e.startswith(hook.LOG_ENV + "=") for e in h.env)
 
@@ -266,3 +266,8 @@ def test_a_mig_capability_node_in_the_spec_names_no_gpu():
     assert outcome(inv, req).devices == ("nvidia:GPU-0000", "nvidia:GPU-0001")
     req = request(spec_devices={"/dev/nvidia1": ("c", 195, 1)}, rootfs=None)
     assert outcome(inv, req).devices == ("nvidia:GPU-0001",)
+
+
+def test_an_unknown_capability_is_warned_about_once():
+    o = outcome(Inventory("/", (nvidia(),)), request(env={"NVIDIA_DRIVER_CAPABILITIES": "compute,bogus"}, rootfs=None))
+    assert o.vendors == ("nvidia",) and o.warnings == ("NVIDIA_DRIVER_CAPABILITIES: unknown capability 'bogus' ignored",)
