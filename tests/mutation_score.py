@@ -175,8 +175,9 @@ def main(argv: list[str]) -> int:
           f"{sum(1 for n in equivalent if n in results) - len(stale)} equivalent listed; threshold {threshold:g}%")
     if os.environ.get("MUTATION_SAMPLE") and len(results) < len(every):
         population = sum(1 for n in every if n not in equivalent or every[n] in KILLED)
+        m = margin(killed, counted, population)
         print(f"mutation: a sample of {counted} of {population} mutants: the score of all of them is "
-              f"{share:.1f} +- {margin(killed, counted, population):.1f} points (95%)")
+              f"{share:.1f} +- {m:.1f} points (95%): at least {max(0.0, share - m):.1f}%")
     return 0 if share >= threshold else 1
 
 
