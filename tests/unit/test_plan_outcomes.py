@@ -271,3 +271,14 @@ def test_a_mig_capability_node_in_the_spec_names_no_gpu():
 def test_an_unknown_capability_is_warned_about_once():
     o = outcome(Inventory("/", (nvidia(),)), request(env={"NVIDIA_DRIVER_CAPABILITIES": "compute,bogus"}, rootfs=None))
     assert o.vendors == ("nvidia",) and o.warnings == ("NVIDIA_DRIVER_CAPABILITIES: unknown capability 'bogus' ignored",)
+
+
+@pytest.mark.parametrize("caps, drm", [("display", True), ("graphics", True), ("compute,utility", False),
+                                       ("display,compute", True)])
+def test_a_gpus_drm_nodes_come_with_graphics_or_display(caps, drm):
+    gpu = Device("nvidia", "gpu", 0, "GPU-0000", (Node("/dev/nvidia0", "c", 195, 0), Node("/dev/dri/card1", "c", 226, 1),
+                                                  Node("/dev/dri/renderD128", "c", 226, 128)))
+    inv = Inventory("/", (VendorInventory("nvidia", (gpu,), (Node("/dev/nvidiactl", "c", 195, 255),), (CUDA, NVML), (), V),))
+    o = outcome(inv, request(env={"NVIDIA_DRIVER_CAPABILITIES": caps}, rootfs=None))
+    assert o.devices == ("nvidia:GPU-0000",)
+    assert ("/dev/dri/card1" in o.nodes, "/dev/dri/renderD128" in o.nodes) == (drm, drm)
