@@ -282,3 +282,20 @@ def test_a_gpus_drm_nodes_come_with_graphics_or_display(caps, drm):
     o = outcome(inv, request(env={"NVIDIA_DRIVER_CAPABILITIES": caps}, rootfs=None))
     assert o.devices == ("nvidia:GPU-0000",)
     assert ("/dev/dri/card1" in o.nodes, "/dev/dri/renderD128" in o.nodes) == (drm, drm)
+
+
+def test_each_tool_comes_with_its_capability():
+    tools = ("/usr/bin/nvidia-smi", "/usr/bin/nvidia-cuda-mps-control", "/usr/bin/nvidia-ngx-updater")
+    inv = Inventory("/", (nvidia(binaries=tools),))
+    got = {c: {p for p in tools if p in outcome(inv, request(env={"NVIDIA_DRIVER_CAPABILITIES": c}, rootfs=None)).mounts}
+           for c in ("compute", "utility", "ngx")}
+    assert got == {"compute": {"/usr/bin/nvidia-cuda-mps-control"}, "utility": {"/usr/bin/nvidia-smi"},
+                   "ngx": {"/usr/bin/nvidia-ngx-updater"}}
+
+
+def test_volume_mount_ids_are_the_names_right_under_the_directory():
+    vol = "/var/run/nvidia-container-devices"
+    req = request(env={"NVIDIA_VISIBLE_DEVICES": vol}, rootfs=None,
+                  mounts=("/proc", "/dev/shm", f"{vol}/GPU-0001", f"{vol}/GPU-0000/extra", "/etc/hosts"))
+    o = outcome(Inventory("/", (nvidia(),)), req)
+    assert o.devices == ("nvidia:GPU-0001",) and o.warnings == ()

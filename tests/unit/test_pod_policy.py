@@ -275,3 +275,13 @@ def test_an_answer_that_is_not_strict_base64_names_no_device():
 def test_a_device_path_that_is_not_utf8_is_read_with_replacements():
     raw = base64.b64encode(_field(3, _field(2, b"/dev/nvidia\xff0"))).decode()
     assert policy.alloc_device_paths(raw) == ("/dev/nvidia\ufffd0",)
+
+
+def test_the_pod_is_read_from_the_keys_of_the_runtime_that_wrote_the_spec():
+    crio = {"io.container.manager": "cri-o", "io.kubernetes.pod.uid": "u-crio", "io.kubernetes.pod.name": "p",
+            "io.kubernetes.pod.namespace": "ns", "io.kubernetes.container.name": "c",
+            "io.kubernetes.cri.sandbox-uid": "u-containerd"}
+    assert policy.pod_uid(crio) == "u-crio"
+    assert policy.pod_of(crio) == {"pod_namespace": "ns", "pod_name": "p", "pod_uid": "u-crio", "container_name": "c"}
+    containerd = dict(crio, **{"io.container.manager": "other"})
+    assert policy.pod_uid(containerd) == "u-containerd"
