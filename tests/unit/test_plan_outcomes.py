@@ -299,3 +299,29 @@ def test_volume_mount_ids_are_the_names_right_under_the_directory():
                   mounts=("/proc", "/dev/shm", f"{vol}/GPU-0001", f"{vol}/GPU-0000/extra", "/etc/hosts"))
     o = outcome(Inventory("/", (nvidia(),)), req)
     assert o.devices == ("nvidia:GPU-0001",) and o.warnings == ()
+
+
+def test_a_mig_capability_node_listed_first_does_not_hide_the_gpus_own():
+    gpu = Device("nvidia", "gpu", 1, "GPU-0001", (Node("/dev/nvidia-caps/nvidia-cap22", "c", 511, 22),
+                                                  Node("/dev/nvidia1", "c", 195, 1)))
+    other = Device("nvidia", "gpu", 0, "GPU-0000", (Node("/dev/nvidia0", "c", 195, 0),))
+    inv = Inventory("/", (VendorInventory("nvidia", (other, gpu), (), (CUDA, NVML), (), V),))
+    req = request(spec_devices={"/dev/nvidia1": ("c", 195, 1)}, rootfs=None)
+    assert outcome(inv, req).devices == ("nvidia:GPU-0001",)
+
+
+def test_in_a_user_namespace_the_libraries_come_even_when_no_node_is_there_yet():
+    absent = Node("/dev/nvidia0", "c", 195, 0, present=False)
+    gpu = Device("nvidia", "gpu", 0, "GPU-0000", (absent,))
+    inv = Inventory("/", (VendorInventory("nvidia", (gpu,), (Node("/dev/nvidiactl", "c", 195, 255, present=False),),
+                                          (CUDA, NVML), (), V),))
+    o = outcome(inv, request(userns=True, rootfs=None))
+    assert o.nodes == [] and f"{LIB}/libcuda.so.{V}" in o.mounts and o.env("GPUHOOK_ACCELERATOR") == "nvidia"
+    assert o.warnings == ("user namespace: /dev/nvidia0, /dev/nvidiactl not created on the host yet, left out",)
+
+
+def test_a_value_that_only_looks_like_the_volume_mounts_directory_is_a_list():
+    req = request(env={"NVIDIA_VISIBLE_DEVICES": "/var/run/nvidia-container-devicesX"}, rootfs=None,
+                  mounts=("/var/run/nvidia-container-devices/GPU-0001",))
+    o = outcome(Inventory("/", (nvidia(),)), req)
+    assert o.devices == () and len(o.warnings) == 1

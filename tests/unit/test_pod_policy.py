@@ -285,3 +285,10 @@ def test_the_pod_is_read_from_the_keys_of_the_runtime_that_wrote_the_spec():
     assert policy.pod_of(crio) == {"pod_namespace": "ns", "pod_name": "p", "pod_uid": "u-crio", "container_name": "c"}
     containerd = dict(crio, **{"io.container.manager": "other"})
     assert policy.pod_uid(containerd) == "u-containerd"
+
+
+def test_a_pod_name_is_kept_from_1_to_253_printable_characters():
+    key = "io.kubernetes.cri.sandbox-name"
+    for name, kept in [("a", True), ("x" * 253, True), ("x" * 254, False), ("", False), ("a\nb", False)]:
+        assert ("pod_name" in policy.pod_of({key: name})) is kept, name
+    assert policy.pod_uid({"io.kubernetes.cri.sandbox-uid": 7}) is None
