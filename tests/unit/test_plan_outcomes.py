@@ -325,3 +325,18 @@ def test_a_value_that_only_looks_like_the_volume_mounts_directory_is_a_list():
                   mounts=("/var/run/nvidia-container-devices/GPU-0001",))
     o = outcome(Inventory("/", (nvidia(),)), req)
     assert o.devices == () and len(o.warnings) == 1
+
+
+def test_a_device_plugins_gpu_in_the_spec_is_not_held_back_nor_warned_about(tmp_path):
+    """The spec already holds the GPU a device plugin gave (none other of that vendor is
+    added), and the checkpoint holds an id gpuhook cannot map: nothing to hold back, no warning."""
+    import json
+    import os
+
+    path = tmp_path / "var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+    os.makedirs(path.parent)
+    path.write_text(json.dumps({"Data": {"PodDeviceEntries": [
+        {"PodUID": "other", "ResourceName": "nvidia.com/gpu", "DeviceIDs": {"0": ["GPU-ffff"]}}]}}))
+    req = request(spec_devices={"/dev/nvidia1": ("c", 195, 1)}, rootfs=None)
+    o = outcome(Inventory(str(tmp_path), (nvidia(),)), req)
+    assert o.devices == ("nvidia:GPU-0001",) and o.held_back == () and o.warnings == ()

@@ -74,7 +74,7 @@ def test_max_gpus_is_a_whole_number_up_to_the_limit(value, n):
     assert asked({"gpuhook.dev/max-gpus": value}) == (PodPolicy(max_gpus=n), [])
 
 
-@pytest.mark.parametrize("value", ["-1", "1e3", "1025", "9999", "01025", "99999999999999999999", "\u0661", "²",
+@pytest.mark.parametrize("value", ["-1", "1e3", "1025", "9999", "01025", "01024", "00001", "99999999999999999999", "\u0661", "²",
                                    "one", "", "1.0"])
 def test_max_gpus_otherwise_is_no_limit_with_a_line(value):
     assert asked({"gpuhook.dev/max-gpus": value}) == (PodPolicy(), [
@@ -292,3 +292,12 @@ def test_a_pod_name_is_kept_from_1_to_253_printable_characters():
     for name, kept in [("a", True), ("x" * 253, True), ("x" * 254, False), ("", False), ("a\nb", False)]:
         assert ("pod_name" in policy.pod_of({key: name})) is kept, name
     assert policy.pod_uid({"io.kubernetes.cri.sandbox-uid": 7}) is None
+
+
+def test_every_annotation_is_read_whatever_sorts_before_it():
+    pol, warnings = asked({"app.kubernetes.io/name": "x", "gpuhook.dev/inject": "false"})
+    assert pol == PodPolicy(inject=False) and warnings == []
+    pol, warnings = asked({"gpuhook.dev/devices": "x", "gpuhook.dev/inject": "false", "gpuhook.dev/bogus": "1"})
+    assert pol == PodPolicy(inject=False) and len(warnings) == 2
+    pol, warnings = asked({"gpuhook.dev/inject": "x" * 300, "gpuhook.dev/max-gpus": "2"})
+    assert pol == PodPolicy(max_gpus=2) and len(warnings) == 1
