@@ -74,10 +74,12 @@ lint: venv
 # Incremental: mutants/ keeps each mutant's result and a run tests only the new or changed
 # functions' mutants, then once more the survivors (the tests may have changed since).
 # MUTANTS="gpuhook.spec*" narrows it to one module; MUTATION_SAMPLE=5 checks a fifth of every
-# function's mutants, which fifth rotating with the commit (a whole run from scratch: 30+ min).
+# function's mutants, the same fifth every run (MUTATION_SEED picks another), and says how far
+# the whole score may be from the sample's (.ci/run runs that; all of them: 30+ min on 2 cores).
 MUTATION_JOBS ?= 2
 MUTATION_SAMPLE ?=
-MUTANTS ?= $(if $(MUTATION_SAMPLE),$(shell $(BIN)/python tests/mutation_score.py --sample $(MUTATION_SAMPLE)))
+MUTATION_SEED ?=
+MUTANTS ?= $(if $(MUTATION_SAMPLE),$(shell $(PYTHON) tests/mutation_score.py --sample $(MUTATION_SAMPLE) $(MUTATION_SEED)))
 mutation: venv
 	@[ -f tests/mutants-equivalent.txt ]
 	@echo "mutmut over $(or $(MUTANTS),every mutant) (log: mutants.log)"
@@ -85,7 +87,7 @@ mutation: venv
 	@again=$$(MUTANTS='$(MUTANTS)' $(BIN)/python tests/mutation_score.py --survivors); \
 	  if [ -n "$$again" ] && [ -z '$(MUTANTS)' ]; then \
 	    $(BIN)/mutmut run --max-children $(MUTATION_JOBS) $$again >>mutants.log 2>&1 || { tail -40 mutants.log; exit 1; }; fi
-	@MUTANTS='$(MUTANTS)' $(BIN)/python tests/mutation_score.py
+	@MUTANTS='$(MUTANTS)' MUTATION_SAMPLE='$(MUTATION_SAMPLE)' $(BIN)/python tests/mutation_score.py
 
 # NVIDIA's runtime beside gpuhook when its binaries are at hand (../shared/peer, or PEER_DIR)
 PEER_DIR ?= $(wildcard ../shared/peer/nvidia-container-toolkit)

@@ -34,6 +34,7 @@ FRONT_ERRORS = "errors"  # the field that says whether the file had errors ("1")
 # the real runtime when the node config names none: the first of these found on PATH
 DEFAULT_RUNTIMES = ("runc", "crun")
 MAX_FRONT_BYTES = 16 << 10
+MAX_CONFIG_BYTES = 1 << 20  # a node config is a few hundred bytes; a larger one is refused whole, never read cut
 
 
 SHARE_MODES = ("all", "unallocated")
@@ -232,15 +233,18 @@ def load(path: "str | None" = None) -> "tuple[Config, list[str]]":
         if cached is not None:
             _front_put(key, st, *cached)
             return cached
-        raw = os.read(fd, 1 << 20)
+        raw = os.read(fd, MAX_CONFIG_BYTES + 1)
     except OSError as e:
         return Config(), [f"cannot read {path}: {e.strerror or e}; defaults used"]
     finally:
         os.close(fd)
+    why = f"larger than {MAX_CONFIG_BYTES >> 20} MiB" if len(raw) > MAX_CONFIG_BYTES else None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        errors = [f"{path} is not UTF-8; defaults used"]
+        why = why or "not UTF-8"
+    if why:
+        errors = [f"{path} is {why}; defaults used"]
         _front_put(key, st, Config(), errors)
         return Config(), errors
     config, errors = parse(text)

@@ -26,7 +26,7 @@ from gpuhook.plan import plan
 
 CHECKPOINT = "var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
 CUDA = Library("/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.14", "libcuda.so.1", "compute")
-UUIDS = [f"GPU-{i:08x}-3e5a-4b17-9c2e-5da9abb517{i:02x}" for i in range(4)]
+UUIDS = [f"GPU-{i:08x}-3e5a-4b17-9c2e-5da9abb6f8{i:02x}" for i in range(4)]  # every hex digit, as real ones
 ME = "6f1c2a9e-0d3b-4c55-9a1e-7b2d8c4f0a11"
 OTHER = "b4e7d1f0-8c2a-4e9b-a3d5-1f6e0c9b7a22"
 
@@ -90,6 +90,7 @@ EVERYTHING = ALL_NV | ALL_AMD | ALL_INTEL
     ("nvidia.com/gpu.shared", f"{UUIDS[2]}::1", {f"nvidia:{UUIDS[2]}"}),  # renameByDefault
     ("nvidia.com/gpu", "2", {f"nvidia:{UUIDS[2]}"}),
     ("nvidia.com/gpu", "0::1", {f"nvidia:{UUIDS[0]}"}),
+    ("nvidia.com/gpu", f"{UUIDS[1]}::123456789", {f"nvidia:{UUIDS[1]}"}),  # a replica number of up to 9 digits
     ("nvidia.com/gpu", UUIDS[3].lower(), {f"nvidia:{UUIDS[3]}"}),
     # NVIDIA MIG, mapped to the parent GPU: the old UUID form, and the index form <gpu>:<mig>
     ("nvidia.com/mig-1g.10gb", f"MIG-{UUIDS[1]}/7/0", {f"nvidia:{UUIDS[1]}"}),
@@ -107,9 +108,14 @@ EVERYTHING = ALL_NV | ALL_AMD | ALL_INTEL
     # Intel: card name with the shared-device number; the monitoring resource takes none
     ("gpu.intel.com/i915", "card1-0", {"intel:0000:04:00.0"}),
     ("gpu.intel.com/xe", "card0-3", {"intel:0000:03:00.0"}),
+    ("gpu.intel.com/i915", "card1", {"intel:0000:04:00.0"}),
     ("gpu.intel.com/i915_monitoring", "all", set()),
-    # another vendor's resource takes no GPU of these
+    # another vendor's resource takes no GPU of these, unless its id is one of a GPU's own
     ("example.com/fpga", "fpga0", set()),
+    ("example.com/vgpu", UUIDS[1], {f"nvidia:{UUIDS[1]}"}),
+    ("example.com/vgpu", "0000:85:00.0", {"amd:0000:85:00.0"}),
+    ("example.com/display", "card1-0", {"intel:0000:04:00.0"}),
+    ("example.com/display", "card1", {"intel:0000:04:00.0"}),
 ])
 def test_each_device_plugin_id_takes_its_gpu(tmp_path, resource, ident, taken):
     got, held, warnings = given(str(tmp_path), [(OTHER, resource, [ident]), (ME, "nvidia.com/gpu", [f"{UUIDS[0]}::1"])])
@@ -119,12 +125,14 @@ def test_each_device_plugin_id_takes_its_gpu(tmp_path, resource, ident, taken):
     assert not [w for w in warnings if "cannot map" in w]
 
 
-def test_an_amd_partition_on_an_xcp_platform_device(tmp_path):
-    """ROCm names partitions 1.. by their platform device: its render node says which."""
+@pytest.mark.parametrize("name", ["amdgpu_xcp_2", "amdgpu_xcp.2"])
+def test_an_amd_partition_on_an_xcp_platform_device(tmp_path, name):
+    """ROCm names partitions 1.. by their platform device (the kernel's amdgpu_xcp.<n>, or
+    amdgpu_xcp_<n>): its render node says which."""
     root = str(tmp_path)
-    os.makedirs(os.path.join(root, "sys/devices/platform/amdgpu_xcp_2/drm/renderD130"))
-    os.makedirs(os.path.join(root, "sys/devices/platform/amdgpu_xcp_2/drm/card12"))
-    got, held, warnings = given(root, [(OTHER, "amd.com/cpx_nps4", ["amdgpu_xcp_2-slice-0"])], vendors=(amd,))
+    os.makedirs(os.path.join(root, f"sys/devices/platform/{name}/drm/renderD130"))
+    os.makedirs(os.path.join(root, f"sys/devices/platform/{name}/drm/card12"))
+    got, held, warnings = given(root, [(OTHER, "amd.com/cpx_nps4", [f"{name}-slice-0"])], vendors=(amd,))
     assert {h.device for h in held} == {"amd:0000:05:00.2"}
     assert got == ALL_AMD - {"amd:0000:05:00.2"} and warnings == []
 
@@ -135,6 +143,19 @@ def test_an_amd_partition_on_an_xcp_platform_device(tmp_path):
     ("nvidia.com/gpu", "9", "nvidia"),
     ("nvidia.com/gpu", "nvidia0", "nvidia"),
     ("nvidia.com/gpu", f"{UUIDS[0]}::x", "nvidia"),
+    ("nvidia.com/gpu", f"{UUIDS[0]}::1234567890", "nvidia"),  # 10 digits: no replica number gpuhook reads
+    ("nvidia.com/gpu", f"{UUIDS[0]}::", "nvidia"),
+    ("amd.com/gpu", "000:85:00.0", "amd"),  # a PCI address with a short domain
+    ("amd.com/gpu", "0000:85:00.0-slice-x", "amd"),
+    ("gpu.intel.com/i915", "all", "intel"),  # "all" takes nothing only under the monitoring resource
+    ("gpu.intel.com/i915", "card1-x", "intel"),
+    ("nvidia.com/gpu", "nvidia5/foo", "nvidia"),  # GKE's names: /gi<n> and /vgpu<n> only, at most two
+    ("nvidia.com/gpu", "nvidia5/xx3", "nvidia"),
+    ("nvidia.com/gpu", "nvidia5/vgpux", "nvidia"),
+    ("nvidia.com/gpu", "nvidia4/gi1/vgpu0/vgpu1", "nvidia"),
+    ("nvidia.com/mig-1g.10gb", f"MIG-{UUIDS[1]}/7", "nvidia"),  # MIG-GPU-<uuid>/<gi>/<ci>: both numbers
+    ("nvidia.com/mig-1g.10gb", f"MIG-{UUIDS[1]}/7/0/1", "nvidia"),
+    ("amd.com/gpu", "0000:85:0.0", "amd"),
     ("nvidia.com/gpu", "vgpu-7", "nvidia"),
     ("amd.com/gpu", "amdgpu_xcp_9", "amd"),  # no such platform device
     ("amd.com/gpu", "gpu-0", "amd"),
@@ -218,6 +239,23 @@ def test_a_mig_uuid_is_mapped_to_its_parent_by_the_plugins_device_nodes(tmp_path
     # without device nodes in the answer (the default, passDeviceSpecs=false): every NVIDIA GPU held back
     got, held, warnings = given(str(tmp_path / "b"), [(OTHER, "nvidia.com/mig-1g.10gb", [MIG_UUID])], vendors=(nvidia,))
     assert got == set() and {h.device for h in held} == ALL_NV and any("cannot map" in w for w in warnings)
+
+
+def test_mig_instances_on_two_gpus_hold_back_both_parents(tmp_path):
+    """One container given MIG instances of two GPUs: the plugin's answer names both parents
+    (/dev/nvidia5 and /dev/nvidia7: indices 1 and 3); both are held back, the others given."""
+    root = str(tmp_path)
+    other = "MIG-1f2c1d90-3e5a-5b17-9c2e-5da9abb51764"
+    resp = alloc_resp(["/dev/nvidiactl", "/dev/nvidia5", "/dev/nvidia7"], {"NVIDIA_VISIBLE_DEVICES": f"{MIG_UUID},{other}"})
+    write_checkpoint(root, [(OTHER, "nvidia.com/mig-1g.10gb", [MIG_UUID, other])])
+    path = os.path.join(root, CHECKPOINT)
+    data = json.load(open(path))
+    data["Data"]["PodDeviceEntries"][0]["AllocResp"] = resp
+    json.dump(data, open(path, "w"))
+    p = plan(Inventory(root, (nvidia(),)), request(annotations={"io.kubernetes.cri.sandbox-uid": ME}, rootfs=None),
+             config=Config(share="unallocated"))
+    assert sorted(h.device for h in p.held_back) == sorted([f"nvidia:{UUIDS[1]}", f"nvidia:{UUIDS[3]}"])
+    assert set(p.devices) == {f"nvidia:{UUIDS[0]}", f"nvidia:{UUIDS[2]}"}
 
 
 @pytest.mark.parametrize("raw,paths", [("", ()), ("CgA=", ()), ("not base64!", ()), ("////", ()),
