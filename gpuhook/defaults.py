@@ -30,9 +30,13 @@ RUNTIME_HANDLER = "gpu-optional"
 # A create lives a few milliseconds, then execs the real runtime (or exits): the cyclic collector's
 # passes over the objects of the modules being imported are pure cost there (reference counting
 # frees the rest, and the few cycles go with the process).
+RUNTIME_FLAGS = ("-I", "-S", "-c")  # then RUNTIME_MAIN (or CLI_MAIN), <site-packages>, ARGS...
+MODULE_FLAGS = ("-I", "-m")  # then the module: with no site-packages dir, as sys.path has it
 RUNTIME_MAIN = (
     "import gc, sys; gc.disable(); sys.path.insert(0, sys.argv.pop(1)); from gpuhook.runtime import main; main()"
 )
+# gpuhook's CLI the same way (the bundle's bin/gpuhook, `gpuhook nri --root`)
+CLI_MAIN = "import sys; sys.path.insert(0, sys.argv.pop(1)); from gpuhook.cli import main; sys.exit(main())"
 # where the front looks for an interpreter when GPUHOOK_PYTHON names none and its bundle has none of
 # its own: the first of these, a name beside the front itself, a path as it is
 FRONT_PYTHONS = ("python3", "python", "/usr/local/bin/python3", "/usr/bin/python3")

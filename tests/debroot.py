@@ -189,9 +189,14 @@ def ensure(release: str, include: tuple[str, ...], *, apt: tuple[str, ...] = (),
         finally:
             _release(key)
         return
-    fd = _lock(release, fcntl.LOCK_EX)
+    # shared first: a root that can serve is only read, so two processes each holding one root
+    # and asking for the other's never wait on each other; exclusive only to build one
+    fd = _lock(release, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
     try:
         why = stale_reason(release, include, must_have, apt)
+        if why and not exclusive:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # (a flock conversion is not atomic: check again)
+            why = stale_reason(release, include, must_have, apt)
         if why:
             log(f"the {release} root at {path_of(release)} is {why}: building it")
             _build(release, include, apt, log)

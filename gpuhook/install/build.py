@@ -79,19 +79,24 @@ SKIP_DYNLOAD = re.compile(
 # and bin/python3 run them
 LOADER = "libexec/ld.so"
 INTERPRETER = "libexec/python3"
+LIBRARY_PATH_FLAG = "--library-path"  # the loader's option: where the bundle's libraries are
+LIB = "lib"  # those libraries, and lib/<PYTHON_DIRS...>/<SITE_PACKAGES> (beside bin/ and libexec/)
+PYTHON_DIRS = "python3"  # lib/python3.X: how its name starts
+SITE_PACKAGES = "site-packages"  # where gpuhook is, under lib/python3.X
+DIST_PACKAGES = "dist-packages"  # Debian's python3-gpuhook's place, when the front is beside it
 
 PYTHON_SH = f"""#!/bin/sh
 # The bundled Python, run by the bundled dynamic loader and libc: nothing comes from the host.
 # $here resolved once: loader, libraries and interpreter of one installed version.
 here=$(cd -P -- "${{0%/*}}" && pwd -P)
-exec "$here/../{LOADER}" --library-path "$here/../lib" "$here/../{INTERPRETER}" "$@"
+exec "$here/../{LOADER}" {LIBRARY_PATH_FLAG} "$here/../{LIB}" "$here/../{INTERPRETER}" "$@"
 """
 
-GPUHOOK_SH = """#!/bin/sh
+GPUHOOK_SH = f"""#!/bin/sh
 # gpuhook's CLI from the bundle (no Python needed on the host).
 here=$(dirname "$(readlink -f "$0")")
-exec "$here/python3" -I -S -c 'import sys; sys.path.insert(0, sys.argv.pop(1)); from gpuhook.cli import main; sys.exit(main())' \\
-    "$here/../lib/{py}/site-packages" "$@"
+exec "$here/python3" {" ".join(defaults.RUNTIME_FLAGS)} '{defaults.CLI_MAIN}' \\
+    "$here/../{LIB}/{{py}}/{SITE_PACKAGES}" "$@"
 """
 
 
@@ -222,8 +227,8 @@ def build(out: str, progress: Callable[[str], None] | None = None) -> dict:
         shutil.rmtree(out)
     pkg = os.path.dirname(os.path.abspath(gpuhook.__file__))
     exe = os.path.realpath(sys._base_executable if hasattr(sys, "_base_executable") else sys.executable)
-    pylib = os.path.join(out, "lib", PY)
-    site = os.path.join(pylib, "site-packages")
+    pylib = os.path.join(out, LIB, PY)
+    site = os.path.join(pylib, SITE_PACKAGES)
     _copy_stdlib(pylib, say)
     dists = _copy_packages(pkg, out, site, say)
     loader = _copy_interpreter(exe, out, say)

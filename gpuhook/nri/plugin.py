@@ -324,7 +324,7 @@ def run_in_root(args: argparse.Namespace) -> int:
     import glob
 
     from ..cli.args import UsageError
-    from ..install.build import INTERPRETER, LOADER
+    from ..install.build import INTERPRETER, LIB, LIBRARY_PATH_FLAG, LOADER, PYTHON_DIRS, SITE_PACKAGES
 
     if not os.path.isdir(args.root):
         raise UsageError(f"--root {args.root}: not a directory")
@@ -335,13 +335,12 @@ def run_in_root(args: argparse.Namespace) -> int:
         print(f"gpuhook nri: cannot chroot into {args.root}: {e.strerror}", file=sys.stderr)
         return 1
     prefix = defaults.INSTALL_PREFIX
-    site = sorted(glob.glob(f"{prefix}/lib/python3*/site-packages"))
+    site = sorted(glob.glob(f"{prefix}/{LIB}/{PYTHON_DIRS}*/{SITE_PACKAGES}"))
     if not site:
         print(f"gpuhook nri: no gpuhook installed in {args.root}{prefix} (gpuhook install first)", file=sys.stderr)
         return 1
-    boot = "import sys; sys.path.insert(0, sys.argv.pop(1)); from gpuhook.cli import main; sys.exit(main())"
-    argv = [f"{prefix}/{LOADER}", "--library-path", f"{prefix}/lib", f"{prefix}/{INTERPRETER}", "-I", "-S", "-c", boot,
-            site[-1], "nri", "--socket", args.socket, "--name", args.name, "--index", args.index,
+    argv = [f"{prefix}/{LOADER}", LIBRARY_PATH_FLAG, f"{prefix}/{LIB}", f"{prefix}/{INTERPRETER}",
+            *defaults.RUNTIME_FLAGS, defaults.CLI_MAIN, site[-1], "nri", "--socket", args.socket, "--name", args.name, "--index", args.index,
             "--rootfs-template", args.rootfs_template]  # fmt: skip
     try:
         os.execv(argv[0], argv)

@@ -55,6 +55,11 @@ def _strings(name: str, values, why: str) -> str:
     return f"/* {why} */\nstatic const char *const {name}[] = {{{items + ', ' if items else ''}NULL}};\n"
 
 
+def _words(name: str, values, why: str) -> str:
+    """A macro of comma-separated strings, for a NULL-ended argument list."""
+    return f"#define {name} {', '.join(_c(v) for v in values)} /* {why} */\n"
+
+
 def _define(name: str, value: "str | int", why: str, octal: bool = False) -> str:
     text = _c(value) if isinstance(value, str) else f"0{value:o}" if octal else str(value)
     return f"#define {name} {text} /* {why} */\n"
@@ -216,6 +221,13 @@ def render() -> str:
         _define("MAX_REPLY_LOG_LINE", server.MAX_REPLY_LOG_LINE, "server.MAX_REPLY_LOG_LINE"),
         _define("LOADER", build.LOADER, "install.build.LOADER: the bundle's, under its root"),
         _define("INTERPRETER", build.INTERPRETER, "install.build.INTERPRETER"),
+        _define("LIBRARY_PATH_FLAG", build.LIBRARY_PATH_FLAG, "install.build.LIBRARY_PATH_FLAG: the loader's"),
+        _define("LIB", build.LIB, "install.build.LIB: the bundle's libraries, its python3.X dirs"),
+        _define("PYTHON_DIRS", build.PYTHON_DIRS, "install.build.PYTHON_DIRS: how lib/python3.X starts"),
+        _define("SITE_PACKAGES", build.SITE_PACKAGES, "install.build.SITE_PACKAGES"),
+        _define("DIST_PACKAGES", build.DIST_PACKAGES, "install.build.DIST_PACKAGES: Debian's"),
+        _words("RUNTIME_FLAGS", defaults.RUNTIME_FLAGS, "defaults.RUNTIME_FLAGS: then RUNTIME_MAIN"),
+        _words("MODULE_FLAGS", defaults.MODULE_FLAGS, "defaults.MODULE_FLAGS: then RUNTIME_MODULE"),
         _strings("PYTHONS", defaults.FRONT_PYTHONS, "defaults.FRONT_PYTHONS: a name is beside the front"),
         _define("RUNTIME_MAIN", defaults.RUNTIME_MAIN, "defaults.RUNTIME_MAIN: -c, <site-packages>, argv"),
         _define("RUNTIME_MODULE", runtime.__name__, "python -m RUNTIME_MODULE, with no site-packages dir"),

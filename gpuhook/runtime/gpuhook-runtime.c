@@ -369,11 +369,11 @@ static char *here(const char *argv0) {
     return exe;
 }
 
-static int python_dir(const struct dirent *e) { return !strncmp(e->d_name, "python3", 7); }
+static int python_dir(const struct dirent *e) { return !strncmp(e->d_name, PYTHON_DIRS, strlen(PYTHON_DIRS)); }
 
 /* site_packages: <dir>/../lib/python3.../<kind> holding gpuhook, the first in name order (C locale) */
 static char *site_packages(const char *dir, const char *kind) {
-    char *lib = fmt("%s/../lib", dir), *found = NULL;
+    char *lib = fmt("%s/../" LIB, dir), *found = NULL;
     struct dirent **names;
     struct stat st;
     for (int i = 0, n = scandir(lib, &names, python_dir, alphasort); i < n && !found; i++)
@@ -395,12 +395,12 @@ static int append(char **args, int k, ...) {
  * the bundle on sys.path); the host bundle's loader runs its interpreter. Returns if none ran. */
 static void exec_python(int argc, char **argv, const char *dir) {
     char **args = calloc((size_t)argc + 10, sizeof *args), *py = getenv(PYTHON_ENV), *p, *loader, *interpreter;
-    char *sp = site_packages(dir, "site-packages");
+    char *sp = site_packages(dir, SITE_PACKAGES);
     int k = 0;
     if (!args) _exit(127);
     if ((!py || !*py) && sp && is_executable(loader = fmt("%s/../%s", dir, LOADER)) &&
         is_executable(interpreter = fmt("%s/../%s", dir, INTERPRETER)))
-        k = append(args, k, py = loader, "--library-path", fmt("%s/../lib", dir), interpreter, NULL);
+        k = append(args, k, py = loader, LIBRARY_PATH_FLAG, fmt("%s/../" LIB, dir), interpreter, NULL);
     else {
         for (const char *const *n = PYTHONS; (!py || !*py) && *n; n++) /* a name: beside the front */
             if (is_executable(p = **n == '/' ? fmt("%s", *n) : fmt("%s/%s", dir, *n))) py = p;
@@ -410,8 +410,8 @@ static void exec_python(int argc, char **argv, const char *dir) {
         }
         args[k++] = py;
     }
-    if (sp || (sp = site_packages(dir, "dist-packages"))) k = append(args, k, "-I", "-S", "-c", RUNTIME_MAIN, sp, NULL);
-    else k = append(args, k, "-I", "-m", RUNTIME_MODULE, NULL); /* no site-packages dir: as sys.path has it */
+    if (sp || (sp = site_packages(dir, DIST_PACKAGES))) k = append(args, k, RUNTIME_FLAGS, RUNTIME_MAIN, sp, NULL);
+    else k = append(args, k, MODULE_FLAGS, RUNTIME_MODULE, NULL); /* no site-packages dir: as sys.path has it */
     for (int j = 1; j < argc; j++) args[k++] = argv[j];
     execv(py, args);
     fprintf(stderr, PREFIX "cannot run Python (%s): %s\n", py, strerror(errno));

@@ -155,6 +155,20 @@ enum reply_exit { REPLY_EXIT_STATUS = 1, REPLY_EXIT_SAID, REPLY_EXIT_LOG_FILE, R
 
 #define INTERPRETER "libexec/python3" /* install.build.INTERPRETER */
 
+#define LIBRARY_PATH_FLAG "--library-path" /* install.build.LIBRARY_PATH_FLAG: the loader's */
+
+#define LIB "lib" /* install.build.LIB: the bundle's libraries, its python3.X dirs */
+
+#define PYTHON_DIRS "python3" /* install.build.PYTHON_DIRS: how lib/python3.X starts */
+
+#define SITE_PACKAGES "site-packages" /* install.build.SITE_PACKAGES */
+
+#define DIST_PACKAGES "dist-packages" /* install.build.DIST_PACKAGES: Debian's */
+
+#define RUNTIME_FLAGS "-I", "-S", "-c" /* defaults.RUNTIME_FLAGS: then RUNTIME_MAIN */
+
+#define MODULE_FLAGS "-I", "-m" /* defaults.MODULE_FLAGS: then RUNTIME_MODULE */
+
 /* defaults.FRONT_PYTHONS: a name is beside the front */
 static const char *const PYTHONS[] = {"python3", "python", "/usr/local/bin/python3", "/usr/bin/python3", NULL};
 

@@ -88,3 +88,22 @@ def test_sid_tests_fail_not_skip_when_the_archive_cannot_be_reached(tmp_path):
     assert r.returncode == 1, r.stdout
     assert "skipped" not in r.stdout.splitlines()[-1], r.stdout
     assert "cannot build the Debian sid root: Debian's archive cannot be reached" in r.stdout, r.stdout
+
+
+def test_two_processes_each_holding_a_root_can_take_the_others(cache):
+    """A holds sid and asks for trixie while B holds trixie and asks for sid (two test runs, a
+    module that uses both): roots that can serve are only read, so neither waits for the other."""
+    stamp(cache, "sid")
+    stamp(cache, "trixie")
+    script = (
+        "import sys, time; sys.path.insert(0, sys.argv[1]); import debroot; debroot.CACHE = sys.argv[2]\n"
+        "first, second = sys.argv[3:5]\n"
+        "with debroot.ensure(first, ('runc',)):\n"
+        "    time.sleep(1)\n"
+        "    with debroot.ensure(second, ('runc',)):\n"
+        "        print('both', first, second)\n"
+    )
+    runs = [subprocess.Popen([sys.executable, "-c", script, TESTS, str(cache), a, b], stdout=subprocess.PIPE, text=True)
+            for a, b in (("sid", "trixie"), ("trixie", "sid"))]
+    outs = [r.communicate(timeout=20)[0] for r in runs]
+    assert outs == ["both sid trixie\n", "both trixie sid\n"]
