@@ -337,3 +337,16 @@ def test_a_device_plugins_gpu_in_the_spec_is_not_held_back_nor_warned_about(tmp_
     req = request(spec_devices={"/dev/nvidia1": ("c", 195, 1)}, rootfs=None)
     o = outcome(Inventory(str(tmp_path), (nvidia(),)), req)
     assert o.devices == ("nvidia:GPU-0001",) and o.held_back == () and o.warnings == ()
+
+
+def test_each_nvidia_visible_devices_token_not_taken_is_named_with_why():
+    """A pod author's NVIDIA_VISIBLE_DEVICES: each id that gives no GPU is one warning, saying
+    which id and why (not a GPU's id at all, no GPU of this node, several); the others are given."""
+    env = {"NVIDIA_VISIBLE_DEVICES": "MIG-0,GPU-9999,GPU-000,1"}
+    o = outcome(Inventory("/", (nvidia(),)), request(env=env, rootfs=None))
+    assert o.devices == ("nvidia:GPU-0001",) and o.nodes[0] == "/dev/nvidia1"
+    assert o.warnings == (
+        "NVIDIA_VISIBLE_DEVICES: 'MIG-0' is not a GPU index or UUID (MIG devices are not supported), ignored",
+        "NVIDIA_VISIBLE_DEVICES: 'GPU-9999' matches no GPU of this node, ignored",
+        "NVIDIA_VISIBLE_DEVICES: 'GPU-000' matches 2 GPUs, ignored",
+    )
