@@ -125,8 +125,8 @@ def test_each_reason_for_nothing():
         'the pod says gpuhook.dev/max-gpus: "0"'
     assert outcome(Inventory("/", (nvidia(),)), request(annotations={"gpuhook.dev/vendors": "amd"}, rootfs=None)).reason \
         == "the pod's gpuhook.dev/vendors names no vendor of this node"
-    assert outcome(inv, request(annotations={"gpuhook.dev/inject": "false"}, rootfs=None)).reason == \
-        'the pod says gpuhook.dev/inject: "false"'
+    o = outcome(inv, request(annotations={"gpuhook.dev/inject": "false"}, rootfs=None))
+    assert o.edits == Edits() and o.reason == 'the pod says gpuhook.dev/inject: "false"'
     o = outcome(Inventory("/", (nvidia(),)), request(env={"NVIDIA_VISIBLE_DEVICES": "7"}, rootfs=None))
     assert o.edits == Edits() and o.reason == ("no usable GPU for this container (its NVIDIA_VISIBLE_DEVICES, or a "
                                                "vendor's userspace missing: see warnings)")
@@ -350,3 +350,16 @@ def test_each_nvidia_visible_devices_token_not_taken_is_named_with_why():
         "NVIDIA_VISIBLE_DEVICES: 'GPU-9999' matches no GPU of this node, ignored",
         "NVIDIA_VISIBLE_DEVICES: 'GPU-000' matches 2 GPUs, ignored",
     )
+
+
+def test_a_plan_that_fails_raises_as_it_is_with_the_warnings_given_before():
+    """What the runtime logs with the error (runtime/create.py): the exception itself, unchanged,
+    and the warnings plan() had given by then (here a broken inventory: a GPU without a list of
+    nodes, after an unknown capability word)."""
+    from gpuhook.plan import WARNINGS_SO_FAR
+
+    gpu = Device("nvidia", "gpu", 0, "GPU-0000", None, "0000:18:00.0")
+    inv = Inventory("/", (nvidia()._replace(devices=(gpu,)),))
+    with pytest.raises(TypeError) as e:
+        plan(inv, request(env={"NVIDIA_DRIVER_CAPABILITIES": "compute,bogus"}, rootfs=None))
+    assert getattr(e.value, WARNINGS_SO_FAR) == ("NVIDIA_DRIVER_CAPABILITIES: unknown capability 'bogus' ignored",)
