@@ -363,3 +363,22 @@ def test_a_plan_that_fails_raises_as_it_is_with_the_warnings_given_before():
     with pytest.raises(TypeError) as e:
         plan(inv, request(env={"NVIDIA_DRIVER_CAPABILITIES": "compute,bogus"}, rootfs=None))
     assert getattr(e.value, WARNINGS_SO_FAR) == ("NVIDIA_DRIVER_CAPABILITIES: unknown capability 'bogus' ignored",)
+
+
+def test_the_mps_directory_of_the_node_itself_is_mounted_by_its_own_path():
+    """On a node (host root "/", not a test's root) the pipe directory is mounted from its own
+    path, the one checked."""
+    import os
+    import shutil
+    import tempfile
+
+    if os.geteuid() != 0 or not os.access("/run", os.W_OK):
+        pytest.skip("needs root and /run: a root-owned directory on the node itself")
+    d = tempfile.mkdtemp(dir="/run", prefix="gpuhook-test-mps-")
+    try:
+        os.chmod(d, 0o755)
+        open(os.path.join(d, "control"), "w").close()
+        o = outcome(Inventory("/", (nvidia(),)), config=Config(mps_pipe_dir=d, share="all"))
+        assert o.mounts["/tmp/nvidia-mps"] == d and o.warnings == ()
+    finally:
+        shutil.rmtree(d)
