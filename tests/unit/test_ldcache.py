@@ -379,6 +379,7 @@ MALFORMED = {
     "old entries cut": build_old(SAMPLE)[:16 + 12 * len(SAMPLE) - 1],
     "endianness invalid": build_new(SAMPLE, endian=1),
     "compat new part cut": build_compat(SAMPLE)[:16 + 12 * len(SAMPLE) + 40],
+    "compat new part cut before its flags": build_compat(SAMPLE)[:16 + 12 * len(SAMPLE) + 24],
     "string too long": build_new([(b"x" * 5000, b"/p", LIBC6, 0)]),
 }
 
@@ -406,6 +407,7 @@ def test_foreign_order_without_flag_is_rejected_cleanly():
     ("bad magic", "not an ld.so.cache: bad magic"),
     ("old header cut", "truncated old-format header"),
     ("new header cut", "truncated new-format header"),
+    ("compat new part cut before its flags", "truncated new-format header"),
     ("endianness invalid", "cache is flagged invalid (endianness 1)"),
     ("new nlibs absurd", f"new-format nlibs 4294967295 does not fit in {len(MALFORMED['new nlibs absurd'])} bytes"),
 ])
