@@ -525,3 +525,16 @@ def test_a_node_without_path_looks_in_usr_local_first(tmp_path, layout, want):
     if r.returncode != 0 and "mount" in r.stderr:
         pytest.skip("cannot mount here: " + r.stderr.strip())
     assert r.returncode == 0 and r.stdout == repr(want), r.stderr
+
+
+def test_a_relative_runtime_is_the_callers_found_in_its_cwd(tmp_path):
+    """A runtime named by a relative path, or found on a relative PATH entry, is the caller's:
+    in the caller's directory (cwd), never in gpuhook's own."""
+    exe = tmp_path / "bin" / "myrunc"
+    exe.parent.mkdir()
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    assert cfg.find_runtime("bin/myrunc", cwd=str(tmp_path)) == str(exe)
+    assert cfg.find_runtime("myrunc", path="bin", cwd=str(tmp_path)) == str(exe)
+    assert cfg.find_runtime("bin/myrunc", cwd=str(tmp_path / "bin")) is None
+    assert cfg.find_runtime(str(exe), cwd="/nonexistent") == str(exe)

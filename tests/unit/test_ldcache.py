@@ -379,6 +379,7 @@ MALFORMED = {
     "old entries cut": build_old(SAMPLE)[:16 + 12 * len(SAMPLE) - 1],
     "endianness invalid": build_new(SAMPLE, endian=1),
     "compat new part cut": build_compat(SAMPLE)[:16 + 12 * len(SAMPLE) + 40],
+    "compat new part cut before its flags": build_compat(SAMPLE)[:16 + 12 * len(SAMPLE) + 24],
     "string too long": build_new([(b"x" * 5000, b"/p", LIBC6, 0)]),
 }
 
@@ -398,6 +399,52 @@ def test_foreign_order_without_flag_is_rejected_cleanly():
     other = ">" if NATIVE == "<" else "<"
     with pytest.raises(LdCacheError):
         parse(build_new(SAMPLE, order=other, endian=0))
+
+
+# The NVIDIA probe warns "/etc/ld.so.cache: <this>; searching the usual directories": the line
+# an operator reads says what is wrong with the file.
+@pytest.mark.parametrize("name, says", [
+    ("bad magic", "not an ld.so.cache: bad magic"),
+    ("old header cut", "truncated old-format header"),
+    ("new header cut", "truncated new-format header"),
+    ("compat new part cut before its flags", "truncated new-format header"),
+    ("endianness invalid", "cache is flagged invalid (endianness 1)"),
+    ("new nlibs absurd", f"new-format nlibs 4294967295 does not fit in {len(MALFORMED['new nlibs absurd'])} bytes"),
+])
+def test_malformed_says_what_is_wrong(name, says):
+    with pytest.raises(LdCacheError) as e:
+        parse(MALFORMED[name])
+    assert str(e.value) == says
+
+
+def test_offsets_past_2_gib_are_out_of_range_not_counted_from_the_end():
+    """A key or value offset of 2**31 or more is past any cache; read as a negative number it
+    would name a string near the end of the file instead (the file ends in a NUL)."""
+    new = _put(build_new(SAMPLE), 48 + 8, "=I", 0xFFFFFFFF)  # the first entry's path
+    for prefixes in (None, (b"libcuda.so",)):  # the probe's way decodes only its rows
+        with pytest.raises(LdCacheError):
+            parse(new, prefixes)
+    old = _put(build_old(SAMPLE), 16 + 4, "=I", 0xFFFFFFFF)  # the first entry's name
+    assert old.endswith(b"\0")
+    with pytest.raises(LdCacheError):
+        parse(old)
+
+
+def test_a_new_part_not_at_the_aligned_end_is_not_read():
+    """glibc's loader looks for a compat cache's new part only at the old entries' end rounded
+    up to 8 (or at it): a new magic 8 bytes further into the string area is a string."""
+    raw = SAMPLE[:2]
+    assert (16 + 12 * len(raw)) % 8 == 0
+    old = build_old(raw)
+    end = 16 + 12 * len(raw)
+    # the string area: "libpad\0\0" (8 bytes), a whole new part, the old strings
+    data = old[:end] + b"libpad\0\0" + build_new(SAMPLE) + old[end:]
+    data = _put(data, 16 + 4, "=I", 0)  # both old entries: "libpad" => ""
+    data = _put(data, 16 + 8, "=I", 7)
+    data = _put(data, 16 + 12 + 4, "=I", 0)
+    data = _put(data, 16 + 12 + 8, "=I", 7)
+    assert data.startswith(b"glibc-ld.so.cache1.1", end + 8)
+    assert [(e.name, e.path) for e in parse(data)] == [("libpad", ""), ("libpad", "")]
 
 
 # ---------------------------------------------------------------------------

@@ -125,8 +125,8 @@ def test_each_reason_for_nothing():
         'the pod says gpuhook.dev/max-gpus: "0"'
     assert outcome(Inventory("/", (nvidia(),)), request(annotations={"gpuhook.dev/vendors": "amd"}, rootfs=None)).reason \
         == "the pod's gpuhook.dev/vendors names no vendor of this node"
-    assert outcome(inv, request(annotations={"gpuhook.dev/inject": "false"}, rootfs=None)).reason == \
-        'the pod says gpuhook.dev/inject: "false"'
+    o = outcome(inv, request(annotations={"gpuhook.dev/inject": "false"}, rootfs=None))
+    assert o.edits == Edits() and o.reason == 'the pod says gpuhook.dev/inject: "false"'
     o = outcome(Inventory("/", (nvidia(),)), request(env={"NVIDIA_VISIBLE_DEVICES": "7"}, rootfs=None))
     assert o.edits == Edits() and o.reason == ("no usable GPU for this container (its NVIDIA_VISIBLE_DEVICES, or a "
                                                "vendor's userspace missing: see warnings)")
@@ -337,3 +337,48 @@ def test_a_device_plugins_gpu_in_the_spec_is_not_held_back_nor_warned_about(tmp_
     req = request(spec_devices={"/dev/nvidia1": ("c", 195, 1)}, rootfs=None)
     o = outcome(Inventory(str(tmp_path), (nvidia(),)), req)
     assert o.devices == ("nvidia:GPU-0001",) and o.held_back == () and o.warnings == ()
+
+
+def test_each_nvidia_visible_devices_token_not_taken_is_named_with_why():
+    """A pod author's NVIDIA_VISIBLE_DEVICES: each id that gives no GPU is one warning, saying
+    which id and why (not a GPU's id at all, no GPU of this node, several); the others are given."""
+    env = {"NVIDIA_VISIBLE_DEVICES": "MIG-0,GPU-9999,GPU-000,1"}
+    o = outcome(Inventory("/", (nvidia(),)), request(env=env, rootfs=None))
+    assert o.devices == ("nvidia:GPU-0001",) and o.nodes[0] == "/dev/nvidia1"
+    assert o.warnings == (
+        "NVIDIA_VISIBLE_DEVICES: 'MIG-0' is not a GPU index or UUID (MIG devices are not supported), ignored",
+        "NVIDIA_VISIBLE_DEVICES: 'GPU-9999' matches no GPU of this node, ignored",
+        "NVIDIA_VISIBLE_DEVICES: 'GPU-000' matches 2 GPUs, ignored",
+    )
+
+
+def test_a_plan_that_fails_raises_as_it_is_with_the_warnings_given_before():
+    """What the runtime logs with the error (runtime/create.py): the exception itself, unchanged,
+    and the warnings plan() had given by then (here a broken inventory: a GPU without a list of
+    nodes, after an unknown capability word)."""
+    from gpuhook.plan import WARNINGS_SO_FAR
+
+    gpu = Device("nvidia", "gpu", 0, "GPU-0000", None, "0000:18:00.0")
+    inv = Inventory("/", (nvidia()._replace(devices=(gpu,)),))
+    with pytest.raises(TypeError) as e:
+        plan(inv, request(env={"NVIDIA_DRIVER_CAPABILITIES": "compute,bogus"}, rootfs=None))
+    assert getattr(e.value, WARNINGS_SO_FAR) == ("NVIDIA_DRIVER_CAPABILITIES: unknown capability 'bogus' ignored",)
+
+
+def test_the_mps_directory_of_the_node_itself_is_mounted_by_its_own_path():
+    """On a node (host root "/", not a test's root) the pipe directory is mounted from its own
+    path, the one checked."""
+    import os
+    import shutil
+    import tempfile
+
+    if os.geteuid() != 0 or not os.access("/run", os.W_OK):
+        pytest.skip("needs root and /run: a root-owned directory on the node itself")
+    d = tempfile.mkdtemp(dir="/run", prefix="gpuhook-test-mps-")
+    try:
+        os.chmod(d, 0o755)
+        open(os.path.join(d, "control"), "w").close()
+        o = outcome(Inventory("/", (nvidia(),)), config=Config(mps_pipe_dir=d, share="all"))
+        assert o.mounts["/tmp/nvidia-mps"] == d and o.warnings == ()
+    finally:
+        shutil.rmtree(d)
