@@ -23,6 +23,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 import tomllib
 import uuid
@@ -80,7 +81,10 @@ def gpuhook_image(tmp_path_factory):
     default name) on a podman storage of this test's own; then `podman save` for `ctr images
     import`."""
     base = tmp_path_factory.mktemp("gpuhook-image")
-    podman = (f"podman --root {base}/storage --runroot {base}/run --storage-driver vfs "
+    # podman refuses a runroot over 50 characters: a short one of its own, not under pytest's
+    # numbered (and growing) base directory
+    run = tempfile.mkdtemp(prefix="gh-run-", dir="/tmp")
+    podman = (f"podman --root {base}/storage --runroot {run} --storage-driver vfs "
               "--events-backend none --cgroup-manager cgroupfs")
     env = dict(os.environ, PODMAN=podman, CONTEXT=str(base / "context"))
     started = time.monotonic()
@@ -98,6 +102,7 @@ def gpuhook_image(tmp_path_factory):
            "seconds": time.monotonic() - started}
     subprocess.run(podman.split() + ["rmi", "-a", "-f"], capture_output=True, timeout=120)
     shutil.rmtree(base / "storage", ignore_errors=True)
+    shutil.rmtree(run, ignore_errors=True)
 
 
 # -- kubelet, for one pod template ---------------------------------------------------------------
