@@ -217,6 +217,19 @@ def alloc_resp(devices: list[str], envs: dict) -> str:
     assert pb  # the library that encoded it
     return base64.b64encode(msg.SerializeToString()).decode()
 
+def plan_with_answer(root: str, resp: str):
+    """The plan for a container of pod ME under share = unallocated, the checkpoint's first
+    entry carrying the device plugin's answer `resp` (AllocResp) as the kubelet keeps it."""
+    path = os.path.join(root, CHECKPOINT)
+    with open(path) as f:
+        data = json.load(f)
+    data["Data"]["PodDeviceEntries"][0]["AllocResp"] = resp
+    with open(path, "w") as f:
+        json.dump(data, f)
+    return plan(Inventory(root, (nvidia(),)), request(annotations={"io.kubernetes.cri.sandbox-uid": ME}, rootfs=None),
+                config=Config(share="unallocated"))
+
+
 
 MIG_UUID = "MIG-8f2c1d90-3e5a-5b17-9c2e-5da9abb51763"
 
@@ -228,12 +241,7 @@ def test_a_mig_uuid_is_mapped_to_its_parent_by_the_plugins_device_nodes(tmp_path
     resp = alloc_resp(["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia6", "/dev/nvidia-caps/nvidia-cap21",
                        "/dev/nvidia-caps/nvidia-cap22"], {"NVIDIA_VISIBLE_DEVICES": MIG_UUID})
     write_checkpoint(root, [(OTHER, "nvidia.com/mig-1g.10gb", [MIG_UUID])])
-    path = os.path.join(root, CHECKPOINT)
-    data = json.load(open(path))
-    data["Data"]["PodDeviceEntries"][0]["AllocResp"] = resp
-    json.dump(data, open(path, "w"))
-    p = plan(Inventory(root, (nvidia(),)), request(annotations={"io.kubernetes.cri.sandbox-uid": ME}, rootfs=None),
-             config=Config(share="unallocated"))
+    p = plan_with_answer(root, resp)
     assert [h.device for h in p.held_back] == [f"nvidia:{UUIDS[2]}"]
     assert set(p.devices) == ALL_NV - {f"nvidia:{UUIDS[2]}"} and p.warnings == ()
     # without device nodes in the answer (the default, passDeviceSpecs=false): every NVIDIA GPU held back
@@ -248,12 +256,7 @@ def test_mig_instances_on_two_gpus_hold_back_both_parents(tmp_path):
     other = "MIG-1f2c1d90-3e5a-5b17-9c2e-5da9abb51764"
     resp = alloc_resp(["/dev/nvidiactl", "/dev/nvidia5", "/dev/nvidia7"], {"NVIDIA_VISIBLE_DEVICES": f"{MIG_UUID},{other}"})
     write_checkpoint(root, [(OTHER, "nvidia.com/mig-1g.10gb", [MIG_UUID, other])])
-    path = os.path.join(root, CHECKPOINT)
-    data = json.load(open(path))
-    data["Data"]["PodDeviceEntries"][0]["AllocResp"] = resp
-    json.dump(data, open(path, "w"))
-    p = plan(Inventory(root, (nvidia(),)), request(annotations={"io.kubernetes.cri.sandbox-uid": ME}, rootfs=None),
-             config=Config(share="unallocated"))
+    p = plan_with_answer(root, resp)
     assert sorted(h.device for h in p.held_back) == sorted([f"nvidia:{UUIDS[1]}", f"nvidia:{UUIDS[3]}"])
     assert set(p.devices) == {f"nvidia:{UUIDS[0]}", f"nvidia:{UUIDS[2]}"}
 

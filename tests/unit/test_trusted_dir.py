@@ -11,15 +11,19 @@ import pytest
 from gpuhook.plan.trusted import trusted_dir
 
 
-@pytest.fixture
-def host(tmp_path):
-    """A host root (its ancestors root's, as tmp_path's are) with an MPS directory at /run/mps."""
-    root = tmp_path / "host"
+def mps_host(tmp_path, name: str = "host"):
+    """A host root `name` (its ancestors root's, as tmp_path's are) with an MPS directory at /run/mps."""
+    root = tmp_path / name
     (root / "run" / "mps").mkdir(parents=True)
     (root / "run" / "mps" / "control").write_text("")
     for d in (tmp_path, root, root / "run", root / "run" / "mps"):
         os.chmod(d, 0o755)
     return root
+
+
+@pytest.fixture
+def host(tmp_path):
+    return mps_host(tmp_path)
 
 
 def test_the_directory_itself(host):
@@ -112,11 +116,7 @@ def test_the_nodes_own_root():
 
 
 def test_a_host_root_whose_name_ends_in_x(tmp_path):
-    root = tmp_path / "hostX"
-    (root / "run" / "mps").mkdir(parents=True)
-    (root / "run" / "mps" / "control").write_text("")
-    for d in (tmp_path, root, root / "run", root / "run" / "mps"):
-        os.chmod(d, 0o755)
+    root = mps_host(tmp_path, "hostX")
     assert trusted_dir(str(root), "/run/mps") == (f"{root}/run/mps", None)
 
 
