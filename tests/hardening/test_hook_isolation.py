@@ -202,6 +202,38 @@ def test_the_helper_refuses_a_dynamic_or_script_ldconfig(tmp_path):
     assert not (rootfs / "ran").exists()
 
 
+# A static stand-in for ldconfig that syncs as ldconfig does before its rename, on a pipe:
+# the kernel answers EINVAL there, so it exits 0 only when its syncs never reach the kernel.
+SYNCS = r"""
+#include <unistd.h>
+int main(void) {
+    int p[2];
+    if (pipe(p) < 0)
+        return 2;
+    if (fsync(p[1]) != 0)
+        return 3;
+    return fdatasync(p[1]) != 0 ? 4 : 0;
+}
+"""
+
+
+@requires(bool(shutil.which("gcc")), "needs gcc to build the stand-in")
+def test_ldconfigs_syncs_are_answered_without_the_disk(tmp_path):
+    """ldconfig fsyncs its new cache before the rename: on the node's disk that was most of the
+    hook's time, for durability a container's writable layer does not need. The helper answers
+    fsync and fdatasync with 0 for ldconfig (a seccomp filter); the stand-in, run as it is,
+    shows that its syncs fail when they reach the kernel."""
+    src, fake = tmp_path / "syncs.c", tmp_path / "ldconfig"
+    src.write_text(SYNCS)
+    subprocess.run(["gcc", "-static", "-O2", "-o", str(fake), str(src)], check=True, capture_output=True)
+    assert subprocess.run([str(fake)]).returncode == 3
+    rootfs = tmp_path / "rootfs"
+    oci_bundle.make_rootfs(str(rootfs))
+    r = subprocess.run([hook.package_helper(), hook.LDCACHE, str(rootfs), str(fake), "/usr/lib"],
+                       capture_output=True, text=True, timeout=10)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
 @pytest.mark.parametrize("argv", [[], ["ldcache"], ["ldcache", "relative", "/sbin/ldconfig", "/x"],
                                   ["bypath", "/r", "name"], ["bypath", "/r", "../x", "../card0"],
                                   ["bypath", "/r", "pci-1-card", "/etc/passwd"], ["nope", "/r", "a", "b"]])
