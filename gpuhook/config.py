@@ -214,6 +214,12 @@ def cache_dir() -> str:
     return os.environ.get(CACHE_DIR_ENV) or defaults.CACHE_DIR
 
 
+# The last config this process parsed, per file: (its key, config, errors). A resident process
+# (the runtime server, the NRI plugin) loads the config for every create: while the file is
+# the one parsed (the same key as the cache file's), neither file is read or parsed again.
+_LOADED: "dict[str, tuple[list, Config, list[str]]]" = {}
+
+
 def load(path: "str | None" = None) -> "tuple[Config, list[str]]":
     """(config, errors). Never raises."""
     path = path or config_path()
@@ -228,11 +234,17 @@ def load(path: "str | None" = None) -> "tuple[Config, list[str]]":
         st = os.fstat(fd)
         if st.st_mode & 0o170000 != 0o100000:
             return Config(), [f"{path} is not a regular file; defaults used"]
-        key = [os.path.abspath(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+        name = os.path.abspath(path)
+        key = [name, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+        known = _LOADED.get(name)
+        if known is not None and known[0] == key:
+            _front_put(key, st, known[1], known[2])
+            return known[1], list(known[2])
         cached = _cache_get(key)
         if cached is not None:
+            _LOADED[name] = (key, *cached)
             _front_put(key, st, *cached)
-            return cached
+            return cached[0], list(cached[1])
         raw = os.read(fd, MAX_CONFIG_BYTES + 1)
     except OSError as e:
         return Config(), [f"cannot read {path}: {e.strerror or e}; defaults used"]
@@ -249,6 +261,7 @@ def load(path: "str | None" = None) -> "tuple[Config, list[str]]":
         return Config(), errors
     config, errors = parse(text)
     errors = [f"{path}: {e}" for e in errors]
+    _LOADED[name] = (key, config, list(errors))
     _cache_put(key, config, errors)
     _front_put(key, st, config, errors)
     return config, errors

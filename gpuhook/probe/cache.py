@@ -98,32 +98,54 @@ def _file(cache_dir: str, root: str) -> str:
 MAX_VALID_FOR = 3600.0
 
 
+# The last cache file this process read, per path: (its identity, the record, the Inventory
+# built from it). A resident process (the runtime server, the NRI plugin) reads the same file
+# for create after create: while the file is the same one (device, inode, size, mtime and
+# ctime: store() replaces it by a rename, so every write is a new identity), its JSON and the
+# Inventory are not made again. The record's checks against the host run every time.
+_READ: dict = {}
+
+
+def _read(path: str) -> "tuple[dict, list]":
+    """(record, [Inventory] or [] not yet built) of the cache file at path, trusted only when
+    gpuhook wrote it. Raises when it cannot be used."""
+    from .. import fastjson
+
+    # non-blocking, no link: a FIFO or a link planted here must not hang or steer a create
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise ValueError("not written by gpuhook")  # never trusted (SECURITY.md)
+        identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        known = _READ.get(path)
+        if known is not None and known[0] == identity:
+            return known[1], known[2]
+        record = fastjson.loads(f.read(1 << 22))
+    if not isinstance(record, dict):
+        raise ValueError("not a cache record")
+    built: list = []
+    _READ[path] = (identity, record, built)
+    return record, built
+
+
 def probe_cached(root: str, cache_dir: str, ttl: float, nvidia_driver_root: str | None = None) -> Inventory:
     from . import probe
 
     if ttl <= 0:
         return probe(root, nvidia_driver_root=nvidia_driver_root)
-    from .. import fastjson
-
     key = fingerprint(root, nvidia_driver_root)
-    path = _file(cache_dir, root)
     try:
-        # non-blocking, no link: a FIFO or a link planted here must not hang or steer a create
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-                raise ValueError("not written by gpuhook")  # never trusted (SECURITY.md)
-            record = fastjson.loads(f.read(1 << 22))
-        if not isinstance(record, dict):
-            raise ValueError("not a cache record")
+        record, built = _read(_file(cache_dir, root))
         valid = max(ttl, min(float(record.get("valid_for") or 0), MAX_VALID_FOR))
         if (
             record["fingerprint"] == key
             and 0 <= time.time() - record["time"] < valid
             and _dir_stats("" if root == "/" else root.rstrip("/"), record["dirs"]) == record["dir_stats"]
         ):
-            return Inventory.from_plain(record["inventory"])
+            if not built:
+                built.append(Inventory.from_plain(record["inventory"]))
+            return built[0]
     except Exception:  # noqa: BLE001  (a cache that cannot be used, for whatever reason, costs a probe)
         pass
     inv = probe(root, nvidia_driver_root=nvidia_driver_root)

@@ -21,7 +21,14 @@ def node(tmp_path, monkeypatch):
     """A node's cache dir and a config file path on it (not written yet)."""
     monkeypatch.setenv("GPUHOOK_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("GPUHOOK_CONFIG", raising=False)
+    monkeypatch.setattr(cfg, "_LOADED", {})
     return tmp_path / "config.toml"
+
+
+def new_process() -> None:
+    """What the next load sees as a process of its own would: nothing parsed in memory, so
+    the cache dir is what it may use (the wrapper's fresh interpreter)."""
+    cfg._LOADED.clear()
 
 
 def front_fields(path: str) -> dict:
@@ -221,6 +228,7 @@ def test_a_cached_record_is_checked_like_the_file(node):
 
     with open(cache_file(node), "wb") as f:
         f.write(fastjson.dumps({"key": key, "config": {"share": "all", "fail_mode": "shut"}, "errors": ["e1"]}).encode())
+    new_process()
     conf, errors = cfg.load(str(node))
     assert conf == cfg.Config(share="all")
     assert errors == ["e1", "fail_mode: 'shut' is not one of open, closed; 'open' used"]
@@ -240,12 +248,51 @@ def test_the_parse_is_cached_privately_and_used_while_the_file_is_the_same(node)
     text = open(path).read()
     with open(path, "w") as f:
         f.write(text.replace("/usr/bin/crun", "/usr/bin/runc"))
+    new_process()
     assert cfg.load(str(node)) == (cfg.Config(runtime="/usr/bin/runc"), [])
     # the file changed (same size, new mtime and ctime): parsed again
     node.write_text('runtime = "/usr/bin/youk"\n')
     os.utime(node, ns=(1, 1))
     assert cfg.load(str(node)) == (cfg.Config(runtime="/usr/bin/youk"), [])
     assert first == (cfg.Config(runtime="/usr/bin/crun"), [])
+
+
+def test_a_resident_process_parses_a_file_once_while_it_is_the_same(node):
+    """The runtime server and the NRI plugin load the config for every create: the file they
+    parsed is used from memory while its identity holds (not even the cache dir is read), a
+    changed file is parsed again, and what a caller does to the errors it got stays its own."""
+    node.write_text('runtime = "/usr/bin/crun"\nbogus = 1\n')
+    first = cfg.load(str(node))
+    path = cache_file(node)
+    with open(path) as f:
+        text = f.read()
+    with open(path, "w") as f:
+        f.write(text.replace("/usr/bin/crun", "/usr/bin/runc"))
+    conf, errors = cfg.load(str(node))
+    assert (conf, errors) == first and conf is first[0]  # from memory: the planted cache unread
+    errors.append("the caller's own")
+    assert cfg.load(str(node)) == first
+    node.write_text('runtime = "/usr/bin/youk"\nbogus = 2\n')
+    os.utime(node, ns=(1, 1))
+    assert cfg.load(str(node))[0].runtime == "/usr/bin/youk"
+    new_process()
+    assert cfg.load(str(node))[0].runtime == "/usr/bin/youk"  # the cache dir follows the file too
+
+
+def test_a_config_read_from_the_cache_dir_is_kept_in_memory_too(node, monkeypatch):
+    node.write_text('runtime = "/usr/bin/crun"\n')
+    cfg.load(str(node))
+    new_process()
+    assert cfg.load(str(node))[0].runtime == "/usr/bin/crun"  # from the cache dir
+
+    def unread(key):
+        raise AssertionError("the cache dir read again")
+
+    monkeypatch.setattr(cfg, "_cache_get", unread)
+    conf, errors = cfg.load(str(node))
+    assert conf.runtime == "/usr/bin/crun" and errors == []
+    errors.append("the caller's own")
+    assert cfg.load(str(node))[1] == []
 
 
 def test_the_cache_keeps_the_errors_and_leaves_out_unset_values(node):
@@ -291,6 +338,7 @@ def test_a_cache_not_gpuhooks_own_or_not_current_is_never_used(node, how):
         os.chmod(path, 0o620)
     elif how == "world-writable":
         os.chmod(path, 0o602)
+    new_process()
     assert cfg.load(str(node)) == (cfg.Config(runtime="/usr/bin/crun"), [])
 
 
@@ -303,6 +351,7 @@ def test_a_cache_others_may_read_but_not_write_is_gpuhooks_own_and_used(node, mo
     with open(path, "w") as f:
         f.write(text)
     os.chmod(path, mode)
+    new_process()
     assert cfg.load(str(node))[0].runtime == "/usr/bin/runc"
 
 

@@ -29,6 +29,25 @@ def test_hit_returns_the_same_inventory_without_probing(tmp_path, monkeypatch):
     assert cached(fh, tmp_path) == first
 
 
+def test_a_resident_process_builds_the_inventory_once_and_still_checks_the_host(tmp_path):
+    """The runtime server and the NRI plugin read the same cache file for create after create:
+    while it is the same file, its Inventory is not made again; the checks against the host run
+    every time (a node created lazily is seen); a file written again is read again."""
+    fh = build(tmp_path, gpus=1, uvm_node=False)
+    cached(fh, tmp_path)  # probed and stored
+    second = cached(fh, tmp_path)  # read from the file
+    assert cached(fh, tmp_path) is second  # the same file: the same Inventory, not rebuilt
+    time.sleep(0.01)
+    fh.chardev("/dev/nvidia-uvm", 510, 0)
+    third = cached(fh, tmp_path)
+    assert {n.path: n for n in third.vendor("nvidia").control_nodes}["/dev/nvidia-uvm"].present
+    (path,) = (tmp_path / "cache").iterdir()
+    record = json.loads(path.read_text())
+    record["inventory"]["warnings"] = ["written again"]
+    path.write_text(json.dumps(record))  # gpuhook's own file, new content: read again
+    assert cached(fh, tmp_path).warnings == ("written again",)
+
+
 def test_a_node_created_lazily_invalidates(tmp_path):
     fh = build(tmp_path, gpus=1, uvm_node=False)
     first = cached(fh, tmp_path)
