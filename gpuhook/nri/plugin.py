@@ -138,10 +138,26 @@ class Plugin:
         self.say = log or (lambda msg: print(f"gpuhook nri: {msg}", file=sys.stderr, flush=True))
         self.runtime = ""
         self.sock: socket.socket | None = None
+        self.unlogged: list[tuple] = []  # (config, record, own ms): written once the reply is sent
+
+    def warm(self) -> None:
+        """Import what a create needs and put everything made so far out of the cyclic
+        collector's reach (gc.freeze): the first create pays no import, and no create pays
+        a full collection over the interpreter's own objects."""
+        import gc
+
+        from .. import config, fastjson, plan  # noqa: F401
+        from ..plan import policy  # noqa: F401
+        from ..probe import cache  # noqa: F401
+        from ..runtime import logline  # noqa: F401
+
+        gc.collect()
+        gc.freeze()
 
     # -- the connection ----------------------------------------------------------------------
     def run_forever(self, retry: float = 1.0) -> None:
         """Connect, serve until the connection ends, connect again."""
+        self.warm()
         while True:
             try:
                 self.serve_once()
@@ -178,6 +194,7 @@ class Plugin:
                 elif msg.conn == wire.PLUGIN_CONN and msg.type == wire.REQUEST:
                     reply, done = self.dispatch(msg.payload)
                     s.sendall(wire.encode(wire.PLUGIN_CONN, msg.stream, wire.RESPONSE, 0, reply))
+                    self.write_log()  # after the reply: the create waits for no log line
                     if done:
                         return
 
@@ -228,7 +245,7 @@ class Plugin:
             return pb.CreateContainerResponse()
         finally:
             if "decision" in record:
-                self.log(config, record, started)
+                self.unlogged.append((config, record, round((time.monotonic() - started) * 1000, 2)))
 
     def adjust(self, req, config, record: dict):
         from ..config import cache_dir
@@ -270,27 +287,25 @@ class Plugin:
             record["warnings"] = [str(w)[:500] for w in warnings[:20]]
         return adj
 
-    def log(self, config, record: dict, started: float) -> None:
-        """One node log line per create this front decided on (the wrapper's line, with "front")."""
-        try:
-            from .. import fastjson
-            from ..runtime.logline import append_line, utc_now
+    def write_log(self) -> None:
+        """The node log's line for each create decided on since the last call (the wrapper's
+        line, with "front"): best effort, never raises."""
+        while self.unlogged:
+            config, record, own_ms = self.unlogged.pop(0)
+            try:
+                from .. import fastjson
+                from ..runtime.logline import append_line, utc_now
 
-            log_file = config.log_file if config is not None else None
-            if config is None:
-                from ..config import Config
+                log_file = config.log_file if config is not None else None
+                if config is None:
+                    from ..config import Config
 
-                log_file = Config().log_file
-            line = {
-                "time": utc_now(),
-                "event": "create",
-                **record,
-                "duration_ms": round((time.monotonic() - started) * 1000, 2),
-            }
-            if log_file:
-                append_line(log_file, fastjson.dumps(line))
-        except Exception as e:  # the log is best effort; the answer is not
-            self.say(f"cannot write the node log: {type(e).__name__}: {e}")
+                    log_file = Config().log_file
+                line = {"time": utc_now(), "event": "create", **record, "duration_ms": own_ms}
+                if log_file:
+                    append_line(log_file, fastjson.dumps(line))
+            except Exception as e:  # the log is best effort; the answer is not
+                self.say(f"cannot write the node log: {type(e).__name__}: {e}")
 
 
 def add_command(sub) -> None:

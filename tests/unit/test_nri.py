@@ -8,6 +8,7 @@ import contextlib
 import os
 import socket
 import threading
+import time
 
 import pytest
 
@@ -172,10 +173,17 @@ def planned(req: pb.CreateContainerRequest):
                 config, os.environ["GPUHOOK_CACHE_DIR"]).edits
 
 
-def records(log) -> list[dict]:
+def records(log, at_least: int = 0) -> list[dict]:
+    """The node log's lines; at_least: once that many are there (the plugin writes a line
+    after its reply has gone)."""
     import json
 
-    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    deadline = time.monotonic() + 10
+    while True:
+        lines = log.read_text().splitlines() if log.exists() else []
+        if len(lines) >= at_least or time.monotonic() > deadline:
+            return [json.loads(line) for line in lines]
+        time.sleep(0.01)
 
 
 def test_registration_configure_and_synchronize(connected):
@@ -200,7 +208,7 @@ def test_a_gpu_optional_container_gets_the_planners_edits_as_its_adjustment(conn
     assert [m.destination for m in adj.mounts] == [m.container_path for m in edits.mounts]
     assert [(h.path, list(h.args)) for h in adj.hooks.create_container] == \
         [(h.path, list(h.args)) for h in edits.hooks] and "/run/c/c1/rootfs" in adj.hooks.create_container[0].args
-    (rec,) = records(log)
+    (rec,) = records(log, 1)
     assert (rec["front"], rec["decision"], rec["container_id"], rec["pod_name"]) == ("nri", "injected", "c1", "p")
 
 
@@ -234,7 +242,7 @@ def test_other_handlers_and_sandboxes_get_an_empty_adjustment(connected, node):
     req = create_request()
     req.container.annotations["io.kubernetes.cri.container-type"] = "sandbox"
     assert rt.call("CreateContainer", req, pb.CreateContainerResponse).adjust == pb.ContainerAdjustment()
-    assert [r["decision"] for r in records(log)] == ["sandbox"]
+    assert [r["decision"] for r in records(log, 1)] == ["sandbox"]  # and none for the runc pod before it
 
 
 def test_the_node_configs_handler_is_the_one_adjusted(connected, node):
@@ -258,13 +266,38 @@ def test_any_fault_is_an_empty_adjustment_and_one_log_line_never_an_error_reply(
     monkeypatch.setattr(gpuhook.plan, "plan", broken)
     resp = rt.call("CreateContainer", create_request(), pb.CreateContainerResponse)  # status 0 (asserted by call)
     assert resp == pb.CreateContainerResponse()
-    (rec,) = records(log)
+    (rec,) = records(log, 1)
     assert (rec["front"], rec["decision"], rec["error"]) == ("nri", "error", "RuntimeError: the planner broke")
     # a request that does not even parse: still an empty answer, not an error
     req = tt.Request(service=nri.SERVICE, method="CreateContainer", payload=b"\xff\xff\xff")
-    out, done = nri.Plugin(log=lambda m: None).dispatch(req.SerializeToString())
+    plugin = nri.Plugin(log=lambda m: None)
+    out, done = plugin.dispatch(req.SerializeToString())
     assert tt.Response.FromString(out).status.code == 0 and not done
-    assert records(log)[-1]["decision"] == "error"
+    plugin.write_log()
+    assert [r["decision"] for r in records(log, 2)] == ["error", "error"]
+
+
+def test_the_reply_goes_before_the_log_line_is_written(connected, node, monkeypatch):
+    """The create waits for the plugin's answer, never for its log line: with the line's write
+    held, the answer still comes; let go, the line is written."""
+    from gpuhook.runtime import logline
+
+    rt, _t, _said = connected
+    _conf, log = node
+    held, written = threading.Event(), []
+    real = logline.append_line
+
+    def slow_append(path, line, *a, **k):
+        assert held.wait(10), "never let go"
+        written.append(line)
+        return real(path, line, *a, **k)
+
+    monkeypatch.setattr(logline, "append_line", slow_append)
+    adj = rt.call("CreateContainer", create_request(), pb.CreateContainerResponse).adjust
+    assert adj.linux.devices and written == [] and records(log) == []
+    held.set()
+    (rec,) = records(log, 1)
+    assert rec["decision"] == "injected" and len(written) == 1
 
 
 def test_shutdown_ends_the_session_and_a_closed_socket_ends_it_too(connected):
