@@ -247,7 +247,8 @@ def nri(args, tmp: str) -> int:
           f"budget {budget:g} ms: {'ok' if ok else 'OVER'}); runc pod beside the plugin {row['ms']['other']:.2f} "
           f"({row['added']['other']:+.2f}); runc pod given the plugin's devices and mounts by CRI, no plugin "
           f"{row['ms']['same']:.2f} ({row['added']['same']:+.2f}); gpu-optional pod through a plugin with no ld-cache hook "
-          f"{row['ms']['no hook']:.2f} ({row['added']['no hook']:+.2f})")
+          f"{row['ms']['no hook']:.2f} ({row['added']['no hook']:+.2f}); the same with a hook that does nothing "
+          f"{row['ms']['noop hook']:.2f} ({row['added']['noop hook']:+.2f})")
     print(f"  the NRI plugin after serving, MiB: resident {mem['rss']}, peak {mem['hwm']}; "
           f"its own time per create (its log lines' duration_ms, median): {mem['plugin_ms']} ms")
     if args.json:

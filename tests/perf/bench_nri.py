@@ -11,6 +11,8 @@ connected, one with none. Each round runs, in a fresh random order, each after a
   same      a runc pod with no plugin given the plugin's devices and mounts through CRI (no
             hook, no env): what of `gpuhook` is runc's work on the GPUs themselves
   no hook   `gpuhook` on a third containerd whose plugin has no rootfs template: no ld-cache hook
+  noop hook `gpuhook` on a fourth containerd whose plugin's hook is a static program that does
+            nothing: what runc's running a createContainer hook costs, whatever the hook does
 
 The figure is the median of per-round differences to `runc`. Before anything is timed a
 gpu-optional container must see /dev/nvidia7 and libcuda in its ld cache. Then the plugin's
@@ -37,6 +39,10 @@ ROW = "NRI 8-GPU create+start"
 HANDLER = "gpu-optional"
 PAUSE_S = 0.02
 CHECK = "ls /dev/nvidia7 && grep -c libcuda.so /etc/ld.so.cache"
+NOOP = "int main(void) { return 0; }\n"  # the "noop hook" side's hook
+# `gpuhook nri` with the planner's hook helper replaced by argv[1] (the "noop hook" side)
+WITH_HELPER = ("import sys; import gpuhook.hook as h; helper = sys.argv.pop(1); h.package_helper = lambda: helper; "
+               "from gpuhook.cli import main; sys.exit(main(sys.argv[1:]))")
 
 
 class Side:
@@ -102,8 +108,10 @@ def _host(tmp: str) -> str:
     return host
 
 
-def _plugin(tmp: str, host: str, name: str, sock: str, template: str) -> tuple[subprocess.Popen, str]:
-    """`gpuhook nri` on `sock` with a node config (and log) of its own, once registered; (it, its log)."""
+def _plugin(tmp: str, host: str, name: str, sock: str, template: str,
+            helper: str | None = None) -> tuple[subprocess.Popen, str]:
+    """`gpuhook nri` on `sock` with a node config (and log) of its own, once registered; (it, its log).
+    helper: the hook helper the planner names instead of gpuhook-hook."""
     config = os.path.join(tmp, f"{name}.toml")
     log = os.path.join(tmp, f"{name}.log")
     with open(config, "w") as f:
@@ -111,9 +119,9 @@ def _plugin(tmp: str, host: str, name: str, sock: str, template: str) -> tuple[s
     env = dict(os.environ, GPUHOOK_CONFIG=config, GPUHOOK_CACHE_DIR=os.path.join(tmp, f"{name}-cache"), PYTHONPATH=REPO)
     out = os.path.join(tmp, f"{name}.out")
     with open(out, "wb") as f:
-        plugin = subprocess.Popen([sys.executable, "-m", "gpuhook", "nri", "--socket", sock, "--rootfs-template",
-                                   template], env=env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=f,
-                                  stderr=subprocess.STDOUT)
+        head = [sys.executable, "-c", WITH_HELPER, helper] if helper else [sys.executable, "-m", "gpuhook"]
+        plugin = subprocess.Popen([*head, "nri", "--socket", sock, "--rootfs-template", template], env=env, cwd=REPO,
+                                  stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
     while b"configured by containerd" not in open(out, "rb").read():
         if plugin.poll() is not None or time.monotonic() > deadline:
@@ -152,15 +160,23 @@ def _measure(rounds: int, tmp: str, node: str, made: list) -> tuple[dict, dict]:
     with_plugin, client_a, sock = _containerd(tmp, node, "ctd-nri", image_tar, stubs, made)
     plain, client_b, _ = _containerd(tmp, node, "ctd-plain", image_tar, stubs, made)
     no_hook, client_c, sock_c = _containerd(tmp, node, "ctd-nri-no-hook", image_tar, stubs, made)
+    noop_hook, client_d, sock_d = _containerd(tmp, node, "ctd-nri-noop-hook", image_tar, stubs, made)
+    noop = os.path.join(tmp, "noop-hook")
+    with open(noop + ".c", "w") as f:
+        f.write(NOOP)
+    subprocess.run(["gcc", "-static", "-O2", "-o", noop, noop + ".c"], check=True)
     plugins: list[subprocess.Popen] = []
     try:
         template = os.path.join(with_plugin.state, "io.containerd.runtime.v2.task", "k8s.io", "{id}", "rootfs")
         plugin, log = _plugin(tmp, host, "nri-plugin", sock, template)
         plugins.append(plugin)
         plugins.append(_plugin(tmp, host, "nri-plugin-no-hook", sock_c, "")[0])  # '': no ld-cache hook
+        template_d = os.path.join(noop_hook.state, "io.containerd.runtime.v2.task", "k8s.io", "{id}", "rootfs")
+        plugins.append(_plugin(tmp, host, "nri-plugin-noop-hook", sock_d, template_d, noop)[0])
         logs = os.path.join(tmp, "nri-pod-logs")
         sides = {"runc": Side(plain, client_b, "runc", logs), "gpuhook": Side(with_plugin, client_a, HANDLER, logs),
-                 "other": Side(with_plugin, client_a, "runc", logs), "no hook": Side(no_hook, client_c, HANDLER, logs)}
+                 "other": Side(with_plugin, client_a, "runc", logs), "no hook": Side(no_hook, client_c, HANDLER, logs),
+                 "noop hook": Side(noop_hook, client_d, HANDLER, logs)}
         record = _check(sides["gpuhook"], log)
         sides["same"] = Side(plain, client_b, "runc", logs, {
             # CRI makes a device from a host node: the few the fake host has no file for are left out
@@ -168,6 +184,7 @@ def _measure(rounds: int, tmp: str, node: str, made: list) -> tuple[dict, dict]:
             "mounts": [{"container_path": m, "host_path": host + m, "readonly": True} for m in record["mounts"]]})
         _check(sides["same"], None)
         _check(sides["no hook"], None)
+        _check(sides["noop hook"], None)
         times: dict[str, list[float]] = {k: [] for k in sides}
         for i in range(rounds + 2):  # two warm-up rounds
             got = {}
