@@ -137,15 +137,18 @@ static int is_front(const char *rt) {
     return same;
 }
 
-/* real_runtime: the config's ("": none), else the first of DEFAULT_RUNTIMES found; NULL, after
- * one line, when there is none or it is this wrapper */
-static char *real_runtime(const char *configured, const char *config_path) {
+/* real_runtime: the config's ("": none), else the first of DEFAULT_RUNTIMES found; NULL when
+ * there is none, after one line when `say`. One that is this wrapper: one line and exit here,
+ * whoever asks (Python would be started again by the call it makes: config.is_front) */
+static char *real_runtime(const char *configured, const char *config_path, int say) {
     char *rt = *configured ? find_runtime(configured) : NULL;
     for (const char *const *d = DEFAULT_RUNTIMES; !*configured && !rt && *d; d++) rt = find_runtime(*d);
-    if (rt && !is_front(rt)) return rt;
-    fprintf(stderr, rt ? PREFIX RUNTIME_IS_FRONT "\n" : PREFIX NO_RUNTIME "\n",
-            rt ? rt : *configured ? configured : DEFAULT_RUNTIMES_TEXT, config_path);
-    return NULL;
+    if (rt && is_front(rt)) {
+        fprintf(stderr, PREFIX RUNTIME_IS_FRONT "\n", rt, config_path);
+        _exit(NO_RUNTIME_STATUS);
+    }
+    if (!rt && say) fprintf(stderr, PREFIX NO_RUNTIME "\n", *configured ? configured : DEFAULT_RUNTIMES_TEXT, config_path);
+    return rt;
 }
 
 static const char *cache_dir(void) {
@@ -270,11 +273,10 @@ static void log_no_gpu(const char *file, const struct invocation *inv, double ms
     if (*file) append_log(file, line, strlen(line));
 }
 
+/* exec_runtime: returns only when the runtime could not be run (errno says why) */
 static void exec_runtime(const char *rt, char **argv) {
     argv[0] = (char *)rt;
     execv(rt, argv);
-    fprintf(stderr, PREFIX CANNOT_RUN "\n", rt, strerror(errno));
-    _exit(NO_RUNTIME_STATUS);
 }
 
 static long long now_ns(void) {
@@ -424,14 +426,15 @@ int main(int argc, char **argv) {
     read_config(&c);
     parse_args(argc, argv, &inv);
     if (!c.slow) {
-        char *rt = real_runtime(c.value[FRONT_RUNTIME], c.path);
-        if (!rt) return NO_RUNTIME_STATUS;
+        /* No real runtime, or one that cannot be run: Python says why, on stderr and in the
+         * caller's --log in runc's format (logline.runtime_error), as it does for its own calls */
+        char *rt = real_runtime(c.value[FRONT_RUNTIME], c.path, 0);
         /* No GPU at all: config.json stays as it is, one log line, the runtime (a config with
          * errors goes to Python, whose log line says why). An exec goes to Python only into a
          * container gpuhook injected. Everything else: the runtime. */
         int editing = one_of(inv.command, EDITING_COMMANDS);
-        if (editing ? !strcmp(c.value[FRONT_ERRORS], FRONT_NO_ERRORS) && !gpu_present(c.value[FRONT_HOST_ROOT])
-                    : !inv.command || strcmp(inv.command, EXEC_COMMAND) || !has_record(inv.root, rt, inv.container_id)) {
+        if (rt && (editing ? !strcmp(c.value[FRONT_ERRORS], FRONT_NO_ERRORS) && !gpu_present(c.value[FRONT_HOST_ROOT])
+                           : !inv.command || strcmp(inv.command, EXEC_COMMAND) || !has_record(inv.root, rt, inv.container_id))) {
             if (editing) log_no_gpu(c.value[FRONT_LOG_FILE], &inv, (double)(now_ns() - started) / 1e6);
             exec_runtime(rt, argv);
         }
@@ -443,7 +446,10 @@ int main(int argc, char **argv) {
     if (one_of(inv.command, SERVED_COMMANDS)) ask_server(argv);
     exec_python(argc, argv, dir);
     if (!strcmp(c.value[FRONT_FAIL_MODE], FAIL_CLOSED)) return 1; /* slow: the defaults' */
-    char *rt = real_runtime(c.value[FRONT_RUNTIME], c.path);
-    if (rt) exec_runtime(rt, argv);
+    char *rt = real_runtime(c.value[FRONT_RUNTIME], c.path, 1);
+    if (rt) {
+        exec_runtime(rt, argv);
+        fprintf(stderr, PREFIX CANNOT_RUN "\n", rt, strerror(errno));
+    }
     return NO_RUNTIME_STATUS;
 }

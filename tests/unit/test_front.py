@@ -446,13 +446,13 @@ def test_the_front_decides_of_the_node_config_what_python_decides(config_world, 
 
     def check_pass_through(must_decide: bool) -> None:
         r, rts, to_python = run("state", "c1")
+        if want_rt is None:  # Python says why, in runc's --log too (test_faults.py)
+            assert to_python and not rts and r.stderr == b"", (text, r)
+            return
         if to_python:
             assert not must_decide, (text, "a current front file, and still Python")
             return
-        if want_rt is None:
-            assert r.returncode == 127 and not rts and b"no real OCI runtime" in r.stderr, (text, r)
-        else:
-            assert rts == [want_rt], (text, rts, want_rt)
+        assert rts == [want_rt], (text, rts, want_rt)
 
     check_pass_through(must_decide=False)  # no front file yet: Python's, or the defaults with no file
     prime(str(cfg), str(cache))
@@ -464,7 +464,7 @@ def test_the_front_decides_of_the_node_config_what_python_decides(config_world, 
         log_file.unlink(missing_ok=True)
     r, rts, to_python = run("create", "--bundle", str(tmp / "bundle"), "c1")
     if want_rt is None:
-        assert r.returncode == 127 and not to_python, (text, r)
+        assert to_python and not rts and r.stderr == b"", (text, r)
         return
     # a create may skip Python only where Python would find no GPU and has no error to log
     assert to_python == (gpu or bool(errors)), (text, to_python, errors)
@@ -532,7 +532,7 @@ def test_a_changed_config_is_pythons_until_python_has_read_it(tmp_path):
         assert r.returncode == 0 and not mark.exists(), r
         if change == "in-place":
             with open(cfg, "r+") as f:
-                f.write('runtime = "/bin/tru"#\n')  # the same size: "/bin/tru" is no runtime at all
+                f.write('runtime = "/bin/echo"\n')  # the same size
         else:
             (tmp_path / "new.toml").write_text('runtime = "/bin/true"\n')
             os.rename(tmp_path / "new.toml", cfg)
@@ -542,6 +542,6 @@ def test_a_changed_config_is_pythons_until_python_has_read_it(tmp_path):
         prime(str(cfg), str(cache))
         if change == "in-place":
             r = subprocess.run([FRONT, "state", "x"], env=env, capture_output=True, timeout=20)
-            assert r.returncode == 127 and b"no real OCI runtime" in r.stderr and not mark.exists(), r
+            assert r.returncode == 0 and r.stdout == b"state x\n" and not mark.exists(), r  # the edited file's runtime
             cfg.write_text('runtime = "/bin/true"\n')
             prime(str(cfg), str(cache))

@@ -4,6 +4,7 @@ runtime that is the wrapper itself."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -158,17 +159,30 @@ def test_sh_front_and_tomllib_pick_the_same_runtime(text, tmp_path, fake_runtime
     assert got == os.path.basename(want).replace(" ", "_"), (text, got, want)
 
 
-def test_sh_front_missing_runtime_is_one_clear_line(tmp_path):
+@pytest.mark.parametrize("log_format", ["json", "text"])
+@pytest.mark.parametrize("command", [["state", "x"], ["create", "--bundle", "/nonexistent/b", "x"]])
+def test_sh_front_missing_runtime_is_one_clear_line_and_runcs_log_says_it(tmp_path, command, log_format):
+    """The front knows the config (its front file is current) and finds no runtime: one line on
+    stderr, exit 127, and the same error in the caller's --log as runc writes its own (the
+    containerd shim reports what it finds there), relative to the caller's directory."""
     path = tmp_path / "config.toml"
-    path.write_text('runtime = "/nonexistent/runc"\n')
+    path.write_text('runtime = "/nonexistent/runc"\nlog_file = ""\n')
     from gpuhook.testing.front import prime
 
     prime(str(path), str(tmp_path / "cache"))
-    r = subprocess.run([FRONT, "state", "x"], capture_output=True, text=True,
-                       env={"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(path),
-                            "GPUHOOK_CACHE_DIR": str(tmp_path / "cache")})
+    r = subprocess.run([FRONT, "--log", "log.json", "--log-format", log_format, *command], capture_output=True,
+                       text=True, cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "GPUHOOK_CONFIG": str(path),
+                                                     "GPUHOOK_CACHE_DIR": str(tmp_path / "cache"),
+                                                     "GPUHOOK_PYTHON": sys.executable})
     assert r.returncode == 127
-    assert r.stderr.count("\n") == 1 and "no real OCI runtime" in r.stderr
+    assert r.stderr.count("\n") == 1 and "no real OCI runtime" in r.stderr, r.stderr
+    (line,) = (tmp_path / "log.json").read_text().splitlines()
+    said = r.stderr.rstrip("\n")
+    if log_format == "json":
+        rec = json.loads(line)
+        assert (rec["level"], rec["msg"]) == ("error", said) and set(rec) == {"level", "msg", "time"}
+    else:
+        assert line == said
 
 
 def test_python_missing_runtime_is_one_clear_line(tmp_path):
@@ -200,7 +214,7 @@ def test_a_runtime_that_is_the_front_itself_is_one_clear_line(tmp_path, how):
     path.write_text(f'runtime = "{fake}"\n' if how.endswith("in-config") else 'log_file = ""\n')
     cache = str(tmp_path / "cache")
     env = {"PATH": f"{bindir}:/usr/bin:/bin", "GPUHOOK_CONFIG": str(path), "GPUHOOK_CACHE_DIR": cache,
-           "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.dirname(FRONT)))}
+           "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.dirname(FRONT))), "GPUHOOK_PYTHON": sys.executable}
     py = [sys.executable, "-m", "gpuhook.runtime", "state", "x"]
     for primed, argv in ((False, py), (True, [FRONT, "state", "x"])):
         if primed:
