@@ -189,12 +189,17 @@ class PodReporter:
         self.posted = 0
         self._said = _Lru(MAX_ENTRIES)
 
-    def _budget(self, buckets: _Lru, ns: str, burst: int, rate: float) -> _Bucket:
+    def _take(self, buckets: _Lru, ns: str, burst: int, rate: float, what: str, event: str, note: str) -> bool:
+        """A token from the namespace's budget in `buckets` (made with burst and rate the first
+        time); none left: False, and one warning per namespace and `what` (the caller counts)."""
         bucket = buckets.get_fresh(ns)
         if bucket is None:
             bucket = _Bucket(burst, rate, self.clock)
             buckets.put(ns, bucket)
-        return bucket
+        if bucket.take():
+            return True
+        self._once(f"{what}:{ns}", "warning", event, namespace=ns, burst=burst, rate=rate, note=note)
+        return False
 
     def _once(self, kind: str, level: str, event: str, **kw) -> None:
         """Log each kind of problem once (the agent never floods its log; the memory of what
@@ -304,17 +309,16 @@ class PodReporter:
             return False  # found not to be this node's: no second GET
         if self.pods.get_fresh(pod_key) is not None:
             return True
-        if not self._budget(self.lookups, ns, self.lookup_burst, self.lookup_rate).take():
+        if not self._take(
+            self.lookups,
+            ns,
+            self.lookup_burst,
+            self.lookup_rate,
+            "lookups",
+            "pod.lookups_limited",
+            "this namespace's lines are dropped and counted until its rate allows",
+        ):
             self.dropped_lookups += 1
-            self._once(
-                f"lookups:{ns}",
-                "warning",
-                "pod.lookups_limited",
-                namespace=ns,
-                burst=self.lookup_burst,
-                rate=self.lookup_rate,
-                note="this namespace's lines are dropped and counted until its rate allows",
-            )
             return False
         try:
             pod = self.kube.get_pod(ns, name)
@@ -343,18 +347,16 @@ class PodReporter:
         ns, name, uid = pod_key
         key = (ns, name, uid, reason, message)
         seen = self.events.get_fresh(key)
-        bucket = self._budget(self.buckets, ns, self.burst, self.rate)
-        if not bucket.take():
+        if not self._take(
+            self.buckets,
+            ns,
+            self.burst,
+            self.rate,
+            "rate",
+            "event.ratelimited",
+            "this namespace's further events are dropped and counted until its rate allows",
+        ):
             self.dropped += 1
-            self._once(
-                f"rate:{ns}",
-                "warning",
-                "event.ratelimited",
-                namespace=ns,
-                burst=bucket.burst,
-                rate=bucket.rate,
-                note="this namespace's further events are dropped and counted until its rate allows",
-            )
             return
         now = micro_time()
         if seen is None:
