@@ -379,6 +379,8 @@ def test_lines_that_fail_the_check_cost_bounded_memory_and_rate_limited_lookups(
     assert len([1 for m, *_ in api.requests if m == "GET"]) == 13
     assert len(r.refused) <= 8 and len(r._said) <= 8 and len(r.pods) <= 8
     assert len([x for x in logs() if x["event"] == "pod.skipped"]) == 1  # said once for the namespace
+    (limited,) = [x for x in logs() if x["event"] == "pod.lookups_limited"]  # said once too, with its budget
+    assert (limited["namespace"], limited["burst"], limited["rate"]) == ("evil", 10, 1.0)
     # another namespace's lookups are its own
     api.add_pod("ml", "trainer-0", "uid-trainer-0")
     r.handle(create())
