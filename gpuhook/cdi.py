@@ -24,9 +24,9 @@ reject the whole spec for a version they do not know (podman 4.3 reads up to 0.5
 spec never claims more than it needs, and `max_version` leaves newer fields out for such
 runtimes (cap_version; the caller is told which).
 
-Hooks: plan()'s createContainer hooks take the container's rootfs, unknown to a CDI spec.
-They are wrapped in a small sh script that reads it from the OCI state on the hook's stdin
-(bundle, then config.json's root.path) and execs the hook (gpuhook-hook) with it.
+Hooks: plan()'s createContainer hooks take the container's rootfs, unknown to a CDI spec:
+they are given hook.ROOTFS_FROM_STATE, and gpuhook-hook reads the root from what the runtime
+wrote (the OCI state's bundle, then its config.json's root.path).
 
 Paths: the spec is read by the node's container runtime, so its paths are the node's own
 view (`spec_root`, default "/"). Under a fake host (`spec_root` = that host), mounts and
@@ -59,29 +59,6 @@ _NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?\Z")
 _CLASS = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_-]{0,61}[A-Za-z0-9])?\Z")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
 
-# plan()'s hooks (the ld cache, Intel's /dev/dri/by-path links) take the container's rootfs,
-# which a CDI spec cannot know: plan() is given this placeholder, and each hook that has it
-# is wrapped in one that finds the rootfs at run time, from the OCI state on the hook's
-# stdin (bundle -> config.json -> root.path), and then execs the hook (gpuhook-hook) with it.
-ROOTFS_PLACEHOLDER = "/.gpuhook-cdi-rootfs"
-# sh, sed, tr and head only (every node has them). The state is one line of JSON, its
-# annotations (the pod's and the image's: tenant keys, a "bundle" among them) after the bundle:
-# they are cut off before the bundle is read. config.json may be indented, so its newlines go
-# first; a string value there cannot hold a bare `"root": {"path": "` (JSON escapes quotes). A relative root.path is under the bundle. The
-# bundle and its config.json are the runtime manager's; nothing of the image is read here.
-# Whatever fails, the container starts: the hook only ever says why on stderr.
-# $0: the hook's tag; then the hook's path and its whole argv, the placeholder among them.
-CDI_ROOTFS_SCRIPT = (
-    'b=$(sed -n \'s/"annotations" *:.*//; s/.*"bundle" *: *"\\([^"]*\\)".*/\\1/p\' | head -n 1); r=; '
-    '[ -n "$b" ] && [ -f "$b/config.json" ] && '
-    'r=$(tr -d \'\\n\' < "$b/config.json" | sed -n \'s/.*"root" *: *{ *"path" *: *"\\([^"]*\\)".*/\\1/p\'); '
-    'case $r in "") ;; /*) ;; *) r=$b/$r ;; esac; '
-    'if [ -z "$r" ] || [ ! -d "$r" ]; then '
-    'echo "gpuhook: $0: the container root is not in the OCI state; skipped" >&2; exit 0; fi; '
-    f'for a; do shift; if [ "$a" = {ROOTFS_PLACEHOLDER} ]; then set -- "$@" "$r"; else set -- "$@" "$a"; fi; done; '
-    'p=$1; shift 2; exec "$p" "$@"'
-)
-
 
 class CDIError(ValueError):
     """A spec that would break CDI's rules (never written)."""
@@ -107,7 +84,7 @@ def safe_name(text: str) -> str:
 def _request():
     from .plan import Request
 
-    return Request({}, {}, ROOTFS_PLACEHOLDER)
+    return Request({}, {}, hook.ROOTFS_FROM_STATE)
 
 
 def _plan(inv: Inventory, ldconfig: str | None | bool, helper: str | None | bool = None) -> Edits:
@@ -137,20 +114,7 @@ def _cdi_edits(edits: Edits, spec_root: str) -> dict:
         base = spec_root.rstrip("/")
         for n in d.get("deviceNodes", ()):
             n["hostPath"] = base + n["path"]
-    if d.get("hooks"):
-        d["hooks"] = [_cdi_hook(h) for h in d["hooks"]]
     return d
-
-
-def _cdi_hook(h: dict) -> dict:
-    args = list(h.get("args") or [])
-    if not any(ROOTFS_PLACEHOLDER in a for a in args):
-        return h
-    # plan()'s hooks are gpuhook-hook's (hook.argv()): the rootfs one whole argument
-    parsed = hook.parse(args)
-    if parsed is None or parsed[1] != ROOTFS_PLACEHOLDER or any(ROOTFS_PLACEHOLDER in a for a in parsed[2]):
-        raise CDIError(f"a hook from plan() that takes the rootfs in a way CDI cannot give: {args[:3]}")
-    return dict(h, path="/bin/sh", args=["sh", "-c", CDI_ROOTFS_SCRIPT, f"gpuhook-{parsed[0]}", h["path"], *args])
 
 
 def _without(edits: Edits, nodes: set, env_keys: set) -> Edits:

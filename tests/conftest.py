@@ -359,6 +359,20 @@ def real_bundle(tmp_path_factory) -> str:
 
 # -- a pod's view of a node: `--restart systemd` from a container ----------------------------
 
+# A static stand-in for the node's ldconfig: it makes /found in the root it runs in, which under
+# gpuhook-hook is the container root the hook chose (its isolated root).
+MARKER_LDCONFIG_C = '#include <fcntl.h>\nint main(void) { return open("/found", O_CREAT | O_WRONLY, 0644) < 0; }\n'
+
+
+@pytest.fixture(scope="session")
+def marker_ldconfig(tmp_path_factory) -> str:
+    d = tmp_path_factory.mktemp("marker-ldconfig")
+    (d / "marker.c").write_text(MARKER_LDCONFIG_C)
+    subprocess.run(["gcc", "-static", "-O2", "-o", str(d / "ldconfig"), str(d / "marker.c")], check=True,
+                   capture_output=True)
+    return str(d / "ldconfig")
+
+
 def fake_systemctl(bin_dir, record, fail_line: str | None = None) -> None:
     """A stand-in `systemctl` in bin_dir: appends its argv, then the mount namespace it runs
     in, to `record`; fails with `fail_line` on stderr when given."""

@@ -72,8 +72,8 @@ def _add_node_args(sp) -> None:
         "--nri-rootfs-template",
         default=ROOTFS_TEMPLATE,
         metavar="PATH",
-        help="the plugin's --rootfs-template: where the runtime mounts a container's rootfs, {id} its id "
-        "(default containerd's; k3s: /run/k3s/containerd/io.containerd.runtime.v2.task/k8s.io/{id}/rootfs)",
+        help=f"the plugin's --rootfs-template (default {ROOTFS_TEMPLATE}: the rootfs the runtime wrote into the "
+        "container's bundle, read by the hook when it runs)",
     )
     sp.add_argument("--ldconfig", metavar="PATH", help="the node's ldconfig for the CDI ld-cache hook")
 
@@ -198,7 +198,7 @@ def _options(args):
     """The agent's Options from the command line, checked: a UsageError for what cannot be used."""
     from ..agent.core import Options
     from ..cdi import KNOWN_VERSIONS
-    from ..nri.plugin import rootfs_template_ok
+    from ..nri.plugin import ROOTFS_TEMPLATE_RULE, rootfs_template_ok
     from .args import driver_root
 
     if not os.path.isdir(args.root):
@@ -212,7 +212,7 @@ def _options(args):
     if not args.nri_socket.startswith("/"):
         raise usage_error(f"--nri-socket {args.nri_socket}: not an absolute path")
     if not rootfs_template_ok(args.nri_rootfs_template):
-        raise usage_error("--nri-rootfs-template must be an absolute path with {id} in it, or ''")
+        raise usage_error(f"--nri-rootfs-template {ROOTFS_TEMPLATE_RULE}")
     if args.metrics_address:
         from ..agent.metrics import parse_address
 

@@ -26,6 +26,13 @@ LOG_ENV = "GPUHOOK_LOG_FILE"
 EVENT = "hook"  # the log line's event (gpuhook.log reads it beside its create)
 
 
+# A hook's ROOTFS where the container's root is not known when the hook is made (a CDI spec,
+# an NRI plugin's adjustment): the helper reads it from what the runtime wrote, the OCI state
+# on its stdin ("bundle") and that bundle's config.json ("root": {"path"}) (gpuhook-hook.c:
+# state_rootfs). Never a path: an absolute ROOTFS is the root itself.
+ROOTFS_FROM_STATE = "@state"
+
+
 def env(log_file: "str | None" = None) -> tuple[str, ...]:
     """The hook's whole environment: ENV, and the node log when there is one."""
     return ENV + (f"{LOG_ENV}={log_file}",) if log_file and log_file.startswith("/") else ENV

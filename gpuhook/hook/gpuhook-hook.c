@@ -4,6 +4,10 @@
  *   gpuhook-hook ldcache ROOTFS LDCONFIG DIR...        refresh the container's ld cache
  *   gpuhook-hook bypath  ROOTFS NAME TARGET [NAME TARGET]...   /dev/dri/by-path links
  *
+ * ROOTFS is the container's root, or @state: the root the runtime wrote into the bundle that
+ * the OCI state on stdin names (state_rootfs), for a hook made before anyone knows it (a CDI
+ * spec, an NRI plugin).
+ *
  * A createContainer hook runs as root, in the container's mount namespace, before pivot_root:
  * its / is the node's.  `ldconfig -r ROOTFS` chroots, but a chroot does not stop procfs magic
  * links (`/proc/1/root`, `/proc/self/fd/N`, ...): the image could steer any path ldconfig
@@ -56,6 +60,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -88,7 +93,7 @@ static const char *kind = NULL;  /* ldcache | bypath: the log line's "kind" */
 #define LOG_ENV "GPUHOOK_LOG_FILE"
 #define LOG_MAX_ERROR 1000   /* as the runtime's own line: gpuhook/runtime log_line */
 #define LOG_MAX_ID 256
-#define STATE_MAX 4096       /* the OCI state's head: "id" comes second in runc's and crun's */
+#define STATE_MAX 65536      /* the OCI state's head: "id" and "bundle" come before the pod's annotations */
 static int log_fd = -1;
 
 /* Before anything else: the log named by our environment, checked as the front checks its
@@ -128,19 +133,122 @@ static size_t json_escape(char *out, size_t cap, const char *s, size_t max) {
     return o;
 }
 
-/* The top-level "id" of the OCI state on stdin (runc writes it, then closes the pipe): read
- * its first STATE_MAX bytes, for at most 100 ms; annotations (a pod's) are nested in an
- * object and never taken for it.  0 when there is none. */
-static int state_id(char *id, size_t cap) {
-    char buf[STATE_MAX + 1];
-    size_t n = 0;
+/* -- JSON the runtime wrote: the OCI state on stdin, a bundle's config.json --------------- */
+
+static const char *json_ws(const char *p, const char *end) {
+    while (p < end && (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r'))
+        p++;
+    return p;
+}
+
+/* The end of the string whose opening quote is at p; NULL when it does not end. */
+static const char *json_string_end(const char *p, const char *end) {
+    for (p++; p < end; p++) {
+        if (*p == '\\')
+            p++;
+        else if (*p == '"')
+            return p + 1;
+    }
+    return NULL;
+}
+
+/* The end of the value at p (white space first), nested at most `depth` deep; NULL when it is
+ * not one (cut short, or not JSON). */
+static const char *json_skip(const char *p, const char *end, int depth) {
+    p = json_ws(p, end);
+    if (p >= end)
+        return NULL;
+    if (*p == '"')
+        return json_string_end(p, end);
+    if (*p == '{' || *p == '[') {
+        char close = *p == '{' ? '}' : ']';
+        if (depth <= 0)
+            return NULL;
+        p = json_ws(p + 1, end);
+        if (p < end && *p == close)
+            return p + 1;
+        for (;;) {
+            if (close == '}') {  /* "key": */
+                if (p >= end || *p != '"' || !(p = json_string_end(p, end)))
+                    return NULL;
+                p = json_ws(p, end);
+                if (p >= end || *p++ != ':')
+                    return NULL;
+            }
+            if (!(p = json_skip(p, end, depth - 1)))
+                return NULL;
+            p = json_ws(p, end);
+            if (p < end && *p == ',') {
+                p = json_ws(p + 1, end);
+                continue;
+            }
+            return p < end && *p == close ? p + 1 : NULL;
+        }
+    }
+    const char *q = p;  /* a number, true, false or null */
+    while (q < end && ((*q >= '0' && *q <= '9') || (*q >= 'a' && *q <= 'z') || *q == '-' || *q == '+' || *q == '.' ||
+                       *q == 'E'))
+        q++;
+    return q > p ? q : NULL;
+}
+
+/* The string at keys[0] of the object at p, at keys[1] of that key's object, and so on:
+ * copied into out (cap bytes with its NUL; one with an escape in it is not taken).  1, or 0
+ * when there is none.  Every other value is skipped whole: a string in a pod's annotations or
+ * a process's env ("bundle", "root") is never taken for it. */
+static int json_find(const char *p, const char *end, const char *const *keys, int nkeys, char *out, size_t cap) {
+    p = json_ws(p, end);
+    if (p >= end || *p != '{')
+        return 0;
+    p = json_ws(p + 1, end);
+    while (p < end && *p == '"') {
+        const char *key = p + 1, *after = json_string_end(p, end);
+        if (!after)
+            return 0;
+        size_t len = (size_t)(after - 1 - key);
+        p = json_ws(after, end);
+        if (p >= end || *p++ != ':')
+            return 0;
+        p = json_ws(p, end);
+        if (len == strlen(keys[0]) && memcmp(key, keys[0], len) == 0) {
+            if (nkeys > 1)
+                return json_find(p, end, keys + 1, nkeys - 1, out, cap);
+            if (p >= end || *p != '"' || !(after = json_string_end(p, end)))
+                return 0;
+            len = (size_t)(after - 1 - (p + 1));
+            if (len >= cap || memchr(p + 1, '\\', len))
+                return 0;
+            memcpy(out, p + 1, len);
+            out[len] = 0;
+            return 1;
+        }
+        if (!(p = json_skip(p, end, 64)))
+            return 0;
+        p = json_ws(p, end);
+        if (p >= end || *p != ',')
+            return 0;
+        p = json_ws(p + 1, end);
+    }
+    return 0;
+}
+
+/* The OCI state on stdin (the runtime writes it, then closes the pipe): its first STATE_MAX
+ * bytes, read once, for at most 100 ms. */
+static char state[STATE_MAX + 1];
+static size_t state_len;
+static int state_read;
+
+static void read_state(void) {
+    if (state_read)
+        return;
+    state_read = 1;
     int flags = fcntl(0, F_GETFL);
     if (flags < 0 || fcntl(0, F_SETFL, flags | O_NONBLOCK) < 0)
-        return 0;
-    for (int waited = 0; n < STATE_MAX && waited < 100;) {
-        ssize_t r = read(0, buf + n, STATE_MAX - n);
+        return;
+    for (int waited = 0; state_len < STATE_MAX && waited < 100;) {
+        ssize_t r = read(0, state + state_len, STATE_MAX - state_len);
         if (r > 0) {
-            n += (size_t)r;
+            state_len += (size_t)r;
         } else if (r == 0) {
             break;
         } else if (errno == EAGAIN || errno == EINTR) {
@@ -151,56 +259,13 @@ static int state_id(char *id, size_t cap) {
             break;
         }
     }
-    buf[n] = 0;
-    int depth = 0, in_str = 0, want = 0;
-    const char *key = NULL;
-    for (size_t i = 0; i < n; i++) {
-        char c = buf[i];
-        if (in_str) {
-            if (c == '\\') {
-                i++;
-            } else if (c == '"') {
-                in_str = 0;
-                if (depth == 1 && key) {
-                    size_t len = (size_t)(buf + i - key);
-                    if (want) {  /* the value of "id": copy it as is (escaped when written) */
-                        if (memchr(key, '\\', len) || len >= cap)
-                            return 0;
-                        memcpy(id, key, len);
-                        id[len] = 0;
-                        return 1;
-                    }
-                    /* a key at the top level when a ':' follows */
-                    size_t j = i + 1;
-                    while (j < n && (buf[j] == ' ' || buf[j] == '\n' || buf[j] == '\t' || buf[j] == '\r'))
-                        j++;
-                    if (j < n && buf[j] == ':') {
-                        int is_id = len == 2 && memcmp(key, "id", 2) == 0;
-                        i = j;
-                        while (i + 1 < n && (buf[i + 1] == ' ' || buf[i + 1] == '\n' || buf[i + 1] == '\t' ||
-                                             buf[i + 1] == '\r'))
-                            i++;
-                        if (is_id && i + 1 < n && buf[i + 1] == '"') {
-                            want = 1;
-                            in_str = 1;
-                            i++;
-                            key = buf + i + 1;
-                            continue;
-                        }
-                    }
-                }
-                key = NULL;
-            }
-        } else if (c == '"') {
-            in_str = 1;
-            key = buf + i + 1;
-        } else if (c == '{' || c == '[') {
-            depth++;
-        } else if (c == '}' || c == ']') {
-            depth--;
-        }
-    }
-    return 0;
+}
+
+/* The state's top-level "id": 0 when there is none. */
+static int state_id(char *id, size_t cap) {
+    static const char *const keys[] = {"id"};
+    read_state();
+    return json_find(state, state + state_len, keys, 1, id, cap);
 }
 
 /* One line in the node log: {"time","event":"hook","kind","container_id","outcome","error"}. */
@@ -247,6 +312,43 @@ static int skip(const char *why, int err) {
     if (err)
         return say("refused", "%s: %s; skipped", why, strerror(err));
     return say("refused", "%s; skipped", why);
+}
+
+/* ROOTFS_FROM_STATE (gpuhook/hook/__init__.py) as the hook's ROOTFS: the container's root as
+ * the runtime wrote it, where no one else can know it before the create (a CDI spec, an NRI
+ * plugin): the state's "bundle", that bundle's config.json "root": {"path"}, under the bundle
+ * when relative.  Both are the runtime manager's files; nothing of the image is read.  NULL,
+ * after saying why, when there is none. */
+#define ROOTFS_FROM_STATE "@state"
+static const char *state_rootfs(void) {
+    static const char *const bundle_key[] = {"bundle"}, *const path_keys[] = {"root", "path"};
+    static char bundle[PATH_MAX], path[PATH_MAX], conf[PATH_MAX + 16], rootfs[2 * PATH_MAX + 2];
+    read_state();
+    if (!json_find(state, state + state_len, bundle_key, 1, bundle, sizeof bundle) || bundle[0] != '/')
+        return skip("the OCI state on stdin names no bundle", 0), NULL;
+    snprintf(conf, sizeof conf, "%s/config.json", bundle);
+    int fd = open(conf, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size <= 0) {
+        int err = fd < 0 ? errno : EINVAL;
+        if (fd >= 0)
+            close(fd);
+        return skip(conf, err), NULL;
+    }
+    /* mapped, not read: no bound on its size (the runtime manager wrote it whole, before the create) */
+    char *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED)
+        return skip(conf, errno), NULL;
+    int found = json_find(map, map + st.st_size, path_keys, 2, path, sizeof path);
+    munmap(map, (size_t)st.st_size);
+    if (!found || !path[0])
+        return skip("the bundle's config.json names no root path", 0), NULL;
+    if (path[0] == '/')
+        snprintf(rootfs, sizeof rootfs, "%s", path);
+    else
+        snprintf(rootfs, sizeof rootfs, "%s/%s", bundle, path);
+    return rootfs;
 }
 
 /* mountinfo escapes space, tab, newline and backslash as \ooo. */
@@ -608,11 +710,14 @@ int main(int argc, char **argv) {
         what = strcmp(argv[1], "ldcache") == 0 ? "gpuhook-ldcache" : "gpuhook-bypath";
         kind = strcmp(argv[1], "ldcache") == 0 ? "ldcache" : strcmp(argv[1], "bypath") == 0 ? "bypath" : NULL;
     }
+    if (argc >= 3 && kind && strcmp(argv[2], ROOTFS_FROM_STATE) == 0 && !(argv[2] = (char *)state_rootfs()))
+        return 0;
     if (argc >= 5 && strcmp(argv[1], "ldcache") == 0 && argv[2][0] == '/')
         return ldcache(argc - 2, argv + 2);
     if (argc >= 3 && strcmp(argv[1], "bypath") == 0 && argv[2][0] == '/')
         return bypath(argc - 2, argv + 2);
     /* a hook of gpuhook's own that is wrong: said, and the container starts all the same */
     what = "gpuhook-hook";
-    return say("refused", "usage: gpuhook-hook ldcache /ROOTFS /LDCONFIG DIR... | bypath /ROOTFS NAME TARGET...; skipped");
+    return say("refused", "usage: gpuhook-hook ldcache /ROOTFS|" ROOTFS_FROM_STATE " /LDCONFIG DIR... | bypath /ROOTFS|"
+               ROOTFS_FROM_STATE " NAME TARGET...; skipped");
 }

@@ -195,7 +195,6 @@ def remove_handler(doc, version: int) -> bool:
 # -- NRI (the `nri` front): containerd 1.7 has it, off by default; 2.x on; 1.6 none ----------
 
 NRI_PLUGIN = "io.containerd.nri.v1.nri"  # the plugin's section under [plugins]
-STATE = "/run/containerd"  # containerd's default `state`: where its runc shim mounts a rootfs
 # What a containerd binary holds when it has NRI (the plugin type's name, 1.7 and later), and
 # when it is 2.x (its module path: NRI on by default). Checked against Debian's 1.6.20
 # (neither), 1.7.24 (the first) and 2.1.9 (both).
@@ -432,18 +431,12 @@ def _uninstall(root: str, mine: dict | None, dry_run: bool, say: journal.Say) ->
 
 def _plugin_args(read: Read) -> tuple[str, ...]:
     """What `gpuhook nri` needs to serve this containerd beyond its defaults: the socket the
-    config names, and where the runc shim mounts a rootfs under the config's `state`."""
-    from ..nri.plugin import DEFAULT_SOCKET, ROOTFS_TEMPLATE
+    config names (the hook finds each container's rootfs in its bundle, wherever `state` is)."""
+    from ..nri.plugin import DEFAULT_SOCKET
 
     doc = read.doc
     assert isinstance(doc, dict)
-    args: tuple[str, ...] = ()
-    if nri_socket(doc) != DEFAULT_SOCKET:
-        args += ("--socket", nri_socket(doc))
-    state = doc.get("state")
-    if isinstance(state, str) and state.rstrip("/") != STATE:
-        args += ("--rootfs-template", ROOTFS_TEMPLATE.replace(STATE, state.rstrip("/"), 1))
-    return args
+    return ("--socket", nri_socket(doc)) if nri_socket(doc) != DEFAULT_SOCKET else ()
 
 
 def _has_ours(raw: bytes) -> bool:

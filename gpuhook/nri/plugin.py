@@ -24,14 +24,17 @@ import time
 from typing import Any
 
 from .. import defaults
+from ..hook import ROOTFS_FROM_STATE
 from . import wire
 
 DEFAULT_SOCKET = "/var/run/nri/nri.sock"  # NRI's api.DefaultSocketPath
 DEFAULT_NAME = "gpuhook"
 DEFAULT_INDEX = "10"  # plugins run in index order; two digits (api.CheckPluginIndex)
-# The container's rootfs as containerd's runc shim mounts it (containerd's default state dir,
-# CRI's namespace): NRI does not say where the rootfs will be, and the ld-cache hook needs it.
-ROOTFS_TEMPLATE = "/run/containerd/io.containerd.runtime.v2.task/k8s.io/{id}/rootfs"
+# Where the ld-cache hook finds the container's rootfs, which NRI does not say: by default
+# from what the runtime wrote when the hook runs (the OCI state's bundle, its config.json's
+# root.path: hook.ROOTFS_FROM_STATE), on containerd and CRI-O alike; else a path with {id},
+# the container's id, in it; '' for no hook.
+ROOTFS_TEMPLATE = ROOTFS_FROM_STATE
 SERVICE = "nri.pkg.api.v1alpha1.Plugin"
 RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
 CREATE_CONTAINER = 4  # api.Event CREATE_CONTAINER
@@ -254,7 +257,8 @@ class Plugin:
         from ..probe.cache import probe_cached
 
         pb = self.pb
-        rootfs = self.rootfs_template.format(id=req.container.id) if self.rootfs_template else None
+        template = self.rootfs_template
+        rootfs = template.format(id=req.container.id) if template not in ("", ROOTFS_FROM_STATE) else template or None
         request = request_from_nri(req.container, rootfs)
         record.update(pod_of(request.annotations))
         if request.is_sandbox:
@@ -323,14 +327,19 @@ def add_command(sub) -> None:
     sp.add_argument(
         "--rootfs-template",
         default=ROOTFS_TEMPLATE,
-        help="where the runtime mounts a container's rootfs, {id} its id, for the ld-cache hook "
-        f"(default: containerd's, {ROOTFS_TEMPLATE}; '' for no hook)",
+        help=f"where the ld-cache hook finds a container's rootfs: {ROOTFS_FROM_STATE} (the default: from the bundle "
+        "the runtime names when the hook runs, containerd's or CRI-O's), a path with {id} (the container's id) in it, "
+        "or '' for no hook",
     )
     sp.set_defaults(func=cmd_nri)
 
 
+# what a --rootfs-template may be, as its error line says it
+ROOTFS_TEMPLATE_RULE = f"must be {ROOTFS_FROM_STATE}, an absolute path with {{id}} in it, or ''"
+
+
 def rootfs_template_ok(template: str) -> bool:
-    return not template or ("{id}" in template and template.startswith("/"))
+    return template in ("", ROOTFS_FROM_STATE) or ("{id}" in template and template.startswith("/"))
 
 
 def run_in_root(args: argparse.Namespace) -> int:
@@ -372,7 +381,7 @@ def cmd_nri(args: argparse.Namespace) -> int:
     if not args.name or "/" in args.name:
         raise UsageError(f"--name must be a non-empty name without '/', got {args.name!r}")
     if not rootfs_template_ok(args.rootfs_template):
-        raise UsageError("--rootfs-template must be an absolute path with {id} in it, or ''")
+        raise UsageError(f"--rootfs-template {ROOTFS_TEMPLATE_RULE}")
     if args.root != "/":
         return run_in_root(args)
     plugin = Plugin(args.socket, args.name, args.index, args.rootfs_template)

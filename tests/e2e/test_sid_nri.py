@@ -20,6 +20,7 @@ import pytest
 
 import debroot
 from conftest import REPO, assert_8_nvidia_gpus, gpuhook, is_root, nodes_of, requires
+from gpuhook import hook
 from containerd_harness import IMAGE_NAME, Containerd, leftovers
 from sid_node import nri_config, operator_config
 
@@ -90,9 +91,8 @@ def nri_containerd(request, node, tmp_path,  # noqa: F811 (test_sid_runtimes' fi
         cdi_spec_for(node, host, bundle)
         ctd.visible += (bundle,)  # the spec's hook
     rt = runtime(host, ldconfig="/sbin/ldconfig")
-    plugin = NRIPlugin({k: v for k, v in rt.env.items()}, sock,
-                       os.path.join(ctd.state, "io.containerd.runtime.v2.task", "k8s.io", "{id}", "rootfs"),
-                       str(tmp_path / "plugin.out"))
+    # the hook finds each container's rootfs in the bundle containerd wrote (the default)
+    plugin = NRIPlugin({k: v for k, v in rt.env.items()}, sock, hook.ROOTFS_FROM_STATE, str(tmp_path / "plugin.out"))
     ctd.start(write_config=False)
     try:
         ctd.import_image(busybox_image_tar, "k8s.io")
@@ -319,13 +319,12 @@ def test_install_front_nri_into_containerd_2_and_the_plugin_its_unit_runs(
     assert "NRI turned on" not in r.stdout  # on by default in 2.x
     with open(os.path.join(node, "etc/systemd/system/gpuhook-nri.service")) as f:
         (exec_start,) = [ln.split("=", 1)[1].split() for ln in f if ln.startswith("ExecStart=")]
-    template = os.path.join(ctd.state, "io.containerd.runtime.v2.task", "k8s.io", "{id}", "rootfs")
-    assert exec_start == ["/opt/gpuhook/bin/gpuhook", "nri", "--socket", sock, "--rootfs-template", template]
+    assert exec_start == ["/opt/gpuhook/bin/gpuhook", "nri", "--socket", sock]  # the rootfs: from each bundle
 
     host = make_host("nvidia", mknod=True)
     rt = runtime(host, ldconfig="/sbin/ldconfig")
     plugin = NRIPlugin({"PATH": debroot.PATH, **{k: v for k, v in rt.env.items() if k.startswith("GPUHOOK_")}},
-                       sock, template, str(tmp_path / "plugin.out"))
+                       sock, hook.ROOTFS_FROM_STATE, str(tmp_path / "plugin.out"))
     ctd.start(write_config=False)
     try:
         # the unit's command line, run where containerd runs (the node's /): the installed bundle's gpuhook

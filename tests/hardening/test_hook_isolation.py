@@ -23,6 +23,7 @@ import shutil
 import subprocess
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import NO_CONFIG, gpuhook, needs_runc, records, requires
 from gpuhook.testing import bundle as oci_bundle
@@ -232,6 +233,111 @@ def test_ldconfigs_syncs_are_answered_without_the_disk(tmp_path):
     r = subprocess.run([hook.package_helper(), hook.LDCACHE, str(rootfs), str(fake), "/usr/lib"],
                        capture_output=True, text=True, timeout=10)
     assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+# -- the container root from the OCI state (hook.ROOTFS_FROM_STATE: CDI specs, the NRI plugin) --
+
+def _state_run(tmp_path, marker: str, state: str, config_text: str | None, root_path: str = "rootfs"):
+    """The helper with ROOTFS_FROM_STATE, `state` on stdin, the bundle's config.json
+    `config_text` (None: none written): (its result, the roots the marker ldconfig ran in)."""
+    bundle = tmp_path / "bundle"
+    for d in (bundle / "rootfs", tmp_path / "decoy" / "rootfs", tmp_path / "abs" / "merged"):
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "found").unlink(missing_ok=True)
+    if config_text is not None:
+        (bundle / "config.json").write_text(config_text)
+    r = subprocess.run([hook.package_helper(), hook.LDCACHE, hook.ROOTFS_FROM_STATE, marker, "/usr/lib"],
+                       input=state.replace("@BUNDLE@", str(bundle)), capture_output=True, text=True, timeout=10)
+    found = sorted(str(p.parent.relative_to(tmp_path)) for p in tmp_path.glob("**/found"))
+    return r, found
+
+
+STATE = '{"ociVersion":"1.0.2","id":"c1","status":"creating","pid":1,"bundle":"@BUNDLE@","annotations":{}}'
+
+
+@pytest.mark.parametrize("case", ["relative", "absolute (CRI-O's layout)", "env look-alike first",
+                                  "annotations before root", "a nested root elsewhere", "state annotations first"])
+def test_the_root_is_the_one_the_runtime_wrote(tmp_path, marker_ldconfig, case):
+    """Every string a tenant sets (env, args, annotations, in the state or the config) is a value
+    skipped whole: only the top-level "bundle" of the state and the top-level root.path of its
+    config.json are taken, whatever comes before them."""
+    decoy = str(tmp_path / "decoy" / "rootfs")
+    state, root = STATE, "rootfs"
+    config: dict = {"ociVersion": "1.2.0"}
+    if case == "absolute (CRI-O's layout)":
+        root = str(tmp_path / "abs" / "merged")
+    elif case == "env look-alike first":
+        config["process"] = {"env": [f'X="root":{{"path":"{decoy}"}}', "Y=}}]]\\\""], "args": ["{", "["]}
+    elif case == "annotations before root":
+        config["annotations"] = {"root": json.dumps({"path": decoy}), "bundle": decoy}
+    elif case == "a nested root elsewhere":
+        config["linux"] = {"root": {"path": decoy}, "x": [[{"root": {"path": decoy}}], 1.5e3, True, None]}
+    else:
+        state = ('{"annotations":{"bundle":"' + str(tmp_path / "decoy") + '","id":"x"},"ociVersion":"1.0.2",'
+                 '"id":"c1","bundle":"@BUNDLE@"}')
+    config["root"] = {"path": root, "readonly": False}
+    config["mounts"] = [{"destination": "/root", "source": decoy}]
+    r, found = _state_run(tmp_path, marker_ldconfig, state, json.dumps(config, indent=1))
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert found == (["abs/merged"] if root.startswith("/") else ["bundle/rootfs"])
+
+
+@pytest.mark.parametrize("case", ["no bundle", "a relative bundle", "a bundle with an escape", "no config.json",
+                                  "config.json a link", "config.json cut short", "no root", "root.path empty",
+                                  "root.path not a string", "not JSON"])
+def test_no_root_the_runtime_wrote_is_one_line_and_the_container_starts(tmp_path, marker_ldconfig, case):
+    """Whatever is missing or not as the runtime writes it: nothing of any root is touched, one
+    line (and the node log's), exit 0."""
+    state, config = STATE, json.dumps({"ociVersion": "1.2.0", "root": {"path": "rootfs"}})
+    if case == "no bundle":
+        state = '{"ociVersion":"1.0.2","id":"c1","annotations":{"bundle":"@BUNDLE@"}}'
+    elif case == "a relative bundle":
+        state = STATE.replace("@BUNDLE@", "bundle")
+    elif case == "a bundle with an escape":
+        state = STATE.replace("@BUNDLE@", "@BUNDLE@\\u002f")
+    elif case == "no config.json":
+        config = None
+    elif case == "config.json a link":
+        (tmp_path / "elsewhere.json").write_text(json.dumps({"root": {"path": str(tmp_path / "decoy" / "rootfs")}}))
+        (tmp_path / "bundle").mkdir()
+        (tmp_path / "bundle" / "config.json").symlink_to(tmp_path / "elsewhere.json")
+        config = None
+    elif case == "config.json cut short":
+        config = '{"ociVersion":"1.2.0","process":{"env":["A=1"'
+    elif case == "no root":
+        config = json.dumps({"ociVersion": "1.2.0", "linux": {"root": {"path": "rootfs"}}})
+    elif case == "root.path empty":
+        config = json.dumps({"root": {"path": ""}})
+    elif case == "root.path not a string":
+        config = json.dumps({"root": {"path": ["rootfs"]}})
+    else:
+        state = "not json"
+    r, found = _state_run(tmp_path, marker_ldconfig, state, config)
+    assert r.returncode == 0 and found == [], (r.stderr, found)
+    (line,) = r.stderr.splitlines()
+    assert line.startswith("gpuhook: gpuhook-ldcache: ") and line.endswith("; skipped"), line
+
+
+_json = st.recursive(st.none() | st.booleans() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+                     max_leaves=12)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(before=st.dictionaries(st.sampled_from(["process", "annotations", "linux", "hooks", "mounts", "x"]), _json,
+                              max_size=4),
+       after=st.dictionaries(st.sampled_from(["hostname", "domainname", "y"]), _json, max_size=2),
+       env=st.lists(st.text(), max_size=4), indent=st.sampled_from([None, 0, 2]))
+def test_any_json_around_the_root_leaves_it_found(tmp_path, marker_ldconfig, before, after, env, indent):
+    """Generated config.json (what a runtime manager could write: any values, any text in the
+    tenant's strings, escapes and brackets included) around the real root: the helper finds
+    exactly the root json.loads finds."""
+    config = {**before, "process": {"env": env, **(before.get("process") or {} if isinstance(before.get("process"), dict) else {})},
+              "root": {"path": "rootfs", "readonly": True}, **after}
+    text = json.dumps(config, indent=indent, ensure_ascii=False)
+    assert json.loads(text)["root"]["path"] == "rootfs"
+    r, found = _state_run(tmp_path, marker_ldconfig, STATE, text)
+    assert r.returncode == 0 and r.stderr == "" and found == ["bundle/rootfs"], (text, r.stderr, found)
 
 
 @pytest.mark.parametrize("argv", [[], ["ldcache"], ["ldcache", "relative", "/sbin/ldconfig", "/x"],

@@ -167,12 +167,12 @@ def _measure(rounds: int, tmp: str, node: str, made: list) -> tuple[dict, dict]:
     subprocess.run(["gcc", "-static", "-O2", "-o", noop, noop + ".c"], check=True)
     plugins: list[subprocess.Popen] = []
     try:
-        template = os.path.join(with_plugin.state, "io.containerd.runtime.v2.task", "k8s.io", "{id}", "rootfs")
-        plugin, log = _plugin(tmp, host, "nri-plugin", sock, template)
+        from gpuhook.hook import ROOTFS_FROM_STATE  # the hook finds each rootfs in its bundle (the default)
+
+        plugin, log = _plugin(tmp, host, "nri-plugin", sock, ROOTFS_FROM_STATE)
         plugins.append(plugin)
         plugins.append(_plugin(tmp, host, "nri-plugin-no-hook", sock_c, "")[0])  # '': no ld-cache hook
-        template_d = os.path.join(noop_hook.state, "io.containerd.runtime.v2.task", "k8s.io", "{id}", "rootfs")
-        plugins.append(_plugin(tmp, host, "nri-plugin-noop-hook", sock_d, template_d, noop)[0])
+        plugins.append(_plugin(tmp, host, "nri-plugin-noop-hook", sock_d, ROOTFS_FROM_STATE, noop)[0])
         logs = os.path.join(tmp, "nri-pod-logs")
         sides = {"runc": Side(plain, client_b, "runc", logs), "gpuhook": Side(with_plugin, client_a, HANDLER, logs),
                  "other": Side(with_plugin, client_a, "runc", logs), "no hook": Side(no_hook, client_c, HANDLER, logs),

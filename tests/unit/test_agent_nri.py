@@ -274,7 +274,7 @@ def test_gpuhook_nri_root_execs_the_nodes_bundle_inside_the_root(tmp_path):
 @pytest.mark.parametrize("args, said", [
     (["--nri-socket", "nri.sock"], "gpuhook: --nri-socket nri.sock: not an absolute path"),
     (["--nri-rootfs-template", "/run/x/rootfs"],
-     "gpuhook: --nri-rootfs-template must be an absolute path with {id} in it, or ''"),
+     "gpuhook: --nri-rootfs-template must be @state, an absolute path with {id} in it, or ''"),
 ])
 def test_bad_nri_options_are_one_line_and_exit_2(tmp_path, args, said):
     r = subprocess.run([sys.executable, "-m", "gpuhook", "agent", "--root", str(tmp_path), "--front", "nri", *args],

@@ -194,19 +194,12 @@ def test_validate_refuses(spec, error):
 
 # -- the ld-cache hook, as CDI must run it ----------------------------------------------------
 
-def _run_hook(tmp_path, config: dict, indent, rootfs_rel: bool, hook_entry=None):
-    """Run a CDI hook of gpuhook's as runc would, the OCI state on stdin. The helper it execs
-    is swapped for a recorder of its argv (the helper itself: test_hook_isolation.py), unless
-    a hook is given."""
-    record = hook_entry is None
-    if record:
-        (hook_entry,) = by_kind(cdi.specs(INV, ldconfig="/sbin/ldconfig"))["gpuhook.dev/nvidia"]["containerEdits"]["hooks"]
-        (tmp_path / "recorder").write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > '{tmp_path}/hook.args'\n")
-        os.chmod(tmp_path / "recorder", 0o755)
-        args = list(hook_entry["args"])
-        assert args[4] == hook.package_helper()
-        args[4] = str(tmp_path / "recorder")
-        hook_entry = dict(hook_entry, args=args)
+def _run_hook(tmp_path, config: dict, indent, rootfs_rel: bool, ldconfig: str | None = None, hook_entry=None):
+    """Run a CDI hook of gpuhook's as runc would, the OCI state on stdin: (its result, the
+    container root it chose (where `ldconfig`, a marker, made /found), the bundle). The nvidia
+    spec's ld-cache hook unless a hook is given."""
+    if hook_entry is None:
+        (hook_entry,) = by_kind(cdi.specs(INV, ldconfig=ldconfig))["gpuhook.dev/nvidia"]["containerEdits"]["hooks"]
     bundle = tmp_path / "the bundle"  # a space: every path stays one argument
     (bundle / "rootfs").mkdir(parents=True, exist_ok=True)
     config = dict(config, root={"path": "rootfs" if rootfs_rel else str(bundle / "rootfs"), "readonly": False})
@@ -219,24 +212,38 @@ def _run_hook(tmp_path, config: dict, indent, rootfs_rel: bool, hook_entry=None)
     (tmp_path / "evil" / "config.json").write_text(json.dumps({"root": {"path": str(tmp_path / "evil" / "rootfs")}}))
     r = subprocess.run([hook_entry["path"], *hook_entry["args"][1:]], input=state, capture_output=True, text=True,
                        env=dict(e.split("=", 1) for e in hook_entry["env"]), timeout=10, executable=hook_entry["path"])
-    recorded = tmp_path / "hook.args"
-    return r, (recorded.read_text().splitlines() if recorded.exists() else None), bundle
+    chosen = [d for d in (bundle / "rootfs", tmp_path / "evil" / "rootfs") if (d / "found").exists()]
+    return r, chosen, bundle
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="gpuhook-hook isolates itself: root only")
 @pytest.mark.parametrize("indent", [None, 2])
 @pytest.mark.parametrize("rel", [False, True])
-def test_hook_finds_the_rootfs_from_the_oci_state(tmp_path, indent, rel):
+def test_hook_finds_the_rootfs_from_the_oci_state(tmp_path, indent, rel, marker_ldconfig):
+    """The spec's hook takes hook.ROOTFS_FROM_STATE: the helper finds the root in what the runtime
+    wrote (the state's bundle, its config.json's root.path, under the bundle when relative), never
+    in what the tenant wrote (annotations, env, a mount named /root)."""
     config = {"ociVersion": "1.0.2", "process": {"args": ["sh"], "env": ["A=\"root\": {\"path\": \"/no\"}"]},
-              "annotations": {"k": "v"}, "mounts": [{"destination": "/root"}]}
-    r, args, bundle = _run_hook(tmp_path, config, indent, rel)
-    assert r.returncode == 0, r.stderr
-    assert args == [hook.LDCACHE, str(bundle / "rootfs"), "/sbin/ldconfig", "/usr/lib/x86_64-linux-gnu"]
+              "annotations": {"k": "v", "root": "{\"path\": \"/evil\"}"}, "mounts": [{"destination": "/root"}]}
+    r, chosen, bundle = _run_hook(tmp_path, config, indent, rel, marker_ldconfig)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert chosen == [bundle / "rootfs"]
 
 
+def test_every_hook_of_a_spec_finds_its_rootfs_in_the_state(make_host):
+    specs = cdi.specs(probe(make_host("intel", mknod=False))) + cdi.specs(INV, ldconfig="/sbin/ldconfig")
+    hooks = [h for spec in specs for e in [spec.get("containerEdits") or {}, *(d["containerEdits"] for d in spec["devices"])]
+             for h in e.get("hooks", ())]
+    assert {hook.parse(h["args"])[0] for h in hooks} == {hook.LDCACHE, hook.BYPATH}
+    assert all(h["path"] == hook.package_helper() and hook.parse(h["args"])[1] == hook.ROOTFS_FROM_STATE for h in hooks)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gpuhook-hook isolates itself: root only")
 def test_hook_never_stops_the_container():
     (entry,) = by_kind(cdi.specs(INV, ldconfig="/sbin/ldconfig"))["gpuhook.dev/nvidia"]["containerEdits"]["hooks"]
-    r = subprocess.run(["/bin/sh", *entry["args"][1:]], input="not json", capture_output=True, text=True, timeout=10)
-    assert r.returncode == 0 and "gpuhook-ldcache: the container root is not in the OCI state; skipped" in r.stderr
+    r = subprocess.run([entry["path"], *entry["args"][1:]], input="not json", capture_output=True, text=True,
+                       timeout=10, env={})
+    assert r.returncode == 0 and "gpuhook-ldcache: the OCI state on stdin names no bundle; skipped" in r.stderr
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="gpuhook-hook isolates itself: root only")
@@ -244,7 +251,7 @@ def test_intels_by_path_links_through_cdi(tmp_path, make_host):
     """plan()'s other rootfs hook: /dev/dri/by-path links, made in the container's /dev."""
     specs = by_kind(cdi.specs(probe(make_host("intel", mknod=False))))
     (entry,) = specs["gpuhook.dev/intel"]["containerEdits"]["hooks"]
-    assert entry["args"][3] == "gpuhook-bypath" and hook.parse(entry["args"][5:])[:2] == (hook.BYPATH, cdi.ROOTFS_PLACEHOLDER)
+    assert hook.parse(entry["args"])[:2] == (hook.BYPATH, hook.ROOTFS_FROM_STATE)
     r, _, bundle = _run_hook(tmp_path, {"ociVersion": "1.0.2"}, None, True, hook_entry=entry)
     assert r.returncode == 0, r.stderr
     assert "/dev is not a directory" in r.stderr  # no /dev yet: nothing made, the container starts
@@ -256,17 +263,6 @@ def test_intels_by_path_links_through_cdi(tmp_path, make_host):
     assert os.readlink(links / "pci-0000:03:00.0-card") == "../card1"
 
 
-def test_a_hook_cdi_cannot_give_the_rootfs_to_is_refused():
-    with pytest.raises(cdi.CDIError):
-        cdi._cdi_hook({"hookName": "createContainer", "path": hook.package_helper(),
-                       "args": list(hook.argv(hook.LDCACHE, "--root=" + cdi.ROOTFS_PLACEHOLDER, ()))})
-    with pytest.raises(cdi.CDIError):
-        cdi._cdi_hook({"hookName": "createContainer", "path": "/bin/sh",
-                       "args": ["sh", "-c", "x", "tag", cdi.ROOTFS_PLACEHOLDER]})
-    plain = {"hookName": "createContainer", "path": "/bin/true", "args": ["true"]}
-    assert cdi._cdi_hook(plain) is plain
-
-
 def test_the_hook_uses_the_nodes_ldconfig(tmp_path):
     """In the DaemonSet the node's / is at --root: its ldconfig, named as the node sees it."""
     node = tmp_path / "node"
@@ -275,8 +271,7 @@ def test_the_hook_uses_the_nodes_ldconfig(tmp_path):
     os.chmod(node / "sbin" / "ldconfig", 0o755)
     assert cdi.find_ldconfig(str(node)) == "/sbin/ldconfig"
     (entry,) = by_kind(cdi.specs(INV, ldconfig="/sbin/ldconfig.real"))["gpuhook.dev/gpu"]["devices"][0]["containerEdits"]["hooks"]
-    assert entry["args"][3] == "gpuhook-ldcache"
-    assert hook.parse(entry["args"][5:])[2][0] == "/sbin/ldconfig.real"
+    assert hook.parse(entry["args"])[0] == hook.LDCACHE and hook.parse(entry["args"])[2][0] == "/sbin/ldconfig.real"
 
 
 def test_no_ldconfig_on_the_node_no_hook(make_host, tmp_path):

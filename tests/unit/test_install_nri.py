@@ -31,6 +31,7 @@ import debroot
 import sid_node
 from conftest import REPO, fake_systemctl, gpuhook as cli, is_root, run_as_pod
 from gpuhook.install import containerd as ctd
+from gpuhook import hook
 from gpuhook.install import core, units
 
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "containerd-config-default")
@@ -256,13 +257,13 @@ def test_the_plugins_unit_follows_the_configs_socket_and_state(tmp_path, bundle_
     text = text.replace("state = '/run/containerd'", "state = '/run/k/containerd'")
     root = make_node(tmp_path, text.encode())
     install(root, bundle_dir, "nri")
-    assert exec_start(root) == ["/opt/gpuhook/bin/gpuhook", "nri", "--socket", "/run/k/nri.sock", "--rootfs-template",
-                                "/run/k/containerd/io.containerd.runtime.v2.task/k8s.io/{id}/rootfs"]
+    # the socket the config names; the rootfs wherever `state` is: the hook reads it from the bundle
+    assert exec_start(root) == ["/opt/gpuhook/bin/gpuhook", "nri", "--socket", "/run/k/nri.sock"]
     # what the unit runs is the real `gpuhook nri` command line
     from gpuhook.cli import build_parser
 
     args = build_parser().parse_args(exec_start(root)[1:])
-    assert args.socket == "/run/k/nri.sock" and "{id}" in args.rootfs_template
+    assert args.socket == "/run/k/nri.sock" and args.rootfs_template == hook.ROOTFS_FROM_STATE
 
 
 # -- switching fronts ----------------------------------------------------------------------------
