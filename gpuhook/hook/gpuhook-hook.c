@@ -49,6 +49,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <linux/audit.h>
 #include <linux/capability.h>
 #include <linux/filter.h>
@@ -233,7 +234,8 @@ static int json_find(const char *p, const char *end, const char *const *keys, in
 }
 
 /* The OCI state on stdin (the runtime writes it, then closes the pipe): its first STATE_MAX
- * bytes, read once, for at most 100 ms. */
+ * bytes, read once, waiting at most 100 ms in all (poll: woken as soon as the runtime writes
+ * or closes, never a sleep between tries). */
 static char state[STATE_MAX + 1];
 static size_t state_len;
 static int state_read;
@@ -242,22 +244,22 @@ static void read_state(void) {
     if (state_read)
         return;
     state_read = 1;
-    int flags = fcntl(0, F_GETFL);
-    if (flags < 0 || fcntl(0, F_SETFL, flags | O_NONBLOCK) < 0)
-        return;
-    for (int waited = 0; state_len < STATE_MAX && waited < 100;) {
-        ssize_t r = read(0, state + state_len, STATE_MAX - state_len);
-        if (r > 0) {
-            state_len += (size_t)r;
-        } else if (r == 0) {
-            break;
-        } else if (errno == EAGAIN || errno == EINTR) {
-            struct timespec ms = {0, 1000000};
-            nanosleep(&ms, NULL);
-            waited++;
-        } else {
+    struct timespec start, now;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    while (state_len < STATE_MAX) {
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        long left = 100 - ((now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000);
+        struct pollfd in = {0, POLLIN, 0};
+        if (left <= 0 || poll(&in, 1, (int)left) <= 0) {
+            if (left > 0 && errno == EINTR)
+                continue;
             break;
         }
+        ssize_t r = read(0, state + state_len, STATE_MAX - state_len);
+        if (r > 0)
+            state_len += (size_t)r;
+        else if (r == 0 || (errno != EINTR && errno != EAGAIN))
+            break;
     }
 }
 
