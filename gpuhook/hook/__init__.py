@@ -15,6 +15,9 @@ NAME = "gpuhook-hook"
 LDCACHE = "ldcache"  # the node's ldconfig refreshes the container's ld cache
 BYPATH = "bypath"  # /dev/dri/by-path links for Level Zero (OCI has no symlink edit)
 TIMEOUT = {LDCACHE: 30, BYPATH: 10}
+# the helper's own deadline for ldconfig, under its hook's TIMEOUT: a slow ldconfig is stopped
+# and the container starts, before runc's timeout would fail the create
+LDCONFIG_DEADLINE = 25
 DESCRIPTION = {LDCACHE: "ld cache update", BYPATH: "/dev/dri/by-path links"}
 # where the host bundle keeps a copy (gpuhook/install/build.py), for specs named from a pod
 BUNDLE_PATH = "libexec/" + NAME

@@ -70,6 +70,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "gpuhook-hook.h" /* generated from gpuhook/hook/__init__.py */
+
 #ifndef MNT_DETACH
 #define MNT_DETACH 2
 #endif
@@ -87,11 +89,10 @@
 #endif
 
 static const char *what = "gpuhook-hook";
-static const char *kind = NULL;  /* ldcache | bypath: the log line's "kind" */
+static const char *kind = NULL;  /* KIND_LDCACHE | KIND_BYPATH: the log line's "kind" */
 
 /* -- the node log (GPUHOOK_LOG_FILE) ------------------------------------------------------ */
 
-#define LOG_ENV "GPUHOOK_LOG_FILE"
 #define LOG_MAX_ERROR 1000   /* as the runtime's own line: gpuhook/runtime log_line */
 #define LOG_MAX_ID 256
 #define STATE_MAX 65536      /* the OCI state's head: "id" and "bundle" come before the pod's annotations */
@@ -250,11 +251,11 @@ static void read_state(void) {
         clock_gettime(CLOCK_MONOTONIC, &now);
         long left = 100 - ((now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000);
         struct pollfd in = {0, POLLIN, 0};
-        if (left <= 0 || poll(&in, 1, (int)left) <= 0) {
-            if (left > 0 && errno == EINTR)
-                continue;
+        int ready = left > 0 ? poll(&in, 1, (int)left) : 0;
+        if (ready < 0 && errno == EINTR)
+            continue;
+        if (ready <= 0)
             break;
-        }
         ssize_t r = read(0, state + state_len, STATE_MAX - state_len);
         if (r > 0)
             state_len += (size_t)r;
@@ -286,7 +287,7 @@ static void log_outcome(const char *outcome, const char *msg) {
     gmtime_r(&now.tv_sec, &tm);
     char line[sizeof eid + sizeof emsg + sizeof ekind + 256];
     int len = snprintf(line, sizeof line,
-                       "{\"time\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"event\":\"hook\",\"kind\":\"%s\","
+                       "{\"time\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"event\":\"" LOG_EVENT "\",\"kind\":\"%s\","
                        "\"container_id\":%s%s%s,\"outcome\":\"%s\",\"error\":\"%s\"}\n",
                        tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
                        now.tv_nsec / 1000000, ekind, have_id ? "\"" : "", have_id ? eid : "null",
@@ -321,7 +322,6 @@ static int skip(const char *why, int err) {
  * plugin): the state's "bundle", that bundle's config.json "root": {"path"}, under the bundle
  * when relative.  Both are the runtime manager's files; nothing of the image is read.  NULL,
  * after saying why, when there is none. */
-#define ROOTFS_FROM_STATE "@state"
 static const char *state_rootfs(void) {
     static const char *const bundle_key[] = {"bundle"}, *const path_keys[] = {"root", "path"};
     static char bundle[PATH_MAX], path[PATH_MAX], conf[PATH_MAX + 16], rootfs[2 * PATH_MAX + 2];
@@ -585,8 +585,6 @@ static void no_sync(void) {
 #endif
 }
 
-/* under the hook's timeout in the spec (gpuhook/hook/__init__.py TIMEOUT: 30 s) */
-#define LDCONFIG_DEADLINE 25
 static volatile sig_atomic_t alarmed;
 static void on_alarm(int sig) {
     (void)sig;
@@ -709,17 +707,17 @@ static int bypath(int argc, char **argv) {
 int main(int argc, char **argv) {
     open_log();  /* first: before anything of the image is looked at */
     if (argc >= 2) {
-        what = strcmp(argv[1], "ldcache") == 0 ? "gpuhook-ldcache" : "gpuhook-bypath";
-        kind = strcmp(argv[1], "ldcache") == 0 ? "ldcache" : strcmp(argv[1], "bypath") == 0 ? "bypath" : NULL;
+        what = strcmp(argv[1], KIND_LDCACHE) == 0 ? "gpuhook-" KIND_LDCACHE : "gpuhook-" KIND_BYPATH;
+        kind = strcmp(argv[1], KIND_LDCACHE) == 0 ? KIND_LDCACHE : strcmp(argv[1], KIND_BYPATH) == 0 ? KIND_BYPATH : NULL;
     }
     if (argc >= 3 && kind && strcmp(argv[2], ROOTFS_FROM_STATE) == 0 && !(argv[2] = (char *)state_rootfs()))
         return 0;
-    if (argc >= 5 && strcmp(argv[1], "ldcache") == 0 && argv[2][0] == '/')
+    if (argc >= 5 && strcmp(argv[1], KIND_LDCACHE) == 0 && argv[2][0] == '/')
         return ldcache(argc - 2, argv + 2);
-    if (argc >= 3 && strcmp(argv[1], "bypath") == 0 && argv[2][0] == '/')
+    if (argc >= 3 && strcmp(argv[1], KIND_BYPATH) == 0 && argv[2][0] == '/')
         return bypath(argc - 2, argv + 2);
     /* a hook of gpuhook's own that is wrong: said, and the container starts all the same */
     what = "gpuhook-hook";
-    return say("refused", "usage: gpuhook-hook ldcache /ROOTFS|" ROOTFS_FROM_STATE " /LDCONFIG DIR... | bypath /ROOTFS|"
-               ROOTFS_FROM_STATE " NAME TARGET...; skipped");
+    return say("refused", "usage: gpuhook-hook " KIND_LDCACHE " /ROOTFS|" ROOTFS_FROM_STATE " /LDCONFIG DIR... | "
+               KIND_BYPATH " /ROOTFS|" ROOTFS_FROM_STATE " NAME TARGET...; skipped");
 }

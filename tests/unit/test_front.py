@@ -43,9 +43,22 @@ def test_the_header_is_what_python_says_now():
     """One truth: the header is generated from Python (make front-header), never edited."""
     with open(gen_header.HEADER) as f:
         assert f.read() == gen_header.render(), "gpuhook-runtime.h is stale: run `make front-header`"
+    with open(gen_header.HOOK_HEADER) as f:
+        assert f.read() == gen_header.render_hook(), "gpuhook-hook.h is stale: run `make front-header`"
     r = subprocess.run([sys.executable, "-m", "gpuhook.runtime.gen_header", "--check"], cwd=REPO,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+@pytest.mark.parametrize("deadline", [0, 30, 31])
+def test_the_hooks_ldconfig_deadline_must_end_before_its_timeout(monkeypatch, deadline):
+    """runc fails the create when a hook outlives its timeout: the helper's own deadline for
+    ldconfig (which lets the container start) must come first."""
+    from gpuhook import hook
+
+    monkeypatch.setattr(hook, "LDCONFIG_DEADLINE", deadline)
+    with pytest.raises(ValueError, match="before the ld-cache hook's TIMEOUT"):
+        gen_header.render_hook()
 
 
 def test_a_sign_the_front_cannot_match_is_refused(monkeypatch):
