@@ -258,7 +258,10 @@ class Plugin:
 
         pb = self.pb
         template = self.rootfs_template
-        rootfs = template.format(id=req.container.id) if template not in ("", ROOTFS_FROM_STATE) else template or None
+        if not template or template == ROOTFS_FROM_STATE:
+            rootfs = template or None  # no hook, or the hook reads the root from the runtime's files
+        else:
+            rootfs = template.format(id=req.container.id)
         request = request_from_nri(req.container, rootfs)
         record.update(pod_of(request.annotations))
         if request.is_sandbox:
