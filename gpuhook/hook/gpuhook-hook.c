@@ -93,7 +93,6 @@ static const char *kind = NULL;  /* KIND_LDCACHE | KIND_BYPATH: the log line's "
 
 /* -- the node log (GPUHOOK_LOG_FILE) ------------------------------------------------------ */
 
-#define LOG_MAX_ERROR 1000   /* as the runtime's own line: gpuhook/runtime log_line */
 #define LOG_MAX_ID 256
 #define STATE_MAX 65536      /* the OCI state's head: "id" and "bundle" come before the pod's annotations */
 static int log_fd = -1;

@@ -12,4 +12,6 @@
 
 #define LOG_EVENT "hook" /* hook.EVENT: that line's event */
 
+#define LOG_MAX_ERROR 1000 /* logline.MAX_ERROR: of an error, in that line */
+
 #define LDCONFIG_DEADLINE 25 /* hook.LDCONFIG_DEADLINE: seconds, under hook.TIMEOUT */

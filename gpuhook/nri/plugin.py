@@ -244,7 +244,9 @@ class Plugin:
             return pb.CreateContainerResponse(adjust=adj)
         except Exception as e:  # fail open, always: an error reply would fail the create
             record["decision"] = "error"
-            record["error"] = f"{type(e).__name__}: {e}"[:1000]
+            from ..runtime.logline import MAX_ERROR
+
+            record["error"] = f"{type(e).__name__}: {e}"[:MAX_ERROR]
             return pb.CreateContainerResponse()
         finally:
             if "decision" in record:

@@ -13,7 +13,7 @@ import os
 import time
 
 from .args import Answer, Call, Invocation
-from .logline import line_bytes, runtime_error, utc_now
+from .logline import MAX_ERROR, line_bytes, runtime_error, utc_now
 
 MAX_SPEC_BYTES = 16 << 20
 
@@ -152,7 +152,7 @@ def log_line(config, inv: Invocation, out: Outcome, call: Call) -> "tuple[str, b
         record["reason"] = out.plan.reason
     # bounded: a warning may quote a pod's annotation, which can be a megabyte
     if out.error:
-        record["error"] = out.error[:1000]
+        record["error"] = out.error[:MAX_ERROR]
     if out.warnings:
         record["warnings"] = [str(w)[:500] for w in out.warnings[:20]]
     if call.stages:

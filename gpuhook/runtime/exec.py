@@ -471,8 +471,8 @@ def exec_call(inv, argv: list[str], real: str, config, call):
     if not why or not config.log_file:
         return Answer([real] + argv)
     from .. import fastjson
-    from .logline import line_bytes, utc_now
+    from .logline import MAX_ERROR, line_bytes, utc_now
 
     record = {"time": utc_now(), "event": "exec", "container_id": inv.container_id, "decision": "unchanged"}
-    record["error"] = why[:1000]
+    record["error"] = why[:MAX_ERROR]
     return Answer([real] + argv, log=(config.log_file, line_bytes(fastjson.dumps(record))))

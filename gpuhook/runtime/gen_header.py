@@ -242,6 +242,7 @@ def render_hook() -> str:
     """gpuhook-hook.h: the helper's subcommands, its @state root, its log's variable and event,
     its ldconfig deadline, from gpuhook/hook/__init__.py."""
     from .. import hook
+    from . import logline
 
     if not 0 < hook.LDCONFIG_DEADLINE < hook.TIMEOUT[hook.LDCACHE]:
         raise ValueError("hook.LDCONFIG_DEADLINE must end before the ld-cache hook's TIMEOUT")
@@ -257,6 +258,7 @@ def render_hook() -> str:
             ),
             _define("LOG_ENV", hook.LOG_ENV, "hook.LOG_ENV: the node log the helper writes its outcome to"),
             _define("LOG_EVENT", hook.EVENT, "hook.EVENT: that line's event"),
+            _define("LOG_MAX_ERROR", logline.MAX_ERROR, "logline.MAX_ERROR: of an error, in that line"),
             _define("LDCONFIG_DEADLINE", hook.LDCONFIG_DEADLINE, "hook.LDCONFIG_DEADLINE: seconds, under hook.TIMEOUT"),
         ]
     )

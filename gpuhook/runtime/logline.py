@@ -12,6 +12,9 @@ TIME_FORMAT = _DATE_TIME + ".%03dZ"
 TIME_FORMAT_S = _DATE_TIME + "Z"
 # a log file's mode when a line creates it (the front's too)
 LOG_MODE = 0o640
+# the most characters of an error a log line carries (the create's, the exec's, the NRI
+# plugin's, and gpuhook-hook's own)
+MAX_ERROR = 1000
 # The runtime's error lines begin with PREFIX; a call with no real runtime to run says one of
 # these (printf-style: the runtime, then the config file or the error) and exits NO_RUNTIME_STATUS.
 # The front says them too (gen_header).
