@@ -332,7 +332,8 @@ def test_any_json_around_the_root_leaves_it_found(tmp_path, marker_ldconfig, bef
     """Generated config.json (what a runtime manager could write: any values, any text in the
     tenant's strings, escapes and brackets included) around the real root: the helper finds
     exactly the root json.loads finds."""
-    config = {**before, "process": {"env": env, **(before.get("process") or {} if isinstance(before.get("process"), dict) else {})},
+    process = before.get("process")
+    config = {**before, "process": {**(process if isinstance(process, dict) else {}), "env": env},
               "root": {"path": "rootfs", "readonly": True}, **after}
     text = json.dumps(config, indent=indent, ensure_ascii=False)
     assert json.loads(text)["root"]["path"] == "rootfs"
