@@ -92,8 +92,6 @@ def tail_records(path: str, n: int, event: str | None = "create", max_bytes: int
     it (gpuhook-hook writes one when ldconfig timed out, failed or was refused: the create's
     line, written before the hook ran, says "injected" all the same).
     Returns (records oldest first, lines skipped)."""
-    import json
-
     from .hook import EVENT as HOOK_EVENT
 
     out: list[dict] = []
@@ -116,7 +114,7 @@ def tail_records(path: str, n: int, event: str | None = "create", max_bytes: int
             for raw in reversed(body):
                 if len(out) >= n:
                     break
-                rec, bad = _parse(raw, json)
+                rec, bad = parse_line(raw)
                 skipped += bad
                 if rec is None:
                     continue
@@ -136,15 +134,40 @@ def tail_records(path: str, n: int, event: str | None = "create", max_bytes: int
     return out, skipped
 
 
-def _parse(raw: bytes, json) -> tuple[dict | None, int]:
+# How every node log line begins (each writer puts "time" first: create.log_line, the NRI
+# plugin's, the front's NO_GPU_LINE, gpuhook-hook's): where a line glued onto a damaged one
+# starts. Inside a JSON string a quote is escaped, so these bytes begin a record or nothing.
+LINE_START = b'{"time":'
+
+
+def parse_line(raw: bytes) -> tuple[dict | None, int]:
+    """A node log line's record, and 1 when the line was damaged (0 when not; a blank line is
+    no record and no damage). A line that does not parse, such as a half line an older writer
+    left on a full disk with the next line appended to it, is damaged; the whole record that
+    follows the damage in it is kept (the longest end of it that parses from a LINE_START)."""
+    import json
+
     raw = raw.strip()
     if not raw:
         return None, 0
+    rec = _record(raw, json)
+    if rec is not None:
+        return rec, 0
+    at = raw.find(LINE_START, 1)
+    while at > 0:
+        rec = _record(raw[at:], json)
+        if rec is not None:
+            return rec, 1
+        at = raw.find(LINE_START, at + 1)
+    return None, 1
+
+
+def _record(raw: bytes, json) -> dict | None:
     try:
         rec = json.loads(raw.decode("utf-8", "replace"))
     except (ValueError, RecursionError):
-        return None, 1
-    return (rec, 0) if isinstance(rec, dict) else (None, 1)
+        return None
+    return rec if isinstance(rec, dict) else None
 
 
 def _short(value, width: int) -> str:

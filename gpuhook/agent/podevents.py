@@ -380,6 +380,11 @@ class PodReporter:
         self.log.info("event.posted", reason=reason, namespace=ns, pod=name, count=seen["count"])
 
 
+# the longest node log line the follower waits to see whole (server.MAX_REPLY_LOG_LINE bounds
+# a create's); past it, the line is skipped
+MAX_LINE = 1 << 20
+
+
 class CreateFollower:
     """Tails the runtime's log (JSON lines, appended with O_APPEND by every create) from
     its end at start, and feeds each new "create" record to the consumers. A rotated or
@@ -392,8 +397,8 @@ class CreateFollower:
         self.log = log
         self.poll = poll
         self._ino: tuple[int, int] | None = None
-        self._pos = 0
-        self._buf = b""
+        self._pos = 0  # where the next line starts
+        self._skip_line = False  # the line at _pos is the rest of one not to be read
         self._from_start = from_start
         self._said_missing = False
         self.thread: threading.Thread | None = None
@@ -418,8 +423,11 @@ class CreateFollower:
             self.log.error("creates.consumer_error", error=f"{type(e).__name__}: {e}")
 
     def read_new(self, first: bool = False) -> int:
-        """Read what was appended since the last call; the number of create records fed."""
-        import json
+        """Read what was appended since the last call; the number of create records fed. A
+        line is read once it has its newline: until then it is read again from its start on
+        the next call (a writer that could not finish it may blank it or cut it back,
+        logline.undo_short_write). A damaged line is skipped, the rest kept (log.parse_line)."""
+        from ..log import parse_line
 
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -434,7 +442,8 @@ class CreateFollower:
                 rotated = self._ino is not None
                 self._ino = (st.st_dev, st.st_ino)
                 self._pos = st.st_size if first and not self._from_start and not rotated else 0
-                self._buf = b""
+                # from the end: within a line still being written, its rest is not to be read
+                self._skip_line = self._pos > 0 and os.pread(fd, 1, self._pos - 1) != b"\n"
                 if self._said_missing or first:
                     self.log.info("creates.following", file=self.path, offset=self._pos)
                 self._said_missing = False
@@ -444,20 +453,25 @@ class CreateFollower:
             data = os.read(fd, min(st.st_size - self._pos, 4 << 20))
         finally:
             os.close(fd)
-        self._pos += len(data)
-        lines = (self._buf + data).split(b"\n")
-        self._buf = lines.pop()[-(1 << 20) :]  # a line still being written
+        end = data.rfind(b"\n") + 1  # what is read of an unfinished line waits for its end
+        if end == 0 and len(data) < MAX_LINE:
+            return 0
+        if end == 0:  # no newline in so much: the rest of that line is skipped
+            self._pos += len(data)
+            self._skip_line = True
+            return 0
+        self._pos += end
+        lines = data[:end].split(b"\n")[:-1]
+        if self._skip_line:
+            lines, self._skip_line = lines[1:], False
         fed = 0
         for raw in lines:
-            try:
-                rec = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(rec, dict) and rec.get("event") == "create":
+            rec, _damaged = parse_line(raw)
+            if rec is not None and rec.get("event") == "create":
                 fed += 1
                 for c in self.consumers:
                     self._call(c.handle, rec)
-            elif isinstance(rec, dict) and rec.get("event") == HOOK_EVENT:
+            elif rec is not None and rec.get("event") == HOOK_EVENT:
                 for c in self.consumers:
                     if hasattr(c, "handle_hook"):
                         self._call(c.handle_hook, rec)

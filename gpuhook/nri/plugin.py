@@ -303,7 +303,7 @@ class Plugin:
             config, record, own_ms = self.unlogged.pop(0)
             try:
                 from .. import fastjson
-                from ..runtime.logline import append_line, utc_now
+                from ..runtime.logline import append_node_log, utc_now
 
                 log_file = config.log_file if config is not None else None
                 if config is None:
@@ -312,7 +312,7 @@ class Plugin:
                     log_file = Config().log_file
                 line = {"time": utc_now(), "event": "create", **record, "duration_ms": own_ms}
                 if log_file:
-                    append_line(log_file, fastjson.dumps(line))
+                    append_node_log(log_file, fastjson.dumps(line), say=self.say)
             except Exception as e:  # the log is best effort; the answer is not
                 self.say(f"cannot write the node log: {type(e).__name__}: {e}")
 
