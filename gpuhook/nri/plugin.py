@@ -348,6 +348,7 @@ class Plugin:
         the runtime's word; gpu-optional containers without gpuhook's GPUs and with no line get
         a "missed" one."""
         self.synced = True
+        self.say(f"synchronized: {len(pods)} pod(s), {len(containers)} container(s)")
         if self.sync_failures:
             self.say(f"synchronized after {self.sync_failures} failed connection(s)")
             self.node_line({"state": "synchronized", "failures": self.sync_failures})
