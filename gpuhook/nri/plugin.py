@@ -240,11 +240,6 @@ class Plugin:
             self.settle(time.monotonic())
             time.sleep(backoff)
 
-    def serve_once(self) -> None:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        s.connect(self.socket_path)
-        self.serve_connected(s)
-
     def serve_connected(self, s: socket.socket) -> str:
         """Serve one connection to its end; why it ended, in words. Never raises: whatever the
         runtime sent (a broken frame, a message that does not decode) ends this connection
@@ -375,22 +370,25 @@ class Plugin:
             self.unconfirmed(cid, WHY_GONE)
 
     def check_missed(self, config, pod, container) -> None:
-        """A "missed" line for a gpu-optional container that has none of the GPU device nodes the
-        planner would give it now (it was created with no adjustment of gpuhook's)."""
-        bare = self.pb.Container()
-        bare.CopyFrom(container)
-        del bare.linux.devices[:]  # the planner's whole set of nodes, to compare with what it has
-        record: dict = {"front": FRONT, "container_id": container.id}
+        """A "missed" line for a gpu-optional container that has none of the device nodes the
+        planner would give it now (it was created with no adjustment of gpuhook's). The plan
+        is made with no round-robin memory (state_dir None): a check gives out no GPU."""
+        from ..config import cache_dir
+        from ..plan import find_ldconfig, plan
+        from ..plan.policy import pod_of
+        from ..probe.cache import probe_cached
+
         try:
-            self.adjust(self.pb.CreateContainerRequest(pod=pod, container=bare), config, record)
+            request = request_from_nri(container, None)
+            inventory = probe_cached(config.host_root, cache_dir(), config.probe_cache_ttl, config.nvidia_driver_root)
+            planned = plan(inventory, request, config.ldconfig or find_ldconfig(), config, None)
         except Exception as e:
             self.say(f"cannot check container {container.id}: {type(e).__name__}: {e}")
             return
-        planned = record.get("nodes") or []
-        have = {d.path for d in container.linux.devices}
-        if record.get("decision") != "injected" or not planned or have.intersection(planned):
+        nodes = {n.path for n in planned.edits.device_nodes}
+        if not planned.devices or nodes.intersection(d.path for d in container.linux.devices):
             return
-        line = {k: v for k, v in record.items() if k in ("front", "container_id", *pod_fields())}
+        line = {"front": FRONT, "container_id": container.id, **pod_of(request.annotations)}
         line.update(decision=MISSED, reason=WHY_MISSED)
         self.lines.append((config, "create", line, None))
 
