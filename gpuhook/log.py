@@ -90,7 +90,8 @@ def tail_records(path: str, n: int, event: str | None = "create", max_bytes: int
     from the end. Torn, partial or garbage lines are skipped and counted. A create record gets
     `hook_errors` ([{kind, outcome, error}]) from the hook lines of its container that follow
     it (gpuhook-hook writes one when ldconfig timed out, failed or was refused: the create's
-    line, written before the hook ran, says "injected" all the same).
+    line, written before the hook ran, says "injected" all the same), or come just before it
+    (the NRI plugin writes its line once the runtime made the container, after the hook).
     Returns (records oldest first, lines skipped)."""
     import json
 
@@ -98,6 +99,7 @@ def tail_records(path: str, n: int, event: str | None = "create", max_bytes: int
 
     out: list[dict] = []
     pending: dict = {}  # container id -> the hook lines after its create (read backwards: first)
+    shown: dict = {}  # container id -> its NRI create record (a hook line before it is its: NRI writes it after)
     skipped = 0
     with open(path, "rb") as f:
         f.seek(0, os.SEEK_END)
@@ -121,16 +123,18 @@ def tail_records(path: str, n: int, event: str | None = "create", max_bytes: int
                 if rec is None:
                     continue
                 cid = rec.get("container_id")
-                if (
-                    event == "create"
-                    and rec.get("event") == HOOK_EVENT
-                    and isinstance(cid, str)
-                    and len(pending) < 4096
-                ):
-                    pending.setdefault(cid, []).insert(0, {k: rec.get(k) for k in ("kind", "outcome", "error")})
+                if event == "create" and rec.get("event") == HOOK_EVENT and isinstance(cid, str):
+                    hook = {k: rec.get(k) for k in ("kind", "outcome", "error")}
+                    if cid in shown:  # before its create line: the NRI plugin's, written once confirmed
+                        shown[cid].setdefault("hook_errors", []).insert(0, hook)
+                    elif len(pending) < 4096:
+                        pending.setdefault(cid, []).insert(0, hook)
                 elif event is None or rec.get("event") == event:
-                    if event == "create" and isinstance(cid, str) and cid in pending:
-                        rec["hook_errors"] = pending.pop(cid)
+                    if event == "create" and isinstance(cid, str):
+                        if cid in pending:
+                            rec["hook_errors"] = pending.pop(cid)
+                        if rec.get("front") == "nri" and len(shown) < 4096:
+                            shown[cid] = rec
                     out.append(rec)
     out.reverse()
     return out, skipped

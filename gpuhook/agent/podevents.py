@@ -58,6 +58,7 @@ _POD_KEYS = ("pod_namespace", "pod_name", "pod_uid", "container_name")
 HOOK_DECISION = "hook-failed"  # a hook line, as PodReporter hands it to event_for
 MAX_ENTRIES = 4096  # pods checked, lines refused, Events to aggregate, labels set
 MAX_NAMESPACES = 1024  # namespaces with a budget of their own
+MAX_EARLY_HOOKS = 256  # containers whose hook lines came before their create line (NRI's)
 # the NRI plugin's decisions that the runtime's word made (nri/plugin.py): no GPU is claimed
 NRI_NOT_GIVEN = (NRI_LATE, NRI_MISSED, NRI_UNCONFIRMED)
 
@@ -197,6 +198,7 @@ class PodReporter:
         self.events = _Lru(MAX_ENTRIES)  # (namespace, name, uid, reason, message) -> {"name", "namespace", "count"}
         self.labelled = _Lru(MAX_ENTRIES)  # (namespace, name, uid) -> the label value it has
         self.containers = _Lru(MAX_ENTRIES)  # container id -> its pod (from its create line)
+        self.early_hooks = _Lru(MAX_EARLY_HOOKS)  # container id -> hook lines before its create line
         self.pods = _Lru(MAX_ENTRIES)  # (namespace, name, uid) -> when it was found to be this node's
         self.refused = _Lru(MAX_ENTRIES)  # (namespace, name, uid) -> when it was found not to be
         self.retry: list[tuple[float, int, dict]] = []  # (due, attempt, record)
@@ -230,13 +232,21 @@ class PodReporter:
         if isinstance(cid, str) and isinstance(rec.get("pod_uid"), str):
             self.containers.put(cid, {k: rec.get(k) for k in _POD_KEYS})
         self._attempt(rec, 0)
+        early = self.early_hooks.pop(cid, None) if isinstance(cid, str) else None
+        for hook in early or ():
+            self.handle_hook(hook)
 
     def handle_hook(self, rec: dict) -> None:
         """A hook line (gpuhook-hook's, event "hook"): an Event on the pod of its container,
-        known from that container's create line; nothing for a container not seen."""
-        pod = self.containers.get_fresh(rec.get("container_id"))
+        known from that container's create line. The NRI plugin writes a create's line once
+        the runtime made the container, after the hook ran: a hook line of a container not
+        seen yet waits for its create line (bounded), and says nothing without one."""
+        cid = rec.get("container_id")
+        pod = self.containers.get_fresh(cid)
         if pod is not None:
             self._attempt({**rec, **pod, "decision": HOOK_DECISION}, 0)
+        elif isinstance(cid, str):
+            self.early_hooks.put(cid, [*self.early_hooks.get(cid, [])[:3], rec])
 
     def tick(self) -> None:
         """Retry what is due."""

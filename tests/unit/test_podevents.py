@@ -504,3 +504,16 @@ def test_the_nri_plugins_own_lines_reach_the_agent_the_metrics_and_a_node_event(
         out.write(json.dumps({**failed, "state": "synchronized"}) + "\n")
     f.read_new()
     assert m.nri_sync_failing._value.get() == 0
+
+
+def test_a_hook_line_before_its_nri_create_line_waits_for_it(fake_api, logs):
+    """NRI: the hook ran (and wrote its line) before the plugin's create line, which waits for
+    the runtime's word: the Warning comes once the create line does."""
+    api = fake_api()
+    api.add_pod("ml", "trainer-0", "uid-trainer-0")
+    r = podevents.PodReporter(api.client(), log.get())
+    r.handle_hook({"time": "t", "event": "hook", "kind": "ldcache", "container_id": "c" * 64, "outcome": "timeout",
+                   "error": "ldconfig took over 25 s"})
+    assert api.pod_events() == []
+    r.handle(create(front="nri"))
+    assert [e["reason"] for e in api.pod_events()] == ["GPUsInjected", "LdCacheNotUpdated"]
