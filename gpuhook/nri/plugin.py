@@ -10,14 +10,15 @@ answers a CreateContainer with an error (an error reply fails the create): any f
 empty adjustment and one node log line with "front": "nri".
 
 The node log says what the container got, in the runtime's word, never the plugin's memory
-of what it sent (Confirmations): an "injected" decision waits for the container as the
-runtime made it (PostCreateContainer, or the next Synchronize's list) and is logged as
-"injected" with the devices really there, or as "late" when none of them are (the reply came
-after the runtime's deadline: NRI went on without it), or "unconfirmed" when the runtime
-never says. Each Synchronize also finds the gpu-optional containers created while the plugin
-was not registered (restart, stall, a registration that failed) that lack the GPUs gpuhook
-would give: one "missed" line each. A Synchronize that never completes (NRI's 4 MiB message
-limit, see docs/runtime.md) is an "nri" line on the node log.
+of what it sent (confirm): an "injected" decision waits for the container as the runtime
+made it (PostCreateContainer, or the next Synchronize's list) and is logged as "injected"
+with the devices really there, or as "late" when none of them are (the reply came after
+the runtime's deadline: NRI went on without it), or "unconfirmed" when the runtime never
+says. Each Synchronize also finds the gpu-optional containers created while the plugin was
+not registered (restart, stall, a registration that failed) that lack the GPUs gpuhook
+would give: one "missed" line each (check_missed; NRI lists no exited container). A
+Synchronize that never completes (NRI's 4 MiB message limit, see docs/runtime.md) is an
+"nri" line on the node log.
 
 When the connection ends it connects again at once, then as soon as the socket answers
 (polled), with a short backoff only after a connection that failed before it was
