@@ -501,12 +501,12 @@ def test_the_plugin_connects_again_at_once_after_a_synchronized_connection(tmp_p
     srv = listening(path)
     t0 = time.monotonic()
     rt = accept(srv)
-    assert time.monotonic() - t0 < 0.5
+    assert time.monotonic() - t0 < 0.9
     sync(rt)
     rt.s.close()
     t0 = time.monotonic()
     rt = accept(srv)
-    assert time.monotonic() - t0 < 0.5, said  # today's main: 1 s
+    assert time.monotonic() - t0 < 0.9, said  # today's main: a fixed 1 s
     rt.s.close()
     srv.close()
     assert any("waiting for the runtime's socket" in s for s in said), said
