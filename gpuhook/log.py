@@ -172,7 +172,11 @@ def front_of(record: dict) -> str:
 
 
 def format_records(records: list[dict], wide: bool = False) -> str:
-    """A readable table of the runtime's create records."""
+    """A readable table of the runtime's create records (for the NRI plugin's late, missed
+    and unconfirmed creates, the ERROR column says why the container has no GPU)."""
+    from .nri.plugin import LATE, MISSED, UNCONFIRMED
+
+    not_given = (LATE, MISSED, UNCONFIRMED)
     if not records:
         return "No container creates in the log."
     rows = [("TIME", "CONTAINER", "POD", "FRONT", "DECISION", "VENDORS", "NODES", "MOUNTS", "MS", "ERROR")]
@@ -183,6 +187,8 @@ def format_records(records: list[dict], wide: bool = False) -> str:
         pod = pod_column(r)
         decision = str(r.get("decision") or "-")
         error = r.get("error")
+        if decision in not_given:  # the NRI plugin's: the runtime made it without its GPUs, why
+            error = r.get("reason")
         hooks = [h for h in r.get("hook_errors") or [] if isinstance(h, dict)]
         if hooks:  # the create said "injected", but a hook could not do its work
             decision += " (" + ", ".join(f"{h.get('kind')} {h.get('outcome')}" for h in hooks) + ")"
