@@ -90,12 +90,14 @@ def tail_records(path: str, n: int, event: str | None = "create", max_bytes: int
     from the end. Torn, partial or garbage lines are skipped and counted. A create record gets
     `hook_errors` ([{kind, outcome, error}]) from the hook lines of its container that follow
     it (gpuhook-hook writes one when ldconfig timed out, failed or was refused: the create's
-    line, written before the hook ran, says "injected" all the same).
+    line, written before the hook ran, says "injected" all the same), or come just before it
+    (the NRI plugin writes its line once the runtime made the container, after the hook).
     Returns (records oldest first, lines skipped)."""
     from .hook import EVENT as HOOK_EVENT
 
     out: list[dict] = []
     pending: dict = {}  # container id -> the hook lines after its create (read backwards: first)
+    shown: dict = {}  # container id -> its NRI create record (a hook line before it is its: NRI writes it after)
     skipped = 0
     with open(path, "rb") as f:
         f.seek(0, os.SEEK_END)
@@ -119,16 +121,18 @@ def tail_records(path: str, n: int, event: str | None = "create", max_bytes: int
                 if rec is None:
                     continue
                 cid = rec.get("container_id")
-                if (
-                    event == "create"
-                    and rec.get("event") == HOOK_EVENT
-                    and isinstance(cid, str)
-                    and len(pending) < 4096
-                ):
-                    pending.setdefault(cid, []).insert(0, {k: rec.get(k) for k in ("kind", "outcome", "error")})
+                if event == "create" and rec.get("event") == HOOK_EVENT and isinstance(cid, str):
+                    hook = {k: rec.get(k) for k in ("kind", "outcome", "error")}
+                    if cid in shown:  # before its create line: the NRI plugin's, written once confirmed
+                        shown[cid].setdefault("hook_errors", []).insert(0, hook)
+                    elif len(pending) < 4096:
+                        pending.setdefault(cid, []).insert(0, hook)
                 elif event is None or rec.get("event") == event:
-                    if event == "create" and isinstance(cid, str) and cid in pending:
-                        rec["hook_errors"] = pending.pop(cid)
+                    if event == "create" and isinstance(cid, str):
+                        if cid in pending:
+                            rec["hook_errors"] = pending.pop(cid)
+                        if rec.get("front") == "nri" and len(shown) < 4096:
+                            shown[cid] = rec
                     out.append(rec)
     out.reverse()
     return out, skipped
@@ -191,7 +195,11 @@ def front_of(record: dict) -> str:
 
 
 def format_records(records: list[dict], wide: bool = False) -> str:
-    """A readable table of the runtime's create records."""
+    """A readable table of the runtime's create records (for the NRI plugin's late, missed
+    and unconfirmed creates, the ERROR column says why the container has no GPU)."""
+    from .nri.plugin import LATE, MISSED, UNCONFIRMED
+
+    not_given = (LATE, MISSED, UNCONFIRMED)
     if not records:
         return "No container creates in the log."
     rows = [("TIME", "CONTAINER", "POD", "FRONT", "DECISION", "VENDORS", "NODES", "MOUNTS", "MS", "ERROR")]
@@ -202,6 +210,8 @@ def format_records(records: list[dict], wide: bool = False) -> str:
         pod = pod_column(r)
         decision = str(r.get("decision") or "-")
         error = r.get("error")
+        if decision in not_given:  # the NRI plugin's: the runtime made it without its GPUs, why
+            error = r.get("reason")
         hooks = [h for h in r.get("hook_errors") or [] if isinstance(h, dict)]
         if hooks:  # the create said "injected", but a hook could not do its work
             decision += " (" + ", ".join(f"{h.get('kind')} {h.get('outcome')}" for h in hooks) + ")"

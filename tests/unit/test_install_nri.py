@@ -384,9 +384,11 @@ def test_where_systemd_runs_the_plugins_unit_is_enabled_started_and_on_uninstall
     env = dict(os.environ, PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}")
     r = run_as_pod([sys.executable, "-m", "gpuhook", "install", "--host-root", root, "--runtime", "containerd",
                     "--front", "nri", "--bundle-dir", bundle_dir], tmp_path / "pid1.ns", env=env)
-    assert r.returncode == 0 and "nri plugin: gpuhook-nri.service enabled and running" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "nri plugin: gpuhook-nri.service enabled and started" in r.stdout, r.stdout + r.stderr
     lines = record.read_text().splitlines()
-    assert lines[0::2] == ["daemon-reload", "enable --now gpuhook-nri.service", "restart gpuhook-nri.service"]
+    # not waited for: the unit is ready (Type=notify) once the runtime, restarted after, registers it
+    assert lines[0::2] == ["daemon-reload", "enable --now --no-block gpuhook-nri.service",
+                           "restart --no-block gpuhook-nri.service"]
     assert set(lines[1::2]) == {(tmp_path / "pid1.ns").read_text().strip()}  # the host's mount namespace
     record.unlink()
     r = run_as_pod([sys.executable, "-m", "gpuhook", "uninstall", "--host-root", root], tmp_path / "pid1.ns", env=env)
@@ -462,3 +464,17 @@ def test_the_agent_with_front_nri_installs_the_nri_front_and_no_unit_of_its_own(
     assert doc["plugins"][NRI]["disable"] is True  # as the node had it
     assert doc["plugins"][CRI[2]]["containerd"]["runtimes"]["gpu-optional"]["options"]["BinaryName"] \
         == "/opt/gpuhook/bin/gpuhook-runtime"
+
+
+def test_the_plugins_unit_orders_it_after_the_runtime_and_before_the_kubelet_ready_once_registered():
+    """At boot the kubelet's first pods find the plugin registered: the unit starts after the
+    runtime, before the kubelet, and is ready only when the plugin says READY=1 (once the
+    runtime synchronized it: nri/plugin.py), waited for at most TimeoutStartSec."""
+    import configparser
+
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.read_string(units.nri_text(("--socket", "/run/nri.sock")))
+    assert unit["Unit"]["After"].split() == ["containerd.service", "crio.service"]
+    assert unit["Unit"]["Before"] == "kubelet.service"
+    assert (unit["Service"]["Type"], unit["Service"]["NotifyAccess"]) == ("notify", "all")
+    assert unit["Service"]["TimeoutStartSec"] == str(units.NRI_START_TIMEOUT)
