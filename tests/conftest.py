@@ -14,13 +14,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 # The tests by what they test: unit/ (one module's behaviour), e2e/ (real containers through a
 # runtime), hardening/ (hostile input, faults, load, fuzzing); perf/ is the benchmark. What
-# they share is here, in the harnesses beside this file and in gpuhook/testing; a test module
+# they share is here, in the harnesses beside this file and in tests/fakes; a test module
 # never imports another (tests/unit/test_suite_shape.py).
 TESTS = os.path.dirname(os.path.abspath(__file__))
 # fixtures kept beside what they serve: podman's CDI dir, the Debian sid node
 pytest_plugins = ["podman_cdi", "sid_node"]
 
-from gpuhook.testing import bundle, fakehost  # noqa: E402
+from fakes import bundle, fakehost  # noqa: E402
 
 FIXTURES = os.path.join(REPO, "tests", "fixtures")
 
@@ -170,7 +170,7 @@ class ServerNode:
     def start_server(self, argv=None, **popen) -> subprocess.Popen:
         """The server (`gpuhook runtime-server`, or argv) with the node's environment, but the
         real Python: returned once its socket is there."""
-        from gpuhook.testing import runtime_server
+        from fakes import runtime_server
 
         env = self.env()
         env.pop("GPUHOOK_PYTHON")
@@ -395,12 +395,12 @@ def run_as_pod(argv: list[str], pid1_ns_file, env=None, timeout: float = 120) ->
                           stdin=subprocess.DEVNULL)
 
 
-# -- the Kubernetes API (gpuhook.testing.kubeapi) and the inventories the label tests share ---
+# -- the Kubernetes API (fakes.kubeapi) and the inventories the label tests share ---
 
 @pytest.fixture
 def fake_api():
-    """fake_api(**kw) -> a started gpuhook.testing.kubeapi.FakeAPI; all closed at the end."""
-    from gpuhook.testing.kubeapi import FakeAPI
+    """fake_api(**kw) -> a started fakes.kubeapi.FakeAPI; all closed at the end."""
+    from fakes.kubeapi import FakeAPI
 
     made = []
 
@@ -465,7 +465,7 @@ def read_state(tmp_path) -> tuple[dict, dict]:
     Raises on anything that does not parse: a half-written file would."""
     from gpuhook import cdi
     from gpuhook.agent import labels
-    from gpuhook.testing.cdi_yaml import load_yaml
+    from fakes.cdi_yaml import load_yaml
 
     specs = {}
     d = tmp_path / "cdi"

@@ -172,17 +172,7 @@ def _describe_hook(h) -> str:
 
 
 def cmd_plan(args) -> int:
-    if not args.simulate:
-        return _plan(args, _root(args))
-    import tempfile
-
-    from ..testing import fakehost
-
-    if args.simulate not in fakehost.SCENARIOS:
-        raise UsageError(f"--simulate {args.simulate}: unknown; choose from {', '.join(fakehost.SCENARIOS)}")
-    with tempfile.TemporaryDirectory(prefix="gpuhook-sim-") as root:
-        fakehost.build(root, args.simulate, mknod=False)
-        return _plan(args, root)
+    return _plan(args, _root(args))
 
 
 def _plan(args, root: str) -> int:
@@ -298,11 +288,6 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("plan", help="dry run: the edits a container would get")
     root_arg(sp)
     sp.add_argument("--spec", metavar="FILE", help="an OCI config.json (default: a sample container)")
-    sp.add_argument(
-        "--simulate",
-        metavar="NODE",
-        help="probe a built-in simulated node: nvidia, amd, intel, nvidia+intel, gpu-operator, gke, bmc, cpu",
-    )
     sp.add_argument("--json", action="store_true", help="machine-readable output (CDI containerEdits)")
     add_driver_root_arg(sp)
     sp.set_defaults(func=cmd_plan)

@@ -10,7 +10,7 @@ import subprocess
 
 
 from conftest import NO_CONFIG, gpuhook, is_root, nodes_of, requires
-from gpuhook.testing import bundle
+from fakes import bundle
 from podman_cdi import CDI_DIR, PODMAN
 from gpuhook import cdi
 from gpuhook.probe import ldcache

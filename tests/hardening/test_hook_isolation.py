@@ -26,11 +26,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import NO_CONFIG, gpuhook, needs_runc, records, requires
-from gpuhook.testing import bundle as oci_bundle
+from fakes import bundle as oci_bundle
 from gpuhook import hook, spec as ocispec
 from gpuhook.plan import find_ldconfig, plan, request_from_spec
 from gpuhook.probe import ldcache, probe
-from gpuhook.testing.hostwatch import Watch, snapshot, tree
+from fakes.hostwatch import Watch, snapshot, tree
 from podman_cdi import PODMAN
 
 pytestmark = needs_runc

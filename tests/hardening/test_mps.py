@@ -18,7 +18,7 @@ from conftest import needs_runc
 from gpuhook.config import Config
 from gpuhook.plan import Request, plan
 from gpuhook.probe import cache, probe
-from gpuhook.testing import fakehost
+from fakes import fakehost
 
 USER = 65534  # nobody: a local user of the node
 MPS = "/tmp/nvidia-mps"

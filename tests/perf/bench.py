@@ -64,9 +64,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, REPO)
+sys.path[:0] = [REPO, os.path.dirname(HERE)]  # gpuhook, and the fakes the tests share
 
-from gpuhook.testing import bundle, fakehost, runtime_server  # noqa: E402
+from fakes import bundle, fakehost, runtime_server  # noqa: E402
 
 PAUSE_S = 0.02
 # the rows whose budget is a millisecond or so out of runc's ~5 to 30 (and its spread of a few):

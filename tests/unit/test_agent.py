@@ -17,9 +17,9 @@ import pytest
 from conftest import REPO, make_agent, read_state
 from gpuhook.agent import core as agent_mod
 from gpuhook import cdi, log
-from gpuhook.testing import fakehost
+from fakes import fakehost
 from gpuhook.agent import labels
-from gpuhook.testing.kubeapi import FakeAPI
+from fakes.kubeapi import FakeAPI
 
 SLACK = 1.0  # probe + write + the test's own polling, on a slow 2-core VM
 
@@ -516,7 +516,7 @@ def test_agent_from_a_workstation_with_a_kubeconfig(tmp_path, make_host):
     CA and token (no service account, no KUBERNETES_ env); bad kubeconfigs: one line, exit 2."""
     if not shutil.which("openssl"):
         pytest.skip("no openssl to make a certificate")
-    from gpuhook.testing.kubeapi import write_kubeconfig
+    from fakes.kubeapi import write_kubeconfig
 
     (tmp_path / "tls").mkdir()
     api = FakeAPI(tls_dir=str(tmp_path / "tls"))

@@ -15,7 +15,7 @@ from conftest import NO_CONFIG, gpuhook
 from gpuhook import cdi, hook
 from gpuhook.inventory import Device, Inventory, Library, Node, VendorInventory
 from gpuhook.probe import probe
-from gpuhook.testing.cdi_yaml import load_yaml
+from fakes.cdi_yaml import load_yaml
 
 
 # -- fixtures ------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import pytest
 from conftest import NO_CONFIG, gpuhook
 from gpuhook.agent import core as agent_mod
 from gpuhook import cdi, config as cfg
-from gpuhook.testing import fakehost
+from fakes import fakehost
 from gpuhook.agent import labels
 from gpuhook.config_model import check
 from gpuhook.inventory import Inventory
@@ -397,7 +397,8 @@ def test_cli_plan_and_cdi_say_why_nothing(tmp_path):
     assert "warning: nvidia: no driver userspace of driver 550.54.14: " in r.stdout
     r = gpuhook("cdi", "generate", "--root", fh.root, "--spec-root", fh.root, "--output", "-", config=NO_CONFIG)
     assert r.returncode == 0 and r.stdout == "" and "no driver userspace" in r.stderr
-    r = gpuhook("plan", "--simulate", "gke", "--json", config=NO_CONFIG)
+    r = gpuhook("plan", "--root", fakehost.build(str(tmp_path / "sim-gke"), "gke", mknod=False).root, "--json",
+                config=NO_CONFIG)
     edits = json.loads(r.stdout)["edits"]
     assert any(m["containerPath"] == f"/usr/local/nvidia/lib64/libcuda.so.{V}" for m in edits["mounts"])
 

@@ -16,7 +16,7 @@ from gpuhook.nri import nri_api_pb2 as pb
 from gpuhook.nri import plugin as nri
 from gpuhook.nri import regen, wire
 from gpuhook.nri import nri_ttrpc_pb2 as tt
-from gpuhook.testing import fakehost
+from fakes import fakehost
 
 
 def test_the_checked_in_protobuf_modules_are_what_protoc_makes_of_the_protos(tmp_path):

@@ -1,7 +1,7 @@
 """Which pods really got a GPU: the agent follows the runtime's log and posts pod Events
 (GPUsInjected / RanOnCPU, aggregated, rate-limited), sets the pod label
 gpuhook.dev/accelerator, and serves Prometheus metrics. The API is a fake one on 127.0.0.1
-(gpuhook.testing.kubeapi.FakeAPI); end to end, the log comes from real creates through CRI."""
+(fakes.kubeapi.FakeAPI); end to end, the log comes from real creates through CRI."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 
 from conftest import REPO, needs_cri, wrapper_path
-from gpuhook.testing.front import prime
+from fakes.front import prime
 from gpuhook.agent import core as agent_mod
 from gpuhook import log
 from gpuhook.agent import podevents

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from conftest import REPO, request
-from gpuhook.testing import fakehost
+from fakes import fakehost
 from gpuhook.plan import nvidia, policy
 from gpuhook.config import Config
 from gpuhook.edits import DeviceNode

@@ -18,7 +18,7 @@ from gpuhook.agent import core as agent_mod, kube, labels
 from gpuhook.inventory import Inventory
 from gpuhook.plan import Request, plan
 from gpuhook.probe import probe
-from gpuhook.testing import fakehost
+from fakes import fakehost
 from node_affinity import eligible, preference, term_matches
 from conftest import INTEL, NV
 

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import is_root
 from conftest import request as req
-from gpuhook.testing import fakehost
+from fakes import fakehost
 from gpuhook.inventory import Device, Inventory, Node, VendorInventory
 from gpuhook import hook
 from gpuhook.plan import plan

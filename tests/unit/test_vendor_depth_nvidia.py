@@ -10,7 +10,7 @@ import pytest
 from conftest import FIXTURES
 from conftest import request as req
 from gpuhook import hook
-from gpuhook.testing import fakehost
+from fakes import fakehost
 from gpuhook.plan import plan
 from gpuhook.probe import probe
 

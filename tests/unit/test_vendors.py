@@ -16,7 +16,7 @@ from gpuhook.agent import labels
 from gpuhook.plan import plan
 from gpuhook.probe import present, probe
 from gpuhook.probe.host import Host
-from gpuhook.testing import fakehost
+from fakes import fakehost
 
 
 def wsl_host(tmp_path):
@@ -133,7 +133,7 @@ def test_a_probe_that_names_its_vendor_otherwise_is_not_taken(tmp_path, monkeypa
 RENAMED = """
 import json, sys
 from gpuhook import vendors
-from gpuhook.testing import fakehost
+from fakes import fakehost
 
 new = {"nvidia": "nv", "amd": "radeon", "intel": "arc", "accel": "npu", "dxg": "wsl2"}
 vendors.VENDORS = tuple(vendors.Vendor(name=new[v.name], signs=v.signs, probe=v.probe) for v in vendors.VENDORS)

@@ -1,5 +1,6 @@
 """`make demo`: what gpuhook sees on this machine, what it would inject on a GPU node, and,
-as root with runc, a real container started through gpuhook-runtime on both."""
+as root with runc, a real container started through gpuhook-runtime on both. It runs from the
+checkout (the simulated node is the tests' fake host, tests/fakes/, which is not installed)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ import subprocess
 import sys
 import tempfile
 
-from .testing import bundle, fakehost
-from .cli import format_edits, format_inventory
-from .plan import plan, request_from_spec
-from .probe import probe
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(HERE), HERE]  # gpuhook from this checkout, and the tests' fakes
+
+from fakes import bundle, fakehost  # noqa: E402
+from gpuhook.cli import format_edits, format_inventory  # noqa: E402
+from gpuhook.plan import plan, request_from_spec  # noqa: E402
+from gpuhook.probe import probe  # noqa: E402
 
 SHOW = (
     'echo "GPUHOOK_ACCELERATOR=${GPUHOOK_ACCELERATOR:-<unset: run on CPU>}"; '
