@@ -195,6 +195,19 @@ needs_runc = requires(
     "needs root, runc, busybox-static and an installed gpuhook-runtime (make test sets them up)")
 
 
+def plan_on(inv, req, ldconfig=None, config=None, state_dir=None, helper=None):
+    """plan() as a create runs it: the node state read first (probe/nodestate.py, from the
+    inventory's root), then the pure plan. config None: the defaults, with no node log in the
+    hooks' env (a dry plan). state_dir: the round robin's (None: no memory). ldconfig, helper:
+    nodestate.read's (None: found on this machine)."""
+    from gpuhook.config import Config
+    from gpuhook.plan import plan
+    from gpuhook.probe import nodestate
+
+    config = config or Config(log_file="")
+    return plan(inv, nodestate.read(inv, config, state_dir, ldconfig, helper), req, config)
+
+
 @pytest.fixture
 def make_host(tmp_path):
     """make_host("nvidia", mknod=True) -> path of a fake host root."""

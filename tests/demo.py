@@ -15,8 +15,9 @@ sys.path[:0] = [os.path.dirname(HERE), HERE]  # gpuhook from this checkout, and 
 
 from fakes import bundle, fakehost  # noqa: E402
 from gpuhook.cli import format_edits, format_inventory  # noqa: E402
+from gpuhook.config import Config  # noqa: E402
 from gpuhook.plan import plan, request_from_spec  # noqa: E402
-from gpuhook.probe import probe  # noqa: E402
+from gpuhook.probe import nodestate, probe  # noqa: E402
 
 SHOW = (
     'echo "GPUHOOK_ACCELERATOR=${GPUHOOK_ACCELERATOR:-<unset: run on CPU>}"; '
@@ -76,7 +77,8 @@ def main() -> int:
         print(format_inventory(probe(root)))
         title("3. gpuhook plan: what a gpu-optional container would get there")
         spec = bundle.spec(["sh"], rootfs=os.path.join(tmp, "rootfs"))
-        print(format_edits(plan(probe(root), request_from_spec(spec)).edits, root))
+        inv, config = probe(root), Config(log_file="")
+        print(format_edits(plan(inv, nodestate.read(inv, config), request_from_spec(spec), config).edits, root))
 
         if not can_run:
             print("\n(As root with runc and busybox-static, the demo also starts real containers: sudo make demo.)")

@@ -20,6 +20,7 @@ import time
 from typing import Any, Callable
 
 from .. import cdi, defaults, hook, vendors
+from ..probe import nodestate
 from ..nri.plugin import DEFAULT_SOCKET as NRI_SOCKET, ROOTFS_TEMPLATE
 from . import kube as kube_mod, labels as labels_mod, nri as nri_mod
 
@@ -259,7 +260,7 @@ class Agent:
         self.cdi_dir = opts.resolved_cdi_dir()
         self.nfd_dir = opts.resolved_nfd_dir()
         # the node's own ldconfig; none there: no ld-cache hook (not the agent image's)
-        found = opts.ldconfig is None and cdi.find_ldconfig(opts.root if opts.spec_root == "/" else "/")
+        found = opts.ldconfig is None and nodestate.find_ldconfig(opts.root if opts.spec_root == "/" else "/")
         self.ldconfig: str | bool = opts.ldconfig if opts.ldconfig is not None else found or False
         self.nri: Any = None  # the plugin's Supervisor (nri.py), when it runs
         self.front, self.front_why = nri_mod.choose(opts.front, opts.root, opts.nri_socket)

@@ -178,7 +178,7 @@ def cmd_plan(args) -> int:
 def _plan(args, root: str) -> int:
     from ..config import load
     from ..plan import plan, request_from_spec
-    from ..probe import probe
+    from ..probe import nodestate, probe
 
     spec = _read_spec(args.spec)
     config, errors = load()
@@ -187,7 +187,7 @@ def _plan(args, root: str) -> int:
     )
     # a dry run: no state_dir, so the max-gpus round robin neither reads nor moves
     request = request_from_spec(spec, os.path.dirname(os.path.abspath(args.spec)) if args.spec else None)
-    planned = plan(inv, request, config.ldconfig, config, None)
+    planned = plan(inv, nodestate.read(inv, config), request, config)
     edits = planned.edits
     warnings = [*errors, *inv.warnings, *planned.warnings]
     held = [{"device": h.device, "why": h.why} for h in planned.held_back]
@@ -226,8 +226,8 @@ def _plan(args, root: str) -> int:
 def cmd_precreate(args) -> int:
     """podman's precreate hook: OCI spec on stdin, edited spec on stdout."""
     from ..config import cache_dir, load
-    from ..plan import find_ldconfig, plan, request_from_spec
-    from ..probe import probe
+    from ..plan import plan, request_from_spec
+    from ..probe import nodestate, probe
     from ..spec import apply, check
 
     data = sys.stdin.buffer.read(64 << 20)
@@ -239,7 +239,7 @@ def cmd_precreate(args) -> int:
         check(spec)  # read the spec only as the runtime will (the same rule as gpuhook-runtime)
         inv = probe(root, nvidia_driver_root=config.nvidia_driver_root)
         warnings += inv.warnings
-        planned = plan(inv, request_from_spec(spec), config.ldconfig or find_ldconfig(), config, cache_dir())
+        planned = plan(inv, nodestate.read(inv, config, cache_dir()), request_from_spec(spec), config)
         warnings += planned.warnings
         edits = planned.edits
         spec = apply(spec, edits) if edits else spec

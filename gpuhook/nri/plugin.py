@@ -254,7 +254,8 @@ class Plugin:
 
     def adjust(self, req, config, record: dict):
         from ..config import cache_dir
-        from ..plan import find_ldconfig, plan
+        from ..plan import plan
+        from ..probe import nodestate
         from ..plan.policy import pod_of
         from ..probe.cache import probe_cached
 
@@ -270,7 +271,7 @@ class Plugin:
             record["decision"] = "sandbox"
             return pb.ContainerAdjustment()
         inventory = probe_cached(config.host_root, cache_dir(), config.probe_cache_ttl, config.nvidia_driver_root)
-        planned = plan(inventory, request, config.ldconfig or find_ldconfig(), config, cache_dir())
+        planned = plan(inventory, nodestate.read(inventory, config, cache_dir()), request, config)
         warnings = [*inventory.warnings, *planned.warnings]
         edits = planned.edits
         if not edits:

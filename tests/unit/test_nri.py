@@ -166,11 +166,12 @@ def planned(req: pb.CreateContainerRequest):
     """What the planner gives the container of `req` (the wrapper's edits for it)."""
     from gpuhook.config import load
     from gpuhook.plan import plan
-    from gpuhook.probe import probe
+    from gpuhook.probe import nodestate, probe
 
     config, _ = load()
-    return plan(probe(config.host_root), nri.request_from_nri(req.container, "/run/c/c1/rootfs"), "/sbin/ldconfig",
-                config, os.environ["GPUHOOK_CACHE_DIR"]).edits
+    inv = probe(config.host_root)
+    state = nodestate.read(inv, config, os.environ["GPUHOOK_CACHE_DIR"], "/sbin/ldconfig")
+    return plan(inv, state, nri.request_from_nri(req.container, "/run/c/c1/rootfs"), config).edits
 
 
 def records(log, at_least: int = 0) -> list[dict]:
