@@ -16,6 +16,7 @@ import pytest
 
 from conftest import REPO, make_agent, read_state
 from gpuhook.agent import core as agent_mod
+from gpuhook.agent import watch as agent_watch
 from gpuhook import cdi, log
 from fakes import fakehost
 from gpuhook.agent import labels
@@ -262,7 +263,7 @@ def test_udev_watch_filters_and_notifies():
             return events.pop(0)
 
     got = []
-    w = agent_mod.UdevWatch(got.append, log.get(), stop)
+    w = agent_watch.UdevWatch(got.append, log.get(), stop)
     w.monitor = Monitor()
     w._loop()
     assert got == ["udev:add:drm:card1", "udev:remove:module:nvidia", "udev:add:kfd:kfd", "udev:add:accel:accel0"]

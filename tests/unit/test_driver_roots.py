@@ -14,6 +14,7 @@ import pytest
 from conftest import NO_CONFIG, gpuhook
 from conftest import plan_on
 from gpuhook.agent import core as agent_mod
+from gpuhook.agent import summary as agent_summary
 from gpuhook import cdi, config as cfg
 from fakes import fakehost
 from gpuhook.agent import labels
@@ -345,7 +346,7 @@ def test_agent_follows_the_driver_root(tmp_path):
     fh = host(tmp_path, "gpu_operator", installed=False)
     events = []
     a = make_agent(tmp_path, fh.root)
-    a._post = lambda reason, message, type_="Normal": events.append((reason, message, type_))
+    a.events.post = lambda reason, message, type_="Normal": events.append((reason, message, type_))
     assert a.sync("start")
     specs, found = read_state(tmp_path)
     assert specs == {} and found["gpuhook.dev/accelerator"] == "none"
@@ -365,7 +366,7 @@ def test_agent_options_carry_the_setting(tmp_path):
     fh = host(tmp_path, "gpu_operator", gpus=1)
     a = make_agent(tmp_path, fh.root, opts={"nvidia_driver_root": "/"})
     assert unusable(a.probe(fh.root).vendor("nvidia"))
-    assert agent_mod.describe(a.probe(fh.root)).startswith("1 GPU (0 usable): nvidia x1 (")
+    assert agent_summary.describe(a.probe(fh.root)).startswith("1 GPU (0 usable): nvidia x1 (")
 
 
 # -- the CLI -----------------------------------------------------------------------------------

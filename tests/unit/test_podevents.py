@@ -399,8 +399,10 @@ def test_the_agent_posts_only_gpuhooks_own_reasons():
     creates = {podevents.event_for(create(d))[0] for d in ("injected", "no-gpu", "declined", "error")}
     hooks = {podevents.event_for({**create(podevents.HOOK_DECISION), "kind": k})[0] for k in (LDCACHE, BYPATH)}
     assert creates | hooks == set(kube.EVENT_REASONS["Pod"])
-    with open(os.path.join(REPO, "gpuhook", "agent", "core.py")) as f:
-        node_reasons = set(re.findall(r'_post\(\s*"([A-Za-z]+)"', f.read()))
+    node_reasons = set()
+    for name in ("core.py", "summary.py"):  # the loop's, and those a probe's summary makes
+        with open(os.path.join(REPO, "gpuhook", "agent", name)) as f:
+            node_reasons |= set(re.findall(r'(?:post\(|append\(\()\s*"([A-Za-z]+)"', f.read()))
     assert node_reasons == set(kube.EVENT_REASONS["Node"])
     client = kube.KubeAPI("http://127.0.0.1:9", "t", "node-1", timeout=1.0)
     with pytest.raises(ValueError, match="not one of gpuhook's"):

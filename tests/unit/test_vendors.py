@@ -67,7 +67,7 @@ new = vendors.Vendor("fpga", ("/dev/fpga[0-9]*",), "fpga_probe", udev=("fpga",),
 vendors.VENDORS += (new,)
 vendors.NAMES, vendors.BY_NAME, vendors.SPELLINGS = vendors._index(vendors.VENDORS)
 
-from gpuhook.agent import core
+from gpuhook.agent import watch
 from gpuhook.config import Config
 from gpuhook.plan import Request, plan
 from gpuhook.probe import nodestate, probe
@@ -76,8 +76,8 @@ from gpuhook.runtime import server
 inv = probe(sys.argv[2])
 p = plan(inv, nodestate.read(inv, Config()), Request({}, {"gpuhook.dev/vendors": "fpga-old"}, None), Config())
 print(json.dumps({"accelerator": [e for e in p.edits.env if e.startswith("GPUHOOK_ACCELERATOR=")],
-                  "warnings": list(p.warnings), "subsystems": list(core.UDEV_SUBSYSTEMS),
-                  "modules": sorted(core.UDEV_MODULES), "warm": "fpga_probe" in server.WARM}))
+                  "warnings": list(p.warnings), "subsystems": list(watch.UDEV_SUBSYSTEMS),
+                  "modules": sorted(watch.UDEV_MODULES), "warm": "fpga_probe" in server.WARM}))
 """
 
 FPGA_PROBE = """
