@@ -41,7 +41,7 @@ def run_in_root(args: argparse.Namespace) -> int:
     interpreter started by the bundle's own loader as the C front does (the node needs no shell)."""
     import glob
 
-    from ..install.build import INTERPRETER, LIB, LIBRARY_PATH_FLAG, LOADER, PYTHON_DIRS, SITE_PACKAGES
+    from ..install.build import LIB, PYTHON_DIRS, SITE_PACKAGES, launch
 
     if not os.path.isdir(args.root):
         raise UsageError(f"--root {args.root}: not a directory")
@@ -56,8 +56,7 @@ def run_in_root(args: argparse.Namespace) -> int:
     if not site:
         print(f"gpuhook nri: no gpuhook installed in {args.root}{prefix} (gpuhook install first)", file=sys.stderr)
         return 1
-    argv = [f"{prefix}/{LOADER}", LIBRARY_PATH_FLAG, f"{prefix}/{LIB}", f"{prefix}/{INTERPRETER}",
-            *defaults.RUNTIME_FLAGS, defaults.CLI_MAIN, site[-1], "nri", "--socket", args.socket, "--name", args.name, "--index", args.index,
+    argv = [*launch(prefix), *defaults.RUNTIME_FLAGS, defaults.CLI_MAIN, site[-1], "nri", "--socket", args.socket, "--name", args.name, "--index", args.index,
             "--rootfs-template", args.rootfs_template]  # fmt: skip
     try:
         os.execv(argv[0], argv)

@@ -655,11 +655,10 @@ def where_time_goes(opt: str, b: str, original: bytes, e: dict, log: str) -> dic
 
     site = glob.glob(os.path.join(opt, "lib", "python3*", "site-packages"))[0]
     from gpuhook.defaults import RUNTIME_MAIN
-    from gpuhook.install.build import INTERPRETER, LOADER
+    from gpuhook.install.build import launch
 
     # the front's own entry
-    cmd = [os.path.join(opt, LOADER), "--library-path", os.path.join(opt, "lib"), os.path.join(opt, INTERPRETER),
-           "-X", "importtime", "-I", "-S", "-c", RUNTIME_MAIN, site, "create", "--bundle", b, "w"]
+    cmd = [*launch(opt), "-X", "importtime", "-I", "-S", "-c", RUNTIME_MAIN, site, "create", "--bundle", b, "w"]
     self_us: dict[str, list[int]] = {}
     for _ in range(10):
         with open(os.path.join(b, "config.json"), "wb") as f:
