@@ -38,7 +38,7 @@ $(STAMP): pyproject.toml setup.py $(HOOK) $(FRONT) $(shell find gpuhook -type f 
 venv: $(HOOK) $(FRONT) $(STAMP)
 
 demo: deps venv
-	@$(BIN)/python -m gpuhook.demo
+	@$(BIN)/python tests/demo.py
 
 # The habits of the field first (lint, format, types over gpuhook/), then the suite. As root
 # the end-to-end tests (real runc, containerd, podman, dockerd) must run, not skip.

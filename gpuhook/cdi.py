@@ -93,14 +93,15 @@ def _plan(inv: Inventory, ldconfig: str | None | bool, helper: str | None | bool
     hook (plan() would look in this process's own filesystem, not the node's, in a pod).
     helper: gpuhook-hook as the node sees it (hook.helper()); None: this package's; False:
     no hooks at all."""
+    from .config import Config
     from .plan import plan
+    from .probe import nodestate
 
-    edits = plan(
-        inv,
-        _request(),
-        ldconfig if isinstance(ldconfig, str) else None,
-        helper=helper if isinstance(helper, str) else None,
-    ).edits
+    config = Config(log_file="")  # a CDI spec's hooks write no node log
+    state = nodestate.read(
+        inv, config, None, ldconfig if isinstance(ldconfig, str) else None, helper if isinstance(helper, str) else None
+    )
+    edits = plan(inv, state, _request(), config).edits
     if edits.hooks and (ldconfig is False or helper is False):
         edits = edits._replace(hooks=tuple(h for h in edits.hooks if helper is not False and h.kind != hook.LDCACHE))
     return edits
@@ -249,15 +250,6 @@ def cap_version(spec: dict, max_version: str, dropped: list | None = None) -> di
     if dropped is not None and lost:
         dropped.append((spec["kind"], sorted(set(lost))))
     return spec
-
-
-def find_ldconfig(consumer_root: str = "/") -> str | None:
-    """The node's ldconfig as the node sees it; `consumer_root` is where the node's / is
-    here (/host in the DaemonSet)."""
-    from .plan import LDCONFIG_CANDIDATES
-
-    base = "" if consumer_root == "/" else consumer_root.rstrip("/")
-    return next((p for p in LDCONFIG_CANDIDATES if os.access(base + p, os.X_OK)), None)
 
 
 # -- versions and validation ----------------------------------------------------------

@@ -7,8 +7,9 @@ no container can start.
 tomllib pulls in re, typing, datetime and string: ~20 ms on a slow node, on every container
 start. So the parsed result is cached as JSON in /run/gpuhook (GPUHOOK_CACHE_DIR), keyed by
 the file's path, inode, size, mtime and ctime: the file is parsed again as soon as it
-changes, and a cache that cannot be written or read only costs the parse. `gpuhook config check` validates
-the same keys with a pydantic model (config_model.py) for humans.
+changes, and a cache that cannot be written or read only costs the parse. The rules of the keys
+are written once, here (from_dict): the runtime falls back on the default of each key that
+breaks one, and `gpuhook config check` (check) prints the same errors for people.
 
 The C front (runtime/gpuhook-runtime.c) parses no TOML: beside the cache, each load leaves it
 the front file (front_text), what Python decided of the keys the front acts on, and the
@@ -111,13 +112,19 @@ def parse(text: str) -> "tuple[Config, list[str]]":
     return from_dict(data)
 
 
+def check(text: str) -> "list[str]":
+    """Every problem of a config file's text, one line each ("key: what is wrong, and what
+    the runtime uses instead"); [] when valid: `gpuhook config check`."""
+    return parse(text)[1]
+
+
 def from_dict(data: dict) -> "tuple[Config, list[str]]":
     errors: list[str] = []
     values: dict = {}
     for key, value in data.items():
         want = _TYPES.get(key)
         if want is None:
-            errors.append(f"unknown key {key!r} ignored")
+            errors.append(f"{key}: unknown key, ignored")
         elif not isinstance(value, want) or isinstance(value, bool):
             kind = "a string" if want is str else "a number"
             errors.append(f"{key}: expected {kind}, got {type(value).__name__}; default used")

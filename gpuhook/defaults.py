@@ -41,5 +41,21 @@ CLI_MAIN = "import sys; sys.path.insert(0, sys.argv.pop(1)); from gpuhook.cli im
 # its own: the first of these, a name beside the front itself, a path as it is
 FRONT_PYTHONS = ("python3", "python", "/usr/local/bin/python3", "/usr/bin/python3")
 PYTHON_ENV = "GPUHOOK_PYTHON"  # the interpreter the front starts, before all of these (tests, odd nodes)
-# where a runtime named without a path is looked for when there is no $PATH (execvp's own list)
-SEARCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Where a node keeps its tools, in execvp's order: where a runtime named without a path is looked
+# for when there is no $PATH (SEARCH_PATH, the C front's too), where the installer looks for
+# runc and containerd, the NVIDIA probe for the driver's tools, and what the probe cache watches
+# under a driver root.
+BIN_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+SEARCH_PATH = ":".join(BIN_DIRS)
+# Where a node keeps shared libraries: where the NVIDIA probe looks for the driver's, and what
+# the probe cache watches (on the node and under a driver root) for a driver installed or changed.
+LIB_DIRS = (
+    "/usr/lib/x86_64-linux-gnu",
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib64",
+    "/lib64",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib/powerpc64le-linux-gnu",
+    "/usr/lib",
+)
+WSL_LIB_DIR = "/usr/lib/wsl/lib"  # WSL2's GPU userspace (libdxcore.so, libcuda.so...)

@@ -116,3 +116,52 @@ class Inventory(Record):
             if v.vendor == name:
                 return v
         return None
+
+
+# -- what else plan() needs of the node: read before it runs (probe/nodestate.py) ----------
+
+TYPE_CHECKING = False  # mypy reads this name as typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+
+class Allocation(Record):
+    """One device id the kubelet's device manager allocated to a pod: the resource it is of,
+    the id as the device plugin wrote it, the pod's uid, and the plugin's answer for that
+    container (AllocResp: a ContainerAllocateResponse, protobuf, base64), read only when an
+    id does not name its GPU (plan.policy.alloc_device_paths)."""
+
+    resource: str
+    id: str
+    pod: str
+    alloc_resp: str = ""
+
+    __slots__ = ()
+
+
+class NodeState(Record):
+    """What plan() needs of the node besides the Inventory, read before it runs
+    (probe/nodestate.py: read), so that plan() itself reads no file. Never cached: read for
+    every create, and only what the node config makes plan() ask for.
+
+    allocations: every pod's device allocations from the kubelet's checkpoint (share =
+    "unallocated" only); allocations_unknown: why the checkpoint could not be read (None: it
+    was, or it was not needed). partitions: amdgpu_xcp_<n> (ROCm's id of an AMD partition) ->
+    the /dev paths of its render nodes, read only when the checkpoint names one.
+    mps_dir: the node config's MPS pipe directory, resolved, when only root can change it;
+    mps_refused: why it is not mounted (both None: the node names none). ldconfig: the
+    node's, for the ld-cache hook (None: no ld-cache hook). helper: gpuhook-hook as the node
+    sees it (None: not there to run, so no hook). round_robin: max-gpus's memory of what it
+    gave, choose(keys, n, warn) -> the n of keys given out least (probe/nodestate.py
+    RoundRobin; None: no memory, the first n)."""
+
+    allocations: "tuple[Allocation, ...]" = ()
+    allocations_unknown: "str | None" = None
+    partitions: "dict[str, frozenset[str]]" = {}
+    mps_dir: "str | None" = None
+    mps_refused: "str | None" = None
+    ldconfig: "str | None" = None
+    helper: "str | None" = None
+    round_robin: "Callable[[list[str], int, Callable[[str], None]], list[str]] | None" = None
+
+    __slots__ = ()

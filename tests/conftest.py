@@ -14,13 +14,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 # The tests by what they test: unit/ (one module's behaviour), e2e/ (real containers through a
 # runtime), hardening/ (hostile input, faults, load, fuzzing); perf/ is the benchmark. What
-# they share is here, in the harnesses beside this file and in gpuhook/testing; a test module
+# they share is here, in the harnesses beside this file and in tests/fakes; a test module
 # never imports another (tests/unit/test_suite_shape.py).
 TESTS = os.path.dirname(os.path.abspath(__file__))
 # fixtures kept beside what they serve: podman's CDI dir, the Debian sid node
 pytest_plugins = ["podman_cdi", "sid_node"]
 
-from gpuhook.testing import bundle, fakehost  # noqa: E402
+from fakes import bundle, fakehost  # noqa: E402
 
 FIXTURES = os.path.join(REPO, "tests", "fixtures")
 
@@ -221,7 +221,7 @@ class ServerNode:
     def start_server(self, argv=None, **popen) -> subprocess.Popen:
         """The server (`gpuhook runtime-server`, or argv) with the node's environment, but the
         real Python: returned once its socket is there."""
-        from gpuhook.testing import runtime_server
+        from fakes import runtime_server
 
         env = self.env()
         env.pop("GPUHOOK_PYTHON")
@@ -244,6 +244,19 @@ def requires(ok: bool, reason: str):
 needs_runc = requires(
     bool(is_root() and shutil.which("runc") and bundle.find_busybox() and wrapper_path()),
     "needs root, runc, busybox-static and an installed gpuhook-runtime (make test sets them up)")
+
+
+def plan_on(inv, req, ldconfig=None, config=None, state_dir=None, helper=None):
+    """plan() as a create runs it: the node state read first (probe/nodestate.py, from the
+    inventory's root), then the pure plan. config None: the defaults, with no node log in the
+    hooks' env (a dry plan). state_dir: the round robin's (None: no memory). ldconfig, helper:
+    nodestate.read's (None: found on this machine)."""
+    from gpuhook.config import Config
+    from gpuhook.plan import plan
+    from gpuhook.probe import nodestate
+
+    config = config or Config(log_file="")
+    return plan(inv, nodestate.read(inv, config, state_dir, ldconfig, helper), req, config)
 
 
 @pytest.fixture
@@ -446,12 +459,12 @@ def run_as_pod(argv: list[str], pid1_ns_file, env=None, timeout: float = 120) ->
                           stdin=subprocess.DEVNULL)
 
 
-# -- the Kubernetes API (gpuhook.testing.kubeapi) and the inventories the label tests share ---
+# -- the Kubernetes API (fakes.kubeapi) and the inventories the label tests share ---
 
 @pytest.fixture
 def fake_api():
-    """fake_api(**kw) -> a started gpuhook.testing.kubeapi.FakeAPI; all closed at the end."""
-    from gpuhook.testing.kubeapi import FakeAPI
+    """fake_api(**kw) -> a started fakes.kubeapi.FakeAPI; all closed at the end."""
+    from fakes.kubeapi import FakeAPI
 
     made = []
 
@@ -516,7 +529,7 @@ def read_state(tmp_path) -> tuple[dict, dict]:
     Raises on anything that does not parse: a half-written file would."""
     from gpuhook import cdi
     from gpuhook.agent import labels
-    from gpuhook.testing.cdi_yaml import load_yaml
+    from fakes.cdi_yaml import load_yaml
 
     specs = {}
     d = tmp_path / "cdi"

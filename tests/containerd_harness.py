@@ -66,7 +66,7 @@ APPLETS = ("sh", "ls", "cat", "grep", "env", "stat", "true", "echo", "sleep", "r
 
 def missing_tools() -> list[str]:
     """Names of what a containerd end-to-end test needs and this machine lacks."""
-    from gpuhook.testing import bundle
+    from fakes import bundle
 
     missing = [t for t in (CONTAINERD, CTR, RUNC, "containerd-shim-runc-v2") if shutil.which(t) is None]
     if bundle.find_busybox() is None:
@@ -106,7 +106,7 @@ def _tar_add(tar: tarfile.TarFile, name: str, *, data: bytes | None = None, mode
 def busybox_layer(busybox: str | None = None) -> bytes:
     """An uncompressed layer tar: /bin/busybox, applet links, and the directories a
     container needs (/etc with an empty ld.so.conf: the ld-cache hook writes there)."""
-    from gpuhook.testing import bundle
+    from fakes import bundle
 
     busybox = busybox or bundle.find_busybox()
     if busybox is None:

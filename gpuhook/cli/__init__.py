@@ -172,23 +172,13 @@ def _describe_hook(h) -> str:
 
 
 def cmd_plan(args) -> int:
-    if not args.simulate:
-        return _plan(args, _root(args))
-    import tempfile
-
-    from ..testing import fakehost
-
-    if args.simulate not in fakehost.SCENARIOS:
-        raise UsageError(f"--simulate {args.simulate}: unknown; choose from {', '.join(fakehost.SCENARIOS)}")
-    with tempfile.TemporaryDirectory(prefix="gpuhook-sim-") as root:
-        fakehost.build(root, args.simulate, mknod=False)
-        return _plan(args, root)
+    return _plan(args, _root(args))
 
 
 def _plan(args, root: str) -> int:
     from ..config import load
     from ..plan import plan, request_from_spec
-    from ..probe import probe
+    from ..probe import nodestate, probe
 
     spec = _read_spec(args.spec)
     config, errors = load()
@@ -197,7 +187,7 @@ def _plan(args, root: str) -> int:
     )
     # a dry run: no state_dir, so the max-gpus round robin neither reads nor moves
     request = request_from_spec(spec, os.path.dirname(os.path.abspath(args.spec)) if args.spec else None)
-    planned = plan(inv, request, config.ldconfig, config, None)
+    planned = plan(inv, nodestate.read(inv, config), request, config)
     edits = planned.edits
     warnings = [*errors, *inv.warnings, *planned.warnings]
     held = [{"device": h.device, "why": h.why} for h in planned.held_back]
@@ -236,8 +226,8 @@ def _plan(args, root: str) -> int:
 def cmd_precreate(args) -> int:
     """podman's precreate hook: OCI spec on stdin, edited spec on stdout."""
     from ..config import cache_dir, load
-    from ..plan import find_ldconfig, plan, request_from_spec
-    from ..probe import probe
+    from ..plan import plan, request_from_spec
+    from ..probe import nodestate, probe
     from ..spec import apply, check
 
     data = sys.stdin.buffer.read(64 << 20)
@@ -249,7 +239,7 @@ def cmd_precreate(args) -> int:
         check(spec)  # read the spec only as the runtime will (the same rule as gpuhook-runtime)
         inv = probe(root, nvidia_driver_root=config.nvidia_driver_root)
         warnings += inv.warnings
-        planned = plan(inv, request_from_spec(spec), config.ldconfig or find_ldconfig(), config, cache_dir())
+        planned = plan(inv, nodestate.read(inv, config, cache_dir()), request_from_spec(spec), config)
         warnings += planned.warnings
         edits = planned.edits
         spec = apply(spec, edits) if edits else spec
@@ -298,11 +288,6 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("plan", help="dry run: the edits a container would get")
     root_arg(sp)
     sp.add_argument("--spec", metavar="FILE", help="an OCI config.json (default: a sample container)")
-    sp.add_argument(
-        "--simulate",
-        metavar="NODE",
-        help="probe a built-in simulated node: nvidia, amd, intel, nvidia+intel, gpu-operator, gke, bmc, cpu",
-    )
     sp.add_argument("--json", action="store_true", help="machine-readable output (CDI containerEdits)")
     add_driver_root_arg(sp)
     sp.set_defaults(func=cmd_plan)
@@ -317,13 +302,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.set_defaults(func=cmd_runtime_server)
     # One module per command group adds its subcommands (module-level imports kept light).
-    from . import agent, cdi, config, install, log
+    from . import agent, cdi, config, install, log, nri
 
-    for group in (install, config, cdi, agent, log):
+    for group in (install, config, cdi, agent, log, nri):
         group.add_commands(sub)
-    from ..nri import plugin as nri_plugin
-
-    nri_plugin.add_command(sub)
     return p
 
 

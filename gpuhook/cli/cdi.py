@@ -51,7 +51,7 @@ def add_commands(sub) -> None:
 
 def cmd_cdi_generate(args) -> int:
     from .. import cdi, hook
-    from ..probe import probe
+    from ..probe import nodestate, probe
 
     if not os.path.isdir(args.root):
         raise usage_error(f"--root {args.root}: not a directory")
@@ -61,7 +61,7 @@ def cmd_cdi_generate(args) -> int:
 
     inv = probe(args.root, nvidia_driver_root=driver_root(args, args.root))
     consumer = args.root if args.spec_root == "/" else "/"
-    ldconfig = args.ldconfig or cdi.find_ldconfig(consumer) or False
+    ldconfig = args.ldconfig or nodestate.find_ldconfig(consumer) or False
     helper = hook.helper(consumer) or False
     dropped: list = []
     try:

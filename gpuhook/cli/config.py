@@ -1,4 +1,4 @@
-"""`gpuhook config check`: validate the node config (pydantic, config_model.py).
+"""`gpuhook config check`: validate the node config (config.check: the runtime's own rules).
 
 One line per problem ("FILE: key: what is wrong"), exit 1 when there is any, 0 when the file
 is valid (or absent: the defaults apply); never a traceback.
@@ -46,7 +46,7 @@ def cmd_check(args) -> int:
         print(f"{path}: not UTF-8 (byte {e.start})")
         return 1
     try:
-        from ..config_model import check
+        from ..config import check
 
         errors = check(text)
     except Exception as e:  # never a traceback

@@ -43,6 +43,7 @@ from typing import Callable
 
 import gpuhook
 from gpuhook import defaults, hook
+from gpuhook.record import Record
 
 from . import InstallError
 
@@ -85,11 +86,39 @@ PYTHON_DIRS = "python3"  # lib/python3.X: how its name starts
 SITE_PACKAGES = "site-packages"  # where gpuhook is, under lib/python3.X
 DIST_PACKAGES = "dist-packages"  # Debian's python3-gpuhook's place, when the front is beside it
 
+
+class LaunchWord(Record):
+    """A word of LAUNCH: its kind (PROGRAM or PATH: under the bundle's root, a PROGRAM one
+    that must be executable; WORD: as it is) and its text."""
+
+    kind: str
+    text: str
+
+    __slots__ = ()
+
+
+PROGRAM, PATH, WORD = "program", "path", "word"
+# The bundled interpreter's launch, before its own arguments: the bundle's loader runs it on the
+# bundle's libraries. bin/python3 (PYTHON_SH), `gpuhook nri --root` and the C front
+# (gpuhook-runtime.h's LAUNCH, generated from this) all start it so.
+LAUNCH = (
+    LaunchWord(PROGRAM, LOADER),
+    LaunchWord(WORD, LIBRARY_PATH_FLAG),
+    LaunchWord(PATH, LIB),
+    LaunchWord(PROGRAM, INTERPRETER),
+)
+
+
+def launch(root: str) -> list[str]:
+    """LAUNCH for the bundle whose root is `root`."""
+    return [w.text if w.kind == WORD else f"{root}/{w.text}" for w in LAUNCH]
+
+
 PYTHON_SH = f"""#!/bin/sh
 # The bundled Python, run by the bundled dynamic loader and libc: nothing comes from the host.
 # $here resolved once: loader, libraries and interpreter of one installed version.
 here=$(cd -P -- "${{0%/*}}" && pwd -P)
-exec "$here/../{LOADER}" {LIBRARY_PATH_FLAG} "$here/../{LIB}" "$here/../{INTERPRETER}" "$@"
+exec {" ".join(w if w.startswith("-") else f'"{w}"' for w in launch("$here/.."))} "$@"
 """
 
 GPUHOOK_SH = f"""#!/bin/sh

@@ -21,7 +21,7 @@ none, the stock `runc` handler is written next to ours so the node keeps its def
 
 from __future__ import annotations
 
-from ..defaults import RUNTIME_BINARY as BINARY, RUNTIME_HANDLER
+from ..defaults import BIN_DIRS, RUNTIME_BINARY as BINARY, RUNTIME_HANDLER
 
 import copy
 import dataclasses
@@ -200,7 +200,6 @@ NRI_PLUGIN = "io.containerd.nri.v1.nri"  # the plugin's section under [plugins]
 # (neither), 1.7.24 (the first) and 2.1.9 (both).
 NRI_MARK = b"io.containerd.nri.v1"
 V2_MARK = b"github.com/containerd/containerd/v2/"
-BINARY_DIRS = ("/usr/local/bin", "/usr/local/sbin", "/usr/bin", "/usr/sbin", "/bin", "/sbin")
 
 
 def binary_nri(path: str) -> bool | None:
@@ -220,11 +219,11 @@ def binary_nri(path: str) -> bool | None:
 
 
 def find_binary(host_root: str) -> str | None:
-    """The node's containerd (the first of BINARY_DIRS, resolved inside the host root), as a path from here."""
+    """The node's containerd (the first of BIN_DIRS, resolved inside the host root), as a path from here."""
     from ..probe.host import Host
 
     h = Host(host_root)
-    return next((p for d in BINARY_DIRS if os.path.isfile(p := h.resolve(f"{d}/containerd"))), None)
+    return next((p for d in BIN_DIRS if os.path.isfile(p := h.resolve(f"{d}/containerd"))), None)
 
 
 def _nri(doc):
@@ -381,7 +380,7 @@ def _nri_default(root: str, doc, version: int) -> bool | None:
     if _nri(doc) is not None and "disable" in _nri(doc):
         return False  # (a file that sets it says for itself; only 1.7 and later have the section)
     raise InstallError(
-        f"--front nri: no containerd under {root} ({', '.join(BINARY_DIRS)}) to tell whether it has NRI "
+        f"--front nri: no containerd under {root} ({', '.join(BIN_DIRS)}) to tell whether it has NRI "
         f'(containerd 1.7 and later): set [plugins."{NRI_PLUGIN}"] disable = false in {DEFAULT_CONFIG} by hand '
         "(containerd 1.7 or later), or install with --front wrapper"
     )

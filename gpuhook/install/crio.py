@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from ..defaults import RUNTIME_BINARY as BINARY, RUNTIME_HANDLER
+from ..defaults import BIN_DIRS, RUNTIME_BINARY as BINARY, RUNTIME_HANDLER
 from . import InstallError, files, journal, restart
 from .files import host, sha256
 from .runtimes import Adapter
@@ -54,9 +54,6 @@ def render(binary: str, nri: bool = False) -> bytes:
 MARKS = ("/etc/crio", "/run/crio/crio.sock", "/var/run/crio/crio.sock")
 
 
-RUNC_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
-
-
 @dataclasses.dataclass(frozen=True)
 class Dropin:
     """The drop-in install writes."""
@@ -75,10 +72,10 @@ def _read(root: str, front: str, mine: dict | None) -> Dropin:
     from ..probe.host import Host
 
     h = Host(root)
-    runc = next((f"{d}/runc" for d in RUNC_DIRS if os.path.isfile(h.resolve(f"{d}/runc"))), None)
+    runc = next((f"{d}/runc" for d in BIN_DIRS if os.path.isfile(h.resolve(f"{d}/runc"))), None)
     if runc is None:
         raise InstallError(
-            f"--front nri: no runc under {root} ({', '.join(RUNC_DIRS)}) for the plain gpu-optional handler"
+            f"--front nri: no runc under {root} ({', '.join(BIN_DIRS)}) for the plain gpu-optional handler"
         )
     return Dropin(runc, nri=True)
 

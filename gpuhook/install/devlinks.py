@@ -44,7 +44,9 @@ def injected_paths(inv) -> list[str]:
     """The paths (as in the container, the same as on the node) of every device node gpuhook
     may inject on this node: the vendors' control nodes and devices' nodes, and what plan()
     gives a container that asks for every driver capability."""
+    from ..config import Config
     from ..plan import Request, plan
+    from ..probe import nodestate
 
     paths = []
     for v in inv.vendors:
@@ -52,7 +54,9 @@ def injected_paths(inv) -> list[str]:
         for d in v.devices:
             paths += [n.path for n in d.nodes]
     try:
-        edits = plan(inv, Request({"NVIDIA_DRIVER_CAPABILITIES": "all"}, {}, None), "/sbin/ldconfig").edits
+        config = Config(log_file="")  # a dry plan: no container, no log
+        state = nodestate.read(inv, config, ldconfig="/sbin/ldconfig")
+        edits = plan(inv, state, Request({"NVIDIA_DRIVER_CAPABILITIES": "all"}, {}, None), config).edits
         paths += [n.path for n in edits.device_nodes]
     except Exception:  # the inventory's own nodes are still worth linking
         pass

@@ -1,8 +1,12 @@
-"""Policy: (Inventory, Request) -> Plan. Every decision about what a container gets lives here.
+"""Policy: plan(Inventory, NodeState, Request, Config) -> Plan. Every decision about what a
+container gets lives here.
 
-The probe only reports and the spec editor only applies; this module decides. Its inputs
-are validated by plan/policy.py (annotations, the round robin's state, the kubelet's
-checkpoint) and plan/nvidia.py (NVIDIA's env); the decisions, in order:
+The probe only reports and the spec editor only applies; this module decides, and reads no
+file: what it needs of the node beyond the Inventory (the kubelet's allocations, the AMD
+partitions, the MPS directory, ldconfig, gpuhook-hook) is read before it into a NodeState
+(probe/nodestate.py), the config comes typed (config.Config). Its inputs are validated by
+plan/policy.py (annotations, the checkpoint's ids) and plan/nvidia.py (NVIDIA's env); the
+decisions, in order:
 
 1. Nothing for a sandbox (pause) container, a CPU-only node, or `gpuhook.dev/inject: "false"`.
 2. Vendors: every vendor of the node, narrowed by `gpuhook.dev/vendors`, without those whose
@@ -16,8 +20,8 @@ checkpoint) and plan/nvidia.py (NVIDIA's env); the decisions, in order:
    files only; a list of indices or UUIDs), and, with the node's `share = "unallocated"`,
    without the devices the kubelet allocated to other pods.
 4. `gpuhook.dev/max-gpus`: at most that many devices in all, the devices already in the spec
-   counted first; the others chosen least-used first (policy.least_used: round robin over
-   the node's state file).
+   counted first; the others chosen least-used first (NodeState.round_robin: round robin
+   over the node's state file, the one step plan() hands to the node while it runs).
 5. Per vendor, what the chosen devices need: their nodes, the vendor's control nodes,
    libraries and tools; for NVIDIA only what NVIDIA_DRIVER_CAPABILITIES asks for (DRM
    nodes only for graphics/display), GSP firmware and the IPC sockets, the MPS pipe
@@ -36,17 +40,18 @@ import os
 from .. import hook
 from . import nvidia, policy
 from .parts import Choice, Part, dri_name, vendor_part
-from .policy import Allocation
 from ..edits import DeviceNode, Edits, Hook
-from ..inventory import Device, Inventory, VendorInventory
-from ..config import DEFAULT_SHARE
+from ..inventory import Allocation, Device, Inventory, NodeState, VendorInventory
 from ..record import Record
+
+TYPE_CHECKING = False  # mypy reads this name as typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:
+    from ..config import Config
 
 SANDBOX_ANNOTATIONS = (
     ("io.kubernetes.cri.container-type", "sandbox"),  # containerd CRI
     ("io.kubernetes.cri-o.ContainerType", "sandbox"),  # CRI-O
 )
-LDCONFIG_CANDIDATES = ("/sbin/ldconfig.real", "/sbin/ldconfig", "/usr/sbin/ldconfig")
 DXG_NEEDS = "libdxcore.so"
 # Why a device was held back (share = "unallocated"): Held.reason
 ALLOCATED = "allocated"  # the kubelet allocated it to another pod
@@ -105,11 +110,6 @@ def request_from_spec(spec: dict, bundle: "str | None" = None) -> "Request":
     # rootfs as runc resolves it: a link then ".." is the link target's parent, never the
     # link's own directory (os.path.normpath's), as the hook's realpath(3) reads it too
     return Request(env, annotations, rootfs and os.path.realpath(rootfs), numbers, dests, userns)
-
-
-def find_ldconfig() -> "str | None":
-    """The node's own ldconfig (the hook runs on the real node, not in a fake host root)."""
-    return next((p for p in LDCONFIG_CANDIDATES if os.access(p, os.X_OK)), None)
 
 
 def _in_spec(d: "Device", req: "Request") -> bool:
@@ -177,21 +177,6 @@ def _keys(d: "Device") -> set:
 
 def _cards(d: "Device") -> set:
     return {name for n in d.nodes if (name := dri_name(n.path)) and name.startswith("card")}
-
-
-def _xcp_nodes(root: str, refs: tuple) -> dict:
-    """amdgpu_xcp_<n> (ROCm's id of a partition) -> its render nodes' /dev paths, from
-    <root>/sys/devices/platform/<id>/drm; read only when the checkpoint holds such an id."""
-    names = {r.value for r, _ in refs if r.kind == "xcp"}
-    if not names:
-        return {}
-    from ..probe.host import Host
-
-    host = Host(root)
-    return {
-        x: {f"/dev/dri/{e}" for e in host.listdir(f"/sys/devices/platform/{x}/drm") if e.startswith("renderD")}
-        for x in names
-    }
 
 
 class Held(Record):
@@ -262,43 +247,32 @@ def unusable(v: "VendorInventory", caps: "frozenset | None" = None) -> "tuple[st
 WARNINGS_SO_FAR = "gpuhook_plan_warnings"
 
 
-def plan(
-    inv: "Inventory",
-    req: "Request",
-    ldconfig: "str | None" = None,
-    config=None,
-    state_dir: "str | None" = None,
-    helper: "str | None" = None,
-) -> "Plan":
-    """The Plan for one container.
-
-    ldconfig: the node's (None: find_ldconfig()). helper: gpuhook-hook as the node sees it
-    (None: this package's own, when it was built). config: the node config
-    (gpuhook.config.Config; None: the defaults). state_dir: where the round robin of max-gpus
-    remembers what it gave (None: no memory, the first devices). A failure on the way raises
-    as it is, with the warnings given before it as its WARNINGS_SO_FAR attribute."""
+def plan(inv: "Inventory", state: "NodeState", req: "Request", config: "Config") -> "Plan":
+    """The Plan for one container on the node `inv` and `state` describe (state: read before,
+    probe/nodestate.py), under the node config `config`. Reads no file. A failure on the way
+    raises as it is, with the warnings given before it as its WARNINGS_SO_FAR attribute."""
     warnings: list[str] = []
     try:
-        return _plan(inv, req, ldconfig, config, state_dir, helper, warnings)
+        return _plan(inv, state, req, config, warnings)
     except Exception as e:
         setattr(e, WARNINGS_SO_FAR, tuple(warnings))
         raise
 
 
-def _plan(inv, req, ldconfig, config, state_dir, helper, warnings: list[str]) -> "Plan":
+def _plan(inv: "Inventory", state: "NodeState", req: "Request", config: "Config", warnings: list[str]) -> "Plan":
     warn = warnings.append
     if req.is_sandbox or not inv.vendors:
         return Plan(Edits())
     pod = policy.pod_policy(req.annotations, warn)
     if not pod.inject:
         return Plan(Edits(), reason=f'the pod says {policy.INJECT}: "false"', warnings=tuple(warnings))
-    taken = _taken(inv, req, config, warn)
+    taken = _taken(state, req, config, warn)
     held: list[Held] = []
     choices = [c for v in inv.vendors if (c := _choice(v, req, pod, taken, held, warn)) is not None]
     if pod.max_gpus is not None:
         fixed = sum(_in_spec(d, req) for c in choices for d in c.devices)
-        choices = _limit(choices, req, max(0, pod.max_gpus - fixed), state_dir, warn)
-    edits = _edits(inv, req, [c for c in choices if c.devices or c.driver_only], ldconfig, config, warn, helper)
+        choices = _limit(choices, req, max(0, pod.max_gpus - fixed), state, warn)
+    edits = _edits(inv, req, [c for c in choices if c.devices or c.driver_only], state, config, warn)
     given = [c for c in choices if c.devices] if edits else []
     return Plan(
         edits,
@@ -310,15 +284,17 @@ def _plan(inv, req, ldconfig, config, state_dir, helper, warnings: list[str]) ->
     )
 
 
-def _taken(inv: "Inventory", req: "Request", config, warn) -> "_Taken":
-    if (getattr(config, "share", None) or DEFAULT_SHARE) != "unallocated":
+def _taken(state: "NodeState", req: "Request", config: "Config", warn) -> "_Taken":
+    """What the kubelet allocated to pods other than this container's own."""
+    if config.share != "unallocated":
         return _Taken()
-    allocated, why = policy.allocated_devices(inv.root, policy.pod_uid(req.annotations))
-    if allocated is None:
+    why = state.allocations_unknown
+    if why is not None:
         warn(f"share = unallocated: {why}; no GPU is given (which are free is unknown)")
         return _Taken(unknown=f"{why}: which GPUs are free is unknown (share = unallocated)")
-    refs = tuple((_ref(a), a) for a in allocated)
-    return _Taken(refs, _xcp_nodes(inv.root, refs))
+    own = policy.pod_uid(req.annotations)
+    refs = tuple((_ref(a), a) for a in state.allocations if own is None or a.pod != own)
+    return _Taken(refs, state.partitions)
 
 
 def _choice(v: "VendorInventory", req: "Request", pod, taken: "_Taken", held: list, warn) -> "Choice | None":
@@ -391,18 +367,21 @@ def _why_none(inv: "Inventory", pod, held: "list[Held]", choices: "list[Choice]"
     )
 
 
-def _limit(choices: "list[Choice]", req: "Request", budget: int, state_dir, warn) -> "list[Choice]":
+def _limit(choices: "list[Choice]", req: "Request", budget: int, state: "NodeState", warn) -> "list[Choice]":
     keys = [f"{c.vendor.vendor}:{d.id}" for c in choices for d in c.devices if not _in_spec(d, req)]
-    keep = set(policy.least_used(keys, budget, state_dir, warn))
+    choose = state.round_robin
+    keep = set(choose(keys, budget, warn) if choose is not None else keys[:budget])
     return [
         c._replace(devices=[d for d in c.devices if _in_spec(d, req) or f"{c.vendor.vendor}:{d.id}" in keep])
         for c in choices
     ]
 
 
-def _edits(inv: "Inventory", req: "Request", choices: "list[Choice]", ldconfig, config, warn, helper) -> "Edits":
+def _edits(
+    inv: "Inventory", req: "Request", choices: "list[Choice]", state: "NodeState", config: "Config", warn
+) -> "Edits":
     parts = [
-        nvidia.part(inv.root, req.env, c, config, warn) if c.vendor.vendor == "nvidia" else vendor_part(inv.root, c)
+        nvidia.part(inv.root, req.env, c, state, warn) if c.vendor.vendor == "nvidia" else vendor_part(inv.root, c)
         for c in choices
     ]
     nodes = [n for p in parts for n in p.nodes]
@@ -417,7 +396,7 @@ def _edits(inv: "Inventory", req: "Request", choices: "list[Choice]", ldconfig, 
     if given:
         ids = ",".join(f"{c.vendor.vendor}:{d.id}" for c in given for d in c.devices)
         env = (f"GPUHOOK_ACCELERATOR={','.join(c.vendor.vendor for c in given)}", f"GPUHOOK_DEVICES={ids}")
-    hooks = _hooks(req, parts, ldconfig, config, warn, helper)
+    hooks = _hooks(req, parts, state, config, warn)
     return Edits(env, tuple(nodes), tuple(dict.fromkeys(mounts)), hooks, _group_gids(nodes))
 
 
@@ -438,7 +417,7 @@ def _creatable(inv: "Inventory", nodes: "list[DeviceNode]", warn) -> "list[Devic
     return [n for n in nodes if n.path not in absent]
 
 
-def _hooks(req: "Request", parts: "list[Part]", ldconfig, config, warn, helper) -> "tuple[Hook, ...]":
+def _hooks(req: "Request", parts: "list[Part]", state: "NodeState", config: "Config", warn) -> "tuple[Hook, ...]":
     """The createContainer hooks: the ld cache over the directories of the libraries mounted,
     and Intel's /dev/dri/by-path links. They run as root on the host before pivot_root: each
     in gpuhook-hook, isolated from the host (gpuhook/hook/)."""
@@ -449,21 +428,18 @@ def _hooks(req: "Request", parts: "list[Part]", ldconfig, config, warn, helper) 
     lib_dirs = sorted({os.path.dirname(p) for p in lib_paths if ".so" in p.rpartition("/")[2]})
     bypath = tuple(x for part in parts for x in part.bypath)
     wanted: dict[str, tuple[str, ...]] = {}
-    if lib_dirs:
-        ldconfig = ldconfig or find_ldconfig()
-        if ldconfig:
-            wanted[hook.LDCACHE] = (ldconfig, *lib_dirs)
+    if lib_dirs and state.ldconfig:
+        wanted[hook.LDCACHE] = (state.ldconfig, *lib_dirs)
     if bypath:
         wanted[hook.BYPATH] = bypath
+    helper = state.helper
     if wanted and helper is None:
-        helper = hook.package_helper()
-        if not os.access(helper, os.X_OK):
-            what = ", ".join(hook.DESCRIPTION[k] for k in wanted)
-            warn(f"{helper} is missing: no {what} in the container (reinstall gpuhook with a C compiler)")
-            return ()
-    log_file = getattr(config, "log_file", None)
+        what = ", ".join(hook.DESCRIPTION[k] for k in wanted)
+        warn(f"{hook.package_helper()} is missing: no {what} in the container (reinstall gpuhook with a C compiler)")
+        return ()
+    env = hook.env(config.log_file)
     return tuple(
-        Hook("createContainer", helper, hook.argv(kind, rootfs, args), hook.env(log_file), hook.TIMEOUT[kind], kind)
+        Hook("createContainer", helper, hook.argv(kind, rootfs, args), env, hook.TIMEOUT[kind], kind)
         for kind, args in wanted.items()
         if helper
     )

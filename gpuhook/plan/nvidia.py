@@ -16,7 +16,7 @@ import os
 
 from .. import defaults
 from ..edits import DeviceNode, Mount
-from ..inventory import Device, VendorInventory
+from ..inventory import Device, NodeState, VendorInventory
 from ..nvidia_tools import NVIDIA_TOOLS
 from ..record import Record
 from .parts import Choice, Part, device_node, on_host
@@ -156,7 +156,7 @@ def visible_devices(v: "VendorInventory", vis: "Visible", warn) -> "list[Device]
     return sorted(picked, key=lambda d: d.index)
 
 
-def part(root: str, env: dict, c: "Choice", config, warn) -> "Part":
+def part(root: str, env: dict, c: "Choice", state: "NodeState", warn) -> "Part":
     """What the container's capabilities ask for: the GPUs' nodes (DRM ones for graphics or
     display only), the control nodes (IMEX channels as asked), the libraries of those
     capabilities (and at their development names), their tools, and MPS with compute."""
@@ -189,24 +189,20 @@ def part(root: str, env: dict, c: "Choice", config, warn) -> "Part":
         if NVIDIA_TOOLS.get(b.rpartition("/")[2], "utility") in caps
     )
     if "compute" in caps:
-        mounts += mps(root, env, config, warn)
+        mounts += mps(env, state, warn)
     return Part(nodes, mounts, lib_paths, [])
 
 
-def mps(root: str, env: dict, config, warn) -> "list[Mount]":
+def mps(env: dict, state: "NodeState", warn) -> "list[Mount]":
     """The MPS control daemon's pipe directory, read-write, where the container's CUDA looks
     for it (its CUDA_MPS_PIPE_DIRECTORY, else the default). Only where the node config names
     it (mps_pipe_dir; unset: no MPS), never a path the container names; checked on every
-    create (plan/trusted.py: root's, no link, nobody else can write or swap it) and mounted
-    by its resolved path, the one checked."""
-    host_dir = getattr(config, "mps_pipe_dir", None)
-    if not host_dir:
-        return []
-    from .trusted import trusted_dir
-
-    real, why = trusted_dir(root, host_dir)
+    create before plan() (probe/trusted.py: root's, no link, nobody else can write or swap
+    it: NodeState.mps_dir) and mounted by its resolved path, the one checked."""
+    real = state.mps_dir
     if real is None:
-        warn(f"mps_pipe_dir: {why}; MPS not mounted")
+        if state.mps_refused is not None:
+            warn(f"mps_pipe_dir: {state.mps_refused}; MPS not mounted")
         return []
     dest = defaults.MPS_PIPE_DIR
     if MPS_ENV in env:

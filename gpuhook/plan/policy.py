@@ -1,11 +1,10 @@
-"""The inputs of the planner's policy, read and validated: pod annotations, the node's
-round-robin memory (max-gpus) and the kubelet's device allocations (NVIDIA's env contract:
-plan/nvidia.py).
+"""The inputs of the planner's policy, validated: pod annotations, the pod a spec names and
+the ids of the kubelet's device allocations (NVIDIA's env contract: plan/nvidia.py).
 
 gpuhook.plan decides what a container gets; this module only turns untrusted text (annotations,
-the kubelet's checkpoint, gpuhook's own state file) into small values, and
-says in words what it refused. It is on the per-container path: stdlib only, and nothing is
-imported that is not used (the lock and the JSON layer only when a state file is touched).
+the ids and answers in the kubelet's checkpoint) into small values, and says in words what it
+refused. It reads no file: the checkpoint itself and the round robin's state are read by
+probe/nodestate.py. It is on the per-container path: stdlib only.
 
 Rules for pod annotations (`gpuhook.dev/*`, passed by containerd/CRI-O into the OCI spec):
 an annotation can only narrow what the node gives; none names a host path; a value that is
@@ -13,11 +12,11 @@ not valid (unknown key, unknown vendor, not a small whole number, too long) is i
 whole, with a warning, and the container gets what the node policy gives.
 """
 
-import os
-import stat as _stat
-
 from .. import vendors as _vendors
+from ..inventory import Allocation
 from ..record import Record
+
+__all__ = ["Allocation"]  # the checkpoint's allocations, as probe/nodestate.py reads them
 
 PREFIX = "gpuhook.dev/"
 INJECT = "gpuhook.dev/inject"
@@ -30,11 +29,6 @@ TRUE = ("true", "1", "yes", "on")
 MAX_VALUE_LEN = 256
 MAX_GPUS_LIMIT = 1024
 
-STATE_FILE = "gpu-usage.json"
-LOCK_FILE = "gpu-usage.lock"
-LOCK_WAIT_S = 2.0
-
-CHECKPOINT = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
 # The pod of a container, read only from the keys the node's own CRI runtime writes into its
 # spec after the pod's annotations, so that they win over any a pod sets (`gpuhook log`'s POD
 # column, the agent's pod Events, the pod's own allocations in the kubelet's checkpoint).
@@ -141,73 +135,6 @@ def pod_uid(annotations: dict) -> "str | None":
     return pod_of(annotations).get("pod_uid")
 
 
-# -- round robin -----------------------------------------------------------------------
-
-
-def least_used(keys: "list[str]", n: int, state_dir: "str | None", warn) -> "list[str]":
-    """The n of `keys` given out least often on this node (ties: least recently, then in
-    the order given), remembered in <state_dir>/gpu-usage.json. The read-choose-write runs
-    under an exclusive fcntl lock and the file is replaced atomically, so concurrent creates
-    never hand out the same device twice while another one is less used. Without a state
-    dir, or when the state cannot be used, the first n (with a warning)."""
-    if n >= len(keys):
-        return list(keys)
-    if n <= 0:
-        return []
-    if state_dir is None:
-        return list(keys[:n])
-    from .. import fastjson
-    from ..fslock import flock_within
-    from ..spec import write_atomic
-
-    path = os.path.join(state_dir, STATE_FILE)
-    try:
-        os.makedirs(state_dir, mode=0o700, exist_ok=True)
-        lock = os.open(os.path.join(state_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    except OSError as e:
-        warn(f"round robin: cannot use {state_dir}: {e.strerror or e}; the first {n} device(s) given")
-        return list(keys[:n])
-    try:
-        if not flock_within(lock, LOCK_WAIT_S, 0.002):
-            warn(f"round robin: {path} stayed locked {LOCK_WAIT_S} s; the first {n} device(s) given")
-            return list(keys[:n])
-        seq, usage = 0, {}
-        try:
-            # non-blocking: a FIFO planted here must not hang every create (under the lock)
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
-            try:
-                if not _stat.S_ISREG(os.fstat(fd).st_mode):
-                    raise ValueError("not a regular file")
-                record = fastjson.loads(os.read(fd, 1 << 20))
-            finally:
-                os.close(fd)
-            seq = int(record["seq"])
-            usage = {k: (int(c), int(t)) for k, (c, t) in record["usage"].items()}
-        except FileNotFoundError:
-            pass
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError):
-            warn(f"round robin: {path} unreadable, started afresh")
-            seq, usage = 0, {}
-        order = sorted(range(len(keys)), key=lambda i: (*usage.get(keys[i], (0, -1)), i))
-        chosen = sorted(order[:n])
-        for i in chosen:
-            count, _ = usage.get(keys[i], (0, -1))
-            usage[keys[i]] = (count + 1, seq)
-        if len(usage) > 4096:  # devices that left the node long ago
-            usage = dict(sorted(usage.items(), key=lambda kv: kv[1][1])[-4096:])
-        data = fastjson.dumps({"seq": seq + 1, "usage": {k: list(v) for k, v in usage.items()}})
-        write_atomic(path, data.encode(), 0o600, sync_dir=False)
-        return [keys[i] for i in chosen]
-    except OSError as e:
-        warn(f"round robin: cannot update {path}: {e.strerror or e}; the first {n} device(s) given")
-        return list(keys[:n])
-    finally:
-        os.close(lock)  # releases the lock
-
-
-# -- kubelet device allocations ---------------------------------------------------------
-
-
 # -- device plugin ids --------------------------------------------------------------------
 
 # Whose GPUs a device plugin's resource hands out, by the resource name's prefix. An id under
@@ -300,56 +227,6 @@ def device_ref(resource: str, ident: str) -> "DeviceRef":
     if card.startswith("card") and _digits(card[4:]) and (not n or _digits(n)):
         return DeviceRef(vendor, "card", card)
     return unknown
-
-
-class Allocation(Record):
-    """One device id the kubelet's device manager allocated to a pod: the resource it is of,
-    the id as the device plugin wrote it, the pod's uid, and the plugin's answer for that
-    container (AllocResp: a ContainerAllocateResponse, protobuf, base64), read only when an
-    id does not name its GPU (alloc_device_paths)."""
-
-    resource: str
-    id: str
-    pod: str
-    alloc_resp: str = ""
-
-    __slots__ = ()
-
-
-def allocated_devices(root: str, own_pod: "str | None") -> "tuple[list[Allocation] | None, str | None]":
-    """The Allocations the kubelet's device manager made to pods other than `own_pod`, from its
-    checkpoint (<root>/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint:
-    {"Data": {"PodDeviceEntries": [{"PodUID", "ContainerName", "ResourceName",
-    "DeviceIDs": {"<NUMA node>": [ids]} (a plain list before Kubernetes 1.20), "AllocResp"}],
-    "RegisteredDevices": {...}}, "Checksum": N}). No file: no allocations.
-    Returns (allocations, None), or (None, why) when the file exists but cannot be understood."""
-    from ..probe.host import Host
-
-    host = Host(root)
-    if host.lstat(CHECKPOINT) is None:
-        return [], None
-    data = host.read_bytes(CHECKPOINT, limit=32 << 20, quiet=True)
-    if data is None:
-        return None, f"{CHECKPOINT} unreadable"
-    from .. import fastjson
-
-    try:
-        entries = fastjson.loads(data)["Data"]["PodDeviceEntries"] or []
-        out: list = []
-        for e in entries:
-            if own_pod is not None and e.get("PodUID") == own_pod:
-                continue
-            resource = str(e.get("ResourceName") or "")
-            ids = e.get("DeviceIDs") or []
-            if isinstance(ids, dict):
-                ids = [i for per_numa in ids.values() for i in (per_numa or [])]
-            pod = str(e.get("PodUID") or "")
-            resp = e.get("AllocResp")
-            resp = resp if isinstance(resp, str) else ""
-            out.extend(Allocation(resource, str(i), pod, resp) for i in ids if isinstance(i, (str, int)))
-        return out, None
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        return None, f"{CHECKPOINT}: not a device manager checkpoint ({type(e).__name__})"
 
 
 def alloc_device_paths(alloc_resp: str) -> "tuple[str, ...]":

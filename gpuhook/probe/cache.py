@@ -40,6 +40,7 @@ import os
 import stat
 import time
 
+from .. import defaults
 from ..inventory import Inventory
 from . import sign_dirs
 from .driverroot import AUTO, watched
@@ -49,10 +50,8 @@ WATCHED = tuple(sorted(sign_dirs())) + (
     "/dev/nvidia-caps",
     "/sys/class/kfd/kfd/topology/nodes",
     "/etc/ld.so.cache",
-    "/usr/lib/x86_64-linux-gnu",
-    "/usr/lib64",
-    "/usr/lib/aarch64-linux-gnu",
-    "/usr/lib/wsl/lib",
+    *defaults.LIB_DIRS,
+    defaults.WSL_LIB_DIR,
 )
 VERSION_FILE = "/proc/driver/nvidia/version"
 

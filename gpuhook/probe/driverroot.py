@@ -15,6 +15,8 @@ libcuda of the running driver wins) or one node path (only that one; "/" is the 
 Constants only (with the probe cache's watch list): this module is on the per-container path.
 """
 
+from .. import defaults
+
 AUTO = "auto"
 HOST = "/"
 OPERATOR_ROOT = "/run/nvidia/driver"  # the GPU Operator's driver container
@@ -23,16 +25,7 @@ AUTO_ROOTS = (HOST, OPERATOR_ROOT, GKE_ROOT)
 READY_FILE = "/run/nvidia/validations/driver-ready"  # the Operator's: its driver is installed
 # Under a driver root other than the host: what changes when a driver is installed there
 # (a mount on the root itself, its ld cache, a library or tool directory filled in).
-WATCH_UNDER = (
-    "",
-    "/etc/ld.so.cache",
-    "/usr/lib/x86_64-linux-gnu",
-    "/usr/lib64",
-    "/usr/lib/aarch64-linux-gnu",
-    "/usr/bin",
-    "/lib64",
-    "/bin",
-)
+WATCH_UNDER = ("", "/etc/ld.so.cache", *defaults.LIB_DIRS, *defaults.BIN_DIRS)
 
 
 def candidates(setting: str | None) -> tuple[str, ...]:

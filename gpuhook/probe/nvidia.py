@@ -37,7 +37,7 @@ decides what a container gets:
 
 import stat as _stat
 
-from .. import vendors
+from .. import defaults, vendors
 from ..inventory import Device, Library, Node, VendorInventory
 from ..nvidia_tools import NVIDIA_TOOLS
 from ..record import Record
@@ -110,22 +110,12 @@ FILES = (
 )
 # IPC endpoints (libnvidia-container's list); /var/run is usually a link to /run
 SOCKETS = ("/run/nvidia-persistenced/socket", "/run/nvidia-fabricmanager/socket")
-LIB_DIRS = (
-    "/usr/lib/x86_64-linux-gnu",
-    "/lib/x86_64-linux-gnu",
-    "/usr/lib64",
-    "/lib64",
-    "/usr/lib/aarch64-linux-gnu",
-    "/usr/lib/powerpc64le-linux-gnu",
-    "/usr/lib",
-)
 LIB_SUBDIRS = {"libvdpau_nvidia": ("vdpau",)}
 XORG_DIRS = (
     "/usr/lib/xorg/modules/extensions",
     "/usr/lib64/xorg/modules/extensions",
     "/usr/lib/x86_64-linux-gnu/nvidia/xorg",
 )
-BIN_DIRS = ("/usr/bin", "/usr/local/bin", "/bin", "/usr/sbin", "/sbin")
 
 
 def parse_information(text: str) -> "dict[str, str]":
@@ -337,7 +327,7 @@ class Layout(Record):
 
 
 # the host, and a driver root laid out like one (the GPU Operator's driver container)
-ROOTED = Layout("rooted", LIB_DIRS, XORG_DIRS, BIN_DIRS, FIRMWARE_DIR, ())
+ROOTED = Layout("rooted", defaults.LIB_DIRS, XORG_DIRS, defaults.BIN_DIRS, FIRMWARE_DIR, ())
 # GKE's installer: lib64/, bin/ (and firmware/nvidia/<version> where it leaves the GSP
 # firmware). Libraries go to /usr/local/nvidia/lib64, where CUDA images look on GKE (their
 # LD_LIBRARY_PATH; the ld-cache hook adds the directory for the others), tools to /usr/bin,

@@ -8,14 +8,14 @@ other files there (nvidia-smi) and the driver store (/usr/lib/wsl/drivers) are n
 
 import stat as _stat
 
-from .. import vendors
+from .. import defaults, vendors
 from ..inventory import Device, Library, VendorInventory
 from .common import char_majors, device_node, first_major
 from .host import Host
 
 VENDOR = vendors.by_module(__name__).name  # this probe's vendor, as the registry names it
 
-LIB_DIR = "/usr/lib/wsl/lib"
+LIB_DIR = defaults.WSL_LIB_DIR
 
 
 def probe(host: Host) -> VendorInventory | None:

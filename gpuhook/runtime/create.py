@@ -70,10 +70,11 @@ def planned(inventory, request, config, out: "Outcome"):
     """The Plan for this request on this node (plan.plan: the one call of it); its warnings
     added to out's, those given before a failure too."""
     from ..config import cache_dir
-    from ..plan import WARNINGS_SO_FAR, find_ldconfig, plan
+    from ..plan import WARNINGS_SO_FAR, plan
+    from ..probe import nodestate
 
     try:
-        p = plan(inventory, request, config.ldconfig or find_ldconfig(), config, cache_dir())
+        p = plan(inventory, nodestate.read(inventory, config, cache_dir()), request, config)
     except Exception as e:
         out.warnings += getattr(e, WARNINGS_SO_FAR, ())
         raise

@@ -69,6 +69,21 @@ def _define(name: str, value: "str | int", why: str, octal: bool = False) -> str
     return f"#define {name} {text} /* {why} */\n"
 
 
+def _launch() -> str:
+    """install.build.LAUNCH: the bundled interpreter's command line, each word with its kind."""
+    from ..install import build
+
+    kinds = {build.WORD: "LAUNCH_WORD", build.PATH: "LAUNCH_PATH", build.PROGRAM: "LAUNCH_PROGRAM"}
+    items = ", ".join(f"{{{kinds[w.kind]}, {_c(w.text)}}}" for w in build.LAUNCH)
+    return (
+        "/* install.build.LAUNCH: the bundled interpreter's command line before its own arguments; a PATH or\n"
+        " * PROGRAM word is under the bundle's root (the front's dir/..), a PROGRAM must be executable */\n"
+        "enum launch_kind { LAUNCH_WORD, LAUNCH_PATH, LAUNCH_PROGRAM };\n"
+        f"static const struct launch_word {{ enum launch_kind kind; const char *text; }} LAUNCH[] = {{{items}}};\n"
+        "#define LAUNCH_WORDS (sizeof LAUNCH / sizeof *LAUNCH)\n"
+    )
+
+
 def _wire() -> str:
     """server.REQUEST_FIELDS and REPLIES by name: the request's fields as an enum in the wire's
     order (REQUEST_IS_LIST: a counted list), and for each reply the front acts on, its kind and
@@ -234,9 +249,7 @@ def render() -> str:
         _define("MAX_REPLY_FIELDS", server.MAX_REPLY_FIELDS, "server.MAX_REPLY_FIELDS"),
         _define("MAX_REPLY_TEXT", server.MAX_REPLY_TEXT, "server.MAX_REPLY_TEXT: an answer's stderr text"),
         _define("MAX_REPLY_LOG_LINE", server.MAX_REPLY_LOG_LINE, "server.MAX_REPLY_LOG_LINE"),
-        _define("LOADER", build.LOADER, "install.build.LOADER: the bundle's, under its root"),
-        _define("INTERPRETER", build.INTERPRETER, "install.build.INTERPRETER"),
-        _define("LIBRARY_PATH_FLAG", build.LIBRARY_PATH_FLAG, "install.build.LIBRARY_PATH_FLAG: the loader's"),
+        _launch(),
         _define("LIB", build.LIB, "install.build.LIB: the bundle's libraries, its python3.X dirs"),
         _define("PYTHON_DIRS", build.PYTHON_DIRS, "install.build.PYTHON_DIRS: how lib/python3.X starts"),
         _define("SITE_PACKAGES", build.SITE_PACKAGES, "install.build.SITE_PACKAGES"),

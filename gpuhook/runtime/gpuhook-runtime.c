@@ -404,13 +404,20 @@ static int append(char **args, int k, ...) {
 /* exec_python: Python decides and execs the runtime itself (-I: no environment, no user site, not
  * the bundle on sys.path); the host bundle's loader runs its interpreter. Returns if none ran. */
 static void exec_python(int argc, char **argv, const char *dir) {
-    char **args = calloc((size_t)argc + 10, sizeof *args), *py = getenv(PYTHON_ENV), *p, *loader, *interpreter;
+    char **args = calloc((size_t)argc + LAUNCH_WORDS + 6, sizeof *args), *py = getenv(PYTHON_ENV), *p;
     char *sp = site_packages(dir, SITE_PACKAGES);
     int k = 0;
     if (!args) _exit(127);
-    if ((!py || !*py) && sp && is_executable(loader = fmt("%s/../%s", dir, LOADER)) &&
-        is_executable(interpreter = fmt("%s/../%s", dir, INTERPRETER)))
-        k = append(args, k, py = loader, LIBRARY_PATH_FLAG, fmt("%s/../" LIB, dir), interpreter, NULL);
+    for (size_t i = 0; (!py || !*py) && sp && i < LAUNCH_WORDS; i++) { /* the bundle's: all there, or none */
+        const struct launch_word *w = &LAUNCH[i];
+        args[k] = w->kind == LAUNCH_WORD ? (char *)w->text : fmt("%s/../%s", dir, w->text);
+        if (w->kind == LAUNCH_PROGRAM && !is_executable(args[k])) {
+            k = 0;
+            break;
+        }
+        k++;
+    }
+    if (k) py = args[0];
     else {
         for (const char *const *n = PYTHONS; (!py || !*py) && *n; n++) /* a name: beside the front */
             if (is_executable(p = **n == '/' ? fmt("%s", *n) : fmt("%s/%s", dir, *n))) py = p;

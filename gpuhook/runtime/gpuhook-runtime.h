@@ -155,11 +155,11 @@ enum reply_exit { REPLY_EXIT_STATUS = 1, REPLY_EXIT_SAID, REPLY_EXIT_LOG_FILE, R
 
 #define MAX_REPLY_LOG_LINE 262144 /* server.MAX_REPLY_LOG_LINE */
 
-#define LOADER "libexec/ld.so" /* install.build.LOADER: the bundle's, under its root */
-
-#define INTERPRETER "libexec/python3" /* install.build.INTERPRETER */
-
-#define LIBRARY_PATH_FLAG "--library-path" /* install.build.LIBRARY_PATH_FLAG: the loader's */
+/* install.build.LAUNCH: the bundled interpreter's command line before its own arguments; a PATH or
+ * PROGRAM word is under the bundle's root (the front's dir/..), a PROGRAM must be executable */
+enum launch_kind { LAUNCH_WORD, LAUNCH_PATH, LAUNCH_PROGRAM };
+static const struct launch_word { enum launch_kind kind; const char *text; } LAUNCH[] = {{LAUNCH_PROGRAM, "libexec/ld.so"}, {LAUNCH_WORD, "--library-path"}, {LAUNCH_PATH, "lib"}, {LAUNCH_PROGRAM, "libexec/python3"}};
+#define LAUNCH_WORDS (sizeof LAUNCH / sizeof *LAUNCH)
 
 #define LIB "lib" /* install.build.LIB: the bundle's libraries, its python3.X dirs */
 

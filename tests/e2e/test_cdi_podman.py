@@ -10,10 +10,10 @@ import subprocess
 
 
 from conftest import NO_CONFIG, gpuhook, is_root, nodes_of, requires
-from gpuhook.testing import bundle
+from fakes import bundle
 from podman_cdi import CDI_DIR, PODMAN
 from gpuhook import cdi
-from gpuhook.probe import ldcache
+from gpuhook.probe import ldcache, nodestate
 
 pytestmark = requires(bool(is_root() and shutil.which("podman") and shutil.which("runc") and bundle.find_busybox()),
                       "needs root, podman, runc and busybox-static (make test sets them up)")
@@ -38,7 +38,7 @@ def test_podman_runs_devices_from_the_generated_specs(make_host, tmp_path, cdi_s
     # the fake host's files are what podman must use: --spec-root points the host paths at them
     for out, fmt in ((out_yaml, "yaml"), (out_json, "json")):
         r = gpuhook("cdi", "generate", "--root", root, "--spec-root", root, "--output-dir", str(out),
-                    "--format", fmt, "--ldconfig", cdi.find_ldconfig() or "/sbin/ldconfig", config=NO_CONFIG)
+                    "--format", fmt, "--ldconfig", nodestate.find_ldconfig() or "/sbin/ldconfig", config=NO_CONFIG)
         assert r.returncode == 0, r.stderr
     cdi_specs([str(out_yaml / "gpuhook.dev-nvidia.yaml"), str(out_json / "gpuhook.dev-gpu.json")])
 

@@ -10,7 +10,7 @@ from conftest import REPO, needs_runc
 
 @needs_runc
 def test_demo_runs_real_containers():
-    r = subprocess.run([sys.executable, "-m", "gpuhook.demo"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    r = subprocess.run([sys.executable, "tests/demo.py"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert "CPU-only node" in out                        # 1. this machine

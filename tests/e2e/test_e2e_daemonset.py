@@ -7,7 +7,7 @@ is installed, else the reader in test_install.py), and the pod template's image,
 args, env, volumes with their mountPropagation, securityContext and readiness probe become CRI
 calls (tests/cri_client.py) against a containerd of the test's own: RunPodSandbox (host
 network, host PID), CreateContainer, StartContainer, and the readiness probe through ExecSync
-every periodSeconds. The node's `/` is a throwaway fake GPU host (gpuhook/testing/fakehost.py) with its
+every periodSeconds. The node's `/` is a throwaway fake GPU host (tests/fakes/fakehost.py) with its
 own etc/containerd/config.toml; each hostPath is taken under it.
 
 One thing the template asks cannot be given here: `--install-restart systemd|signal` would
@@ -384,7 +384,7 @@ def test_daemonset_pod_installs_the_node_and_a_gpu_optional_pod_gets_the_gpus(
     # with the node's /opt/gpuhook at /opt/gpuhook: the handler runs the bundle the pod installed
     # the node's systemd starting the runtime server on its socket (gpuhook-runtime.socket, which
     # the agent's install writes): the installed bundle's own server, where the handler runs
-    from gpuhook.testing import runtime_server
+    from fakes import runtime_server
 
     srv = runtime_server.start(["nsenter", "-t", str(node_ctd.proc.pid), "-m", "--",
                                 os.path.join(core.PREFIX, "bin", "gpuhook"), "runtime-server"],

@@ -28,7 +28,7 @@ import time
 
 from conftest import gpuhook, is_root, nodes_of, requires
 from containerd_harness import Supervised, containerd_config, cri_runtimes
-from gpuhook.testing import bundle
+from fakes import bundle
 
 import docker_harness
 

@@ -15,7 +15,7 @@ import os
 import docker_harness
 from conftest import is_root, requires, wrapper_path
 from gpuhook.runtime import exec as execenv
-from gpuhook.testing import bundle
+from fakes import bundle
 
 IMAGE = "localhost/gpuhook-exec-busybox:test"
 

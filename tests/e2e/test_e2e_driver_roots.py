@@ -9,7 +9,7 @@ import hashlib
 import os
 
 from conftest import needs_runc, nodes_of
-from gpuhook.testing import fakehost
+from fakes import fakehost
 from gpuhook.probe import ldcache
 
 pytestmark = needs_runc

@@ -8,7 +8,7 @@ import os
 import subprocess
 
 from conftest import needs_runc, nodes_of, wrapper_path
-from gpuhook.testing import fakehost
+from fakes import fakehost
 
 pytestmark = needs_runc
 

@@ -7,7 +7,7 @@ import json
 import os
 
 from conftest import needs_runc, nodes_of
-from gpuhook.testing import fakehost
+from fakes import fakehost
 from gpuhook.probe import ldcache
 
 pytestmark = needs_runc
@@ -176,7 +176,7 @@ def test_nvidia_8_gpus_through_the_runtime_server(make_host, runtime, tmp_path):
     import subprocess
     import sys
 
-    from gpuhook.testing import runtime_server
+    from fakes import runtime_server
 
     root = make_host("nvidia", mknod=True)
     rt = runtime(root)

@@ -18,7 +18,7 @@ import tomllib
 
 from conftest import REPO, gpuhook, is_root, nodes_of, ok, requires
 from gpuhook import __version__
-from gpuhook.testing import bundle
+from fakes import bundle
 
 CONFIG = "etc/containerd/config.toml"
 V2_RUNTIMES = ("plugins", "io.containerd.grpc.v1.cri", "containerd", "runtimes")

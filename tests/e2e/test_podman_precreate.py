@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from conftest import is_root, nodes_of, requires
-from gpuhook.testing import bundle
+from fakes import bundle
 
 pytestmark = requires(bool(is_root() and shutil.which("podman") and shutil.which("runc") and bundle.find_busybox()),
                       "needs root, podman, runc and busybox-static (make test sets them up)")

@@ -95,7 +95,7 @@ def test_install_into_containerd_2_config_and_a_cri_pod_gets_the_gpus(node, sid_
 
     # the runtime server, started where containerd runs (its mount and PID namespaces, the
     # bundle's own Python), serves the next create
-    from gpuhook.testing import runtime_server
+    from fakes import runtime_server
 
     srv_env = {"PATH": debroot.PATH, **{k: v for k, v in rt.env.items() if k.startswith("GPUHOOK_")}}
     srv = runtime_server.start([*ctd.enter(pid=True), "/opt/gpuhook/bin/gpuhook", "runtime-server"], srv_env,
@@ -165,7 +165,7 @@ PODMAN_SHOW = ("for n in /dev/nvidia*; do [ -e $n ] && stat -c 'node %n %t:%T %F
 
 
 def test_podman_5_precreate_hook_and_cdi_device(node, make_host, real_bundle, tmp_path):
-    from gpuhook.testing import bundle
+    from fakes import bundle
 
     host = make_host("nvidia", mknod=True)
     rootfs = tmp_path / "rootfs"
@@ -250,7 +250,7 @@ def test_crun_1_28_under_the_wrapper(node, make_host, real_bundle, tmp_path):
     """crun refuses this host's hybrid cgroup layout (its unified hierarchy has a controller),
     so it runs where /sys/fs/cgroup is cgroup2 alone: device rules are eBPF programs there,
     and the ENXIO/EPERM pair shows gpuhook's rule is what lets the container open the node."""
-    from gpuhook.testing import bundle
+    from fakes import bundle
 
     host = make_host("nvidia", mknod=True)
     config = tmp_path / "gpuhook.toml"

@@ -15,8 +15,8 @@ import time
 import pytest
 
 from conftest import is_root, needs_runc, nodes_of, requires, wrapper_path
-from gpuhook.testing.front import parse_cache_file, prime
-from gpuhook.testing import bundle
+from fakes.front import parse_cache_file, prime
+from fakes import bundle
 from gpuhook.spec import write_atomic
 
 SHOW = ("echo started; echo accel=${GPUHOOK_ACCELERATOR:-none}; "
@@ -360,7 +360,7 @@ def test_a_library_gone_since_the_cached_probe_never_fails_a_create(make_host, r
     name. A create caches the probe; the library goes (its directory's mtime set back, too);
     the next create through real runc starts, with the other driver files mounted. Without
     the check, runc fails it on the bind mount of a missing file."""
-    from gpuhook.testing import fakehost
+    from fakes import fakehost
 
     root = make_host("nvidia", mknod=True, gpus=1, video=True)
     rt = runtime(root)

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from gpuhook.testing import bundle, fakehost
+from fakes import bundle, fakehost
 from gpuhook import config as gconfig, fastjson  # noqa: E402
 from gpuhook.runtime import args as runtime_args, create  # noqa: E402
 from gpuhook.edits import DeviceNode, Edits, Hook, Mount  # noqa: E402

@@ -27,12 +27,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import NO_CONFIG, gpuhook, needs_runc, records, requires
-from gpuhook.testing import bundle as oci_bundle
+from conftest import plan_on
+from gpuhook.probe.nodestate import find_ldconfig
+from fakes import bundle as oci_bundle
 from gpuhook import hook, spec as ocispec
 from gpuhook.runtime import logline
-from gpuhook.plan import find_ldconfig, plan, request_from_spec
+from gpuhook.plan import request_from_spec
 from gpuhook.probe import ldcache, probe
-from gpuhook.testing.hostwatch import Watch, snapshot, tree
+from fakes.hostwatch import Watch, snapshot, tree
 from podman_cdi import PODMAN
 
 pytestmark = needs_runc
@@ -149,7 +151,7 @@ def _run_unisolated(b: str, root: str, helper: str, cid: str, state: str) -> sub
     path = os.path.join(b, "config.json")
     with open(path) as f:
         spec = json.load(f)
-    edits = plan(probe(root), request_from_spec(spec, b), find_ldconfig(), helper=helper).edits
+    edits = plan_on(probe(root), request_from_spec(spec, b), find_ldconfig(), helper=helper).edits
     assert [h.kind for h in edits.hooks] == [hook.LDCACHE]
     with open(path, "w") as f:
         json.dump(ocispec.apply(spec, edits), f)

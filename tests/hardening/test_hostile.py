@@ -18,7 +18,7 @@ import pytest
 
 from conftest import is_root, needs_runc, records, requires, wrapper_path
 from gpuhook.probe import ldcache
-from gpuhook.testing.hostwatch import Watch, snapshot, tree
+from fakes.hostwatch import Watch, snapshot, tree
 
 pytestmark = needs_runc
 
@@ -267,14 +267,14 @@ def test_hostile_annotations(make_host, runtime, tmp_path, case):
 # -- config.json that gpuhook cannot or must not edit ----------------------------------------
 
 def _spec_text(args=("/bin/busybox", "sh", "-c", "echo started; echo accel=${GPUHOOK_ACCELERATOR:-none}"), **kw) -> str:
-    from gpuhook.testing import bundle
+    from fakes import bundle
 
     return json.dumps(bundle.spec(list(args), **kw), indent=1)
 
 
 def _mutate(path: tuple, value):
     def make() -> bytes:
-        from gpuhook.testing import bundle
+        from fakes import bundle
 
         spec = bundle.spec(["/bin/busybox", "sh", "-c", "echo started"])
         node = spec

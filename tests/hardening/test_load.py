@@ -12,7 +12,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from conftest import needs_runc, nodes_of
-from gpuhook.testing.front import parse_cache_file
+from fakes.front import parse_cache_file
 
 pytestmark = needs_runc
 

@@ -5,7 +5,7 @@ A user who made /tmp/nvidia-mps (NVIDIA's default, under a world-writable /tmp) 
 into every GPU container (a channel across tenants, a fake MPS `control`); swapping it for a
 link to a root-only host directory after a create put that directory into the next
 container. Here: MPS is opt-in (mps_pipe_dir, unset by default), and the directory is checked
-on every create (plan/trusted.py), by its resolved path, which is the path mounted.
+on every create (probe/trusted.py), by its resolved path, which is the path mounted.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ import os
 import pytest
 
 from conftest import needs_runc
+from conftest import plan_on
 from gpuhook.config import Config
-from gpuhook.plan import Request, plan
+from gpuhook.plan import Request
 from gpuhook.probe import cache, probe
-from gpuhook.testing import fakehost
+from fakes import fakehost
 
 USER = 65534  # nobody: a local user of the node
 MPS = "/tmp/nvidia-mps"
@@ -35,7 +36,7 @@ def node(tmp_path) -> fakehost.FakeHost:
 
 
 def mps_mount(fh, config: Config, warnings: "list[str] | None" = None):
-    p = plan(probe(fh.root), Request({}, {}, "/rootfs"), config=config)
+    p = plan_on(probe(fh.root), Request({}, {}, "/rootfs"), config=config)
     if warnings is not None:
         warnings += p.warnings
     found = [m for m in p.edits.mounts if m.container_path == MPS]
@@ -135,10 +136,10 @@ def test_checked_on_every_create_not_from_the_probe_cache(tmp_path):
     config = Config(mps_pipe_dir=MPS)
     inv = cache.probe_cached(fh.root, cache_dir, 3600)
     assert not any("mps" in lib.path for v in inv.vendors for lib in v.libraries)
-    e = plan(inv, Request({}, {}, "/rootfs"), config=config).edits
+    e = plan_on(inv, Request({}, {}, "/rootfs"), config=config).edits
     assert MPS in {m.container_path for m in e.mounts}
     _user_link_to_root_only_dir(fh)
-    p = plan(cache.probe_cached(fh.root, cache_dir, 3600), Request({}, {}, "/rootfs"), config=config)
+    p = plan_on(cache.probe_cached(fh.root, cache_dir, 3600), Request({}, {}, "/rootfs"), config=config)
     assert MPS not in {m.container_path for m in p.edits.mounts} and any("mps_pipe_dir" in w for w in p.warnings)
 
 

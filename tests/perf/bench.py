@@ -64,9 +64,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, REPO)
+sys.path[:0] = [REPO, os.path.dirname(HERE)]  # gpuhook, and the fakes the tests share
 
-from gpuhook.testing import bundle, fakehost, runtime_server  # noqa: E402
+from fakes import bundle, fakehost, runtime_server  # noqa: E402
 
 PAUSE_S = 0.02
 # the rows whose budget is a millisecond or so out of runc's ~5 to 30 (and its spread of a few):
@@ -655,11 +655,10 @@ def where_time_goes(opt: str, b: str, original: bytes, e: dict, log: str) -> dic
 
     site = glob.glob(os.path.join(opt, "lib", "python3*", "site-packages"))[0]
     from gpuhook.defaults import RUNTIME_MAIN
-    from gpuhook.install.build import INTERPRETER, LOADER
+    from gpuhook.install.build import launch
 
     # the front's own entry
-    cmd = [os.path.join(opt, LOADER), "--library-path", os.path.join(opt, "lib"), os.path.join(opt, INTERPRETER),
-           "-X", "importtime", "-I", "-S", "-c", RUNTIME_MAIN, site, "create", "--bundle", b, "w"]
+    cmd = [*launch(opt), "-X", "importtime", "-I", "-S", "-c", RUNTIME_MAIN, site, "create", "--bundle", b, "w"]
     self_us: dict[str, list[int]] = {}
     for _ in range(10):
         with open(os.path.join(b, "config.json"), "wb") as f:

@@ -101,7 +101,7 @@ def nri_row(rounds: int, tmp: str) -> tuple[dict, dict]:
 
 def _host(tmp: str) -> str:
     """The fake 8-GPU host."""
-    from gpuhook.testing import fakehost
+    from fakes import fakehost
 
     host = os.path.join(tmp, "nri-host")
     fakehost.nvidia(fakehost.FakeHost(host, mknod=True), gpus=8)

@@ -16,10 +16,11 @@ import pytest
 
 from conftest import REPO, make_agent, read_state
 from gpuhook.agent import core as agent_mod
+from gpuhook.agent import watch as agent_watch
 from gpuhook import cdi, log
-from gpuhook.testing import fakehost
+from fakes import fakehost
 from gpuhook.agent import labels
-from gpuhook.testing.kubeapi import FakeAPI
+from fakes.kubeapi import FakeAPI
 
 SLACK = 1.0  # probe + write + the test's own polling, on a slow 2-core VM
 
@@ -262,7 +263,7 @@ def test_udev_watch_filters_and_notifies():
             return events.pop(0)
 
     got = []
-    w = agent_mod.UdevWatch(got.append, log.get(), stop)
+    w = agent_watch.UdevWatch(got.append, log.get(), stop)
     w.monitor = Monitor()
     w._loop()
     assert got == ["udev:add:drm:card1", "udev:remove:module:nvidia", "udev:add:kfd:kfd", "udev:add:accel:accel0"]
@@ -516,7 +517,7 @@ def test_agent_from_a_workstation_with_a_kubeconfig(tmp_path, make_host):
     CA and token (no service account, no KUBERNETES_ env); bad kubeconfigs: one line, exit 2."""
     if not shutil.which("openssl"):
         pytest.skip("no openssl to make a certificate")
-    from gpuhook.testing.kubeapi import write_kubeconfig
+    from fakes.kubeapi import write_kubeconfig
 
     (tmp_path / "tls").mkdir()
     api = FakeAPI(tls_dir=str(tmp_path / "tls"))

@@ -249,7 +249,7 @@ def test_gpuhook_nri_root_execs_the_nodes_bundle_inside_the_root(tmp_path):
     a loader of the test's (a busybox script) writes down how it was run."""
     import shutil
 
-    from gpuhook.testing.bundle import find_busybox
+    from fakes.bundle import find_busybox
 
     busybox = find_busybox()
     if busybox is None:

@@ -14,8 +14,8 @@ from hypothesis import given, settings, strategies as st
 from conftest import NO_CONFIG, gpuhook
 from gpuhook import cdi, hook
 from gpuhook.inventory import Device, Inventory, Library, Node, VendorInventory
-from gpuhook.probe import probe
-from gpuhook.testing.cdi_yaml import load_yaml
+from gpuhook.probe import nodestate, probe
+from fakes.cdi_yaml import load_yaml
 
 
 # -- fixtures ------------------------------------------------------------------------------
@@ -269,7 +269,7 @@ def test_the_hook_uses_the_nodes_ldconfig(tmp_path):
     (node / "sbin").mkdir(parents=True)
     (node / "sbin" / "ldconfig").write_text("#!/bin/sh\n")
     os.chmod(node / "sbin" / "ldconfig", 0o755)
-    assert cdi.find_ldconfig(str(node)) == "/sbin/ldconfig"
+    assert nodestate.find_ldconfig(str(node)) == "/sbin/ldconfig"
     (entry,) = by_kind(cdi.specs(INV, ldconfig="/sbin/ldconfig.real"))["gpuhook.dev/gpu"]["devices"][0]["containerEdits"]["hooks"]
     assert hook.parse(entry["args"])[0] == hook.LDCACHE and hook.parse(entry["args"])[2][0] == "/sbin/ldconfig.real"
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
-from conftest import NO_CONFIG, gpuhook
+from conftest import NO_CONFIG, REPO, TESTS, gpuhook
 from gpuhook.models import InventoryModel
 
 
@@ -59,7 +62,7 @@ def test_plan_dry_run(make_host):
     r = gpuhook("plan", "--root", root, config=NO_CONFIG)
     assert r.returncode == 0, r.stderr
     assert "GPUHOOK_ACCELERATOR=amd" in r.stdout and "/dev/kfd" in r.stdout
-    r = gpuhook("plan", "--simulate", "nvidia+intel", "--json", config=NO_CONFIG)
+    r = gpuhook("plan", "--root", make_host("nvidia+intel", mknod=False), "--json", config=NO_CONFIG)
     edits = json.loads(r.stdout)["edits"]
     assert "GPUHOOK_ACCELERATOR=nvidia,intel" in edits["env"]
     assert any(h["hookName"] == "createContainer" for h in edits["hooks"])
@@ -71,7 +74,6 @@ def test_plan_dry_run(make_host):
     (("precreate",), "", "stdin: not valid JSON"),
     (("probe", "--root", "/nonexistent"), None, "--root /nonexistent: not a directory"),
     (("plan", "--spec", "/nonexistent.json"), None, "--spec /nonexistent.json: No such file"),
-    (("plan", "--simulate", "quantum"), None, "--simulate quantum: unknown"),
 ])
 def test_bad_input_is_one_line_and_nonzero(args, stdin, message):
     r = gpuhook(*args, stdin=stdin, config=NO_CONFIG)
@@ -104,7 +106,7 @@ def test_plan_describes_each_hook_kind(make_host, tmp_path, scenario, words):
 def test_plan_shows_the_gpus_held_back_and_why(make_host, tmp_path):
     """The default share = "unallocated": GPUs the kubelet's checkpoint gives other pods are
     held back, and `gpuhook plan` names each one; share = "all" gives them."""
-    from gpuhook.testing import fakehost
+    from fakes import fakehost
 
     root = make_host("nvidia", mknod=False, gpus=2)
     uuids = [d["id"] for d in json.loads(gpuhook("probe", "--root", root, "--json", config=NO_CONFIG).stdout)["vendors"][0]["devices"]]
@@ -129,3 +131,16 @@ def test_plan_shows_the_gpus_held_back_and_why(make_host, tmp_path):
                                        "DeviceIDs": uuids}]}, "Checksum": 1}))
     out = gpuhook("plan", "--root", root, config=NO_CONFIG).stdout
     assert 'No GPU for this container: all 2 GPU(s) held back: allocated by the kubelet to other pods' in out
+
+
+def test_simulate_is_plan_on_a_fake_host_from_the_checkout():
+    """tests/simulate.py: `gpuhook plan` over one of the tests' fake hosts (the development
+    entry point that replaced `gpuhook plan --simulate`: the fakes are not installed)."""
+    sim = [sys.executable, os.path.join(TESTS, "simulate.py")]
+    env = dict(os.environ, GPUHOOK_CONFIG=NO_CONFIG)
+    r = subprocess.run([*sim, "nvidia+intel", "--json"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "GPUHOOK_ACCELERATOR=nvidia,intel" in json.loads(r.stdout)["edits"]["env"]
+    r = subprocess.run([*sim, "quantum"], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "quantum: unknown node" in r.stderr
+    assert not os.path.exists(os.path.join(REPO, "gpuhook", "testing"))

@@ -13,7 +13,7 @@ from conftest import gpuhook, is_root
 from gpuhook.agent import core as agent_mod
 from gpuhook import log
 from gpuhook.install import devlinks
-from gpuhook.testing import fakehost
+from fakes import fakehost
 from gpuhook.probe import probe
 
 pytestmark = pytest.mark.skipif(not is_root(), reason="needs root: real char nodes (mknod)")

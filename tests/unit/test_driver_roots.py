@@ -12,13 +12,14 @@ import subprocess
 import pytest
 
 from conftest import NO_CONFIG, gpuhook
+from conftest import plan_on
 from gpuhook.agent import core as agent_mod
+from gpuhook.agent import summary as agent_summary
 from gpuhook import cdi, config as cfg
-from gpuhook.testing import fakehost
+from fakes import fakehost
 from gpuhook.agent import labels
-from gpuhook.config_model import check
 from gpuhook.inventory import Inventory
-from gpuhook.plan import Request, plan, unusable
+from gpuhook.plan import Request, unusable
 from gpuhook.probe import cache, probe
 from gpuhook.probe.host import Host
 
@@ -83,7 +84,7 @@ def test_gke_driver_root(tmp_path):
 def test_plan_mounts_the_driver_root_at_the_container_paths(tmp_path, scenario, libdir):
     fh = host(tmp_path, scenario)
     inv = probe(fh.root)
-    p = plan(inv, request(tmp_path), "/sbin/ldconfig")
+    p = plan_on(inv, request(tmp_path), "/sbin/ldconfig")
     e = p.edits
     assert p.warnings == ()
     got = mounts(e)
@@ -114,7 +115,7 @@ def test_a_stale_host_driver_gives_way_to_the_operator_root(tmp_path):
     inv = probe(fh.root)
     v = inv.vendor("nvidia")
     assert v.driver_root == "/run/nvidia/driver" and inv.warnings == ()
-    e = plan(inv, request(tmp_path), "/sbin/ldconfig").edits
+    e = plan_on(inv, request(tmp_path), "/sbin/ldconfig").edits
     assert not any(OLD in h for h in mounts(e).values())
     assert mounts(e)[f"{LIB}/libcuda.so.{V}"].endswith(f"/run/nvidia/driver{LIB}/libcuda.so.{V}")
 
@@ -134,7 +135,7 @@ def test_no_driver_userspace_means_no_nvidia_injection(tmp_path, installed, why)
     (w,) = nvidia_warnings(inv)
     assert why in w and "/home/kubernetes/bin/nvidia: missing" in w and "/: no libcuda.so.1" in w
     assert unusable(v)[0] == "no-libcuda"
-    p = plan(inv, request(tmp_path), "/sbin/ldconfig")
+    p = plan_on(inv, request(tmp_path), "/sbin/ldconfig")
     assert not p.edits
     (w,) = p.warnings
     assert w.startswith("nvidia: 2 device(s) not given: no libcuda.so.1 of driver 550.54.14")
@@ -144,7 +145,7 @@ def test_no_driver_userspace_means_no_nvidia_injection(tmp_path, installed, why)
 def test_another_vendor_is_still_given_when_nvidia_cannot_work(tmp_path):
     fh = host(tmp_path, "gpu_operator", installed=False)
     fakehost.intel(fh, dgpu=False)
-    e = plan(probe(fh.root), request(tmp_path), "/sbin/ldconfig").edits
+    e = plan_on(probe(fh.root), request(tmp_path), "/sbin/ldconfig").edits
     assert "GPUHOOK_ACCELERATOR=intel" in e.env
     assert not any(n.path.startswith("/dev/nvidia") for n in e.device_nodes)
 
@@ -153,11 +154,11 @@ def test_a_utility_only_container_needs_nvml_not_libcuda(tmp_path):
     fh = host(tmp_path, "nvidia", gpus=1, libs=False, userspace=False)
     fh.library(LIB, "libnvidia-ml.so.1", V)
     inv = probe(fh.root)
-    assert not plan(inv, request(tmp_path), "/sbin/ldconfig").edits  # default caps: compute, utility
-    e = plan(inv, request(tmp_path, {"NVIDIA_DRIVER_CAPABILITIES": "utility"}), "/sbin/ldconfig").edits
+    assert not plan_on(inv, request(tmp_path), "/sbin/ldconfig").edits  # default caps: compute, utility
+    e = plan_on(inv, request(tmp_path, {"NVIDIA_DRIVER_CAPABILITIES": "utility"}), "/sbin/ldconfig").edits
     assert "GPUHOOK_ACCELERATOR=nvidia" in e.env and f"{LIB}/libnvidia-ml.so.{V}" in mounts(e)
     bare = host(tmp_path, "nvidia", name="bare", gpus=1, libs=False, userspace=False)
-    p = plan(probe(bare.root), request(tmp_path, {"NVIDIA_DRIVER_CAPABILITIES": "utility"}), "/sbin/ldconfig")
+    p = plan_on(probe(bare.root), request(tmp_path, {"NVIDIA_DRIVER_CAPABILITIES": "utility"}), "/sbin/ldconfig")
     assert not p.edits
     assert "no libnvidia-ml.so.1" in p.warnings[0]
 
@@ -166,11 +167,11 @@ def test_wsl_without_libdxcore_is_not_given(tmp_path):
     fh = fakehost.FakeHost(str(tmp_path / "wsl"), mknod=False)
     fh.proc_devices({"dxg": 240})
     fh.file("/dev/dxg", "")
-    p = plan(probe(fh.root), request(tmp_path), None)
+    p = plan_on(probe(fh.root), request(tmp_path), None)
     assert not p.edits
     assert "no libdxcore.so" in p.warnings[0]
     fh.file("/usr/lib/wsl/lib/libdxcore.so", b"\x7fELF")
-    assert "GPUHOOK_ACCELERATOR=dxg" in plan(probe(fh.root), request(tmp_path), None).edits.env
+    assert "GPUHOOK_ACCELERATOR=dxg" in plan_on(probe(fh.root), request(tmp_path), None).edits.env
 
 
 # -- bad input: one warning, no crash, never another version's library ------------------------------
@@ -204,7 +205,7 @@ def test_bad_driver_root_is_one_warning_and_no_driver(tmp_path, case):
     assert len(inv.warnings) == 1, inv.warnings
     assert inv.warnings[0].startswith(f"nvidia: no driver userspace of driver {V}: {root}: ")
     assert v.libraries == () and v.binaries == () and v.driver_root is None
-    assert not plan(inv, request(tmp_path), "/sbin/ldconfig").edits
+    assert not plan_on(inv, request(tmp_path), "/sbin/ldconfig").edits
     reason = inv.warnings[0].split(f"{root}: ", 1)[1]
     assert {"missing": "missing", "file": "not a directory", "dangling": "a dangling link",
             "relative-link-out": "a link that leads out of the host root",
@@ -300,13 +301,12 @@ def test_inventory_round_trip_keeps_the_driver_root(tmp_path):
     ("run/nvidia/driver", False), ("/run/../etc", False), ("/run/nvidia/driver/", False), ("//x", False),
     ("Auto", False), ("", False),
 ])
-def test_config_key_agrees_with_the_model(value, ok):
-    text = f'nvidia_driver_root = "{value}"\n'
-    c, errors = cfg.parse(text)
-    assert (errors == []) == ok and (check(text) == []) == ok
+def test_config_key_is_checked(value, ok):
+    c, errors = cfg.parse(f'nvidia_driver_root = "{value}"\n')
+    assert (errors == []) == ok
     assert c.nvidia_driver_root == (value if ok else "auto")
     if not ok:
-        assert errors[0].startswith("nvidia_driver_root:") and check(text)[0].startswith("nvidia_driver_root:")
+        assert errors[0].startswith("nvidia_driver_root:")
 
 
 def test_config_default_and_type():
@@ -346,7 +346,7 @@ def test_agent_follows_the_driver_root(tmp_path):
     fh = host(tmp_path, "gpu_operator", installed=False)
     events = []
     a = make_agent(tmp_path, fh.root)
-    a._post = lambda reason, message, type_="Normal": events.append((reason, message, type_))
+    a.events.post = lambda reason, message, type_="Normal": events.append((reason, message, type_))
     assert a.sync("start")
     specs, found = read_state(tmp_path)
     assert specs == {} and found["gpuhook.dev/accelerator"] == "none"
@@ -366,7 +366,7 @@ def test_agent_options_carry_the_setting(tmp_path):
     fh = host(tmp_path, "gpu_operator", gpus=1)
     a = make_agent(tmp_path, fh.root, opts={"nvidia_driver_root": "/"})
     assert unusable(a.probe(fh.root).vendor("nvidia"))
-    assert agent_mod.describe(a.probe(fh.root)).startswith("1 GPU (0 usable): nvidia x1 (")
+    assert agent_summary.describe(a.probe(fh.root)).startswith("1 GPU (0 usable): nvidia x1 (")
 
 
 # -- the CLI -----------------------------------------------------------------------------------
@@ -397,7 +397,8 @@ def test_cli_plan_and_cdi_say_why_nothing(tmp_path):
     assert "warning: nvidia: no driver userspace of driver 550.54.14: " in r.stdout
     r = gpuhook("cdi", "generate", "--root", fh.root, "--spec-root", fh.root, "--output", "-", config=NO_CONFIG)
     assert r.returncode == 0 and r.stdout == "" and "no driver userspace" in r.stderr
-    r = gpuhook("plan", "--simulate", "gke", "--json", config=NO_CONFIG)
+    r = gpuhook("plan", "--root", fakehost.build(str(tmp_path / "sim-gke"), "gke", mknod=False).root, "--json",
+                config=NO_CONFIG)
     edits = json.loads(r.stdout)["edits"]
     assert any(m["containerPath"] == f"/usr/local/nvidia/lib64/libcuda.so.{V}" for m in edits["mounts"])
 

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import needs_runc, wrapper_path
 from gpuhook.runtime import exec as execenv
-from gpuhook.testing.front import prime
+from fakes.front import prime
 from gpuhook.runtime.args import EXEC_VALUE_FLAGS, parse_args
 
 FRONT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "gpuhook", "runtime", "gpuhook-runtime")

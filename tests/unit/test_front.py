@@ -23,9 +23,9 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from conftest import FRONT, REPO, is_root, log_records
-from gpuhook.testing import fakehost
-from gpuhook.testing.front import prime
+from conftest import FRONT, REPO, TESTS, is_root, log_records
+from fakes import fakehost
+from fakes.front import prime
 from gpuhook import config, defaults, probe
 from gpuhook.install import build
 from gpuhook.probe import cache
@@ -128,7 +128,7 @@ mount --make-rprivate /
 for d in /etc /run /var/log; do mount -t tmpfs gpuhook-test "$d"; done
 mkdir -p "$(dirname {defaults.CONFIG_FILE})"
 printf 'runtime = "/bin/echo"\nhost_root = "{cpu}"\n' > {defaults.CONFIG_FILE}
-{sys.executable} -c 'import sys; sys.path.insert(0, "{REPO}"); from gpuhook.testing.front import prime; \
+{sys.executable} -c 'import sys; sys.path[:0] = ["{REPO}", "{TESTS}"]; from fakes.front import prime; \
 prime("{defaults.CONFIG_FILE}", "{defaults.CACHE_DIR}")'
 env -i PATH=/usr/bin:/bin GPUHOOK_PYTHON=/nonexistent {FRONT} create --bundle {tmp_path} c9 > {out}
 cat {defaults.LOG_FILE} >> {out}

@@ -34,7 +34,7 @@ import pytest
 from conftest import REPO, fake_systemctl, gpuhook, is_root, ok, refused, run_as_pod
 from containerd_harness import Supervised, containerd_config, cri_runtimes
 from gpuhook import __version__
-from gpuhook.testing import bundle, fakehost
+from fakes import bundle, fakehost
 from gpuhook.install import containerd as ctd
 from gpuhook.install import core
 

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from gpuhook.install import build
-from gpuhook.testing.kubeapi import FakeAPI
+from fakes.kubeapi import FakeAPI
 
 MAX_BUNDLE_BYTES = 90 * 1000 * 1000  # the bundle (and what it adds to the image), uncompressed
 

@@ -12,7 +12,7 @@ from conftest import INTEL, NV
 from gpuhook.agent import kube, labels
 from gpuhook.inventory import Inventory
 from gpuhook.probe import probe
-from gpuhook.testing.kubeapi import FakeAPI, write_kubeconfig
+from fakes.kubeapi import FakeAPI, write_kubeconfig
 
 
 # -- values and the label set ----------------------------------------------------------------

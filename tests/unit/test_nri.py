@@ -16,7 +16,7 @@ from gpuhook.nri import nri_api_pb2 as pb
 from gpuhook.nri import plugin as nri
 from gpuhook.nri import regen, wire
 from gpuhook.nri import nri_ttrpc_pb2 as tt
-from gpuhook.testing import fakehost
+from fakes import fakehost
 
 
 def test_the_checked_in_protobuf_modules_are_what_protoc_makes_of_the_protos(tmp_path):
@@ -187,11 +187,12 @@ def planned(req: pb.CreateContainerRequest):
     """What the planner gives the container of `req` (the wrapper's edits for it)."""
     from gpuhook.config import load
     from gpuhook.plan import plan
-    from gpuhook.probe import probe
+    from gpuhook.probe import nodestate, probe
 
     config, _ = load()
-    return plan(probe(config.host_root), nri.request_from_nri(req.container, "/run/c/c1/rootfs"), "/sbin/ldconfig",
-                config, os.environ["GPUHOOK_CACHE_DIR"]).edits
+    inv = probe(config.host_root)
+    state = nodestate.read(inv, config, os.environ["GPUHOOK_CACHE_DIR"], "/sbin/ldconfig")
+    return plan(inv, state, nri.request_from_nri(req.container, "/run/c/c1/rootfs"), config).edits
 
 
 def records(log, at_least: int = 0) -> list[dict]:

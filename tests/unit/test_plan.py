@@ -10,7 +10,8 @@ from gpuhook.config import Config
 from gpuhook.edits import Edits
 from gpuhook.inventory import Device, Inventory, Library, Node, VendorInventory
 from conftest import request as req
-from gpuhook.plan import UNMAPPED, UNREADABLE, Plan, plan, request_from_spec
+from conftest import plan_on
+from gpuhook.plan import UNMAPPED, UNREADABLE, Plan, request_from_spec
 
 NV = VendorInventory(
     "nvidia",
@@ -28,7 +29,7 @@ INV = Inventory("/", (NV, INTEL))
 
 
 def test_all_vendors_and_the_env_contract():
-    e = plan(INV, req(), ldconfig="/sbin/ldconfig").edits
+    e = plan_on(INV, req(), ldconfig="/sbin/ldconfig").edits
     assert "GPUHOOK_ACCELERATOR=nvidia,intel" in e.env
     assert "GPUHOOK_DEVICES=nvidia:GPU-0,nvidia:GPU-1,intel:0000:00:02.0" in e.env
     assert [n.path for n in e.device_nodes] == ["/dev/nvidia7", "/dev/nvidia6", "/dev/nvidiactl",
@@ -42,7 +43,7 @@ def test_all_vendors_and_the_env_contract():
 
 
 def test_ldcache_hook_has_explicit_env_and_runs_isolated():
-    (h,) = plan(INV, req(), ldconfig="/sbin/ldconfig").edits.hooks
+    (h,) = plan_on(INV, req(), ldconfig="/sbin/ldconfig").edits.hooks
     assert h.hook_name == "createContainer" and h.kind == hook.LDCACHE
     assert h.env == ("PATH=/usr/sbin:/usr/bin:/sbin:/bin",)  # never the container's env
     # the isolated helper (gpuhook/hook/), never ldconfig or sh over the rootfs directly
@@ -55,28 +56,28 @@ def test_no_hook_when_the_helper_is_missing(monkeypatch):
     """An unbuilt helper: no hook at all (runc would fail the container on a missing hook
     binary), and the warning says so; never the bare ldconfig."""
     monkeypatch.setattr(hook, "package_helper", lambda: "/nonexistent/gpuhook-hook")
-    p = plan(INV, req(), ldconfig="/sbin/ldconfig")
+    p = plan_on(INV, req(), ldconfig="/sbin/ldconfig")
     assert p.edits.hooks == () and p.edits.mounts and any("gpuhook-hook is missing" in w for w in p.warnings)
 
 
 def test_no_hook_without_libraries_or_rootfs():
-    assert plan(Inventory("/", (INTEL,)), req()).edits.hooks == ()
-    assert plan(INV, req(rootfs=None)).edits.hooks == ()
+    assert plan_on(Inventory("/", (INTEL,)), req()).edits.hooks == ()
+    assert plan_on(INV, req(rootfs=None)).edits.hooks == ()
 
 
 def test_host_root_prefixes_mount_sources_only():
-    e = plan(Inventory("/tmp/fake", (NV,)), req(), ldconfig="/sbin/ldconfig").edits
+    e = plan_on(Inventory("/tmp/fake", (NV,)), req(), ldconfig="/sbin/ldconfig").edits
     m = e.mounts[0]
     assert m.host_path == "/tmp/fake/usr/lib/x86_64-linux-gnu/libcuda.so.550.1"
     assert m.container_path == "/usr/lib/x86_64-linux-gnu/libcuda.so.550.1"
 
 
 def test_nothing_for_cpu_nodes_sandboxes_and_opt_outs():
-    assert not plan(Inventory("/", ()), req()).edits
-    assert not plan(INV, req(annotations={"io.kubernetes.cri.container-type": "sandbox"})).edits
-    assert not plan(INV, req(annotations={"io.kubernetes.cri-o.ContainerType": "sandbox"})).edits
-    assert not plan(INV, req(annotations={"gpuhook.dev/inject": "false"})).edits
-    assert plan(INV, req(annotations={"io.kubernetes.cri.container-type": "container"})).edits
+    assert not plan_on(Inventory("/", ()), req()).edits
+    assert not plan_on(INV, req(annotations={"io.kubernetes.cri.container-type": "sandbox"})).edits
+    assert not plan_on(INV, req(annotations={"io.kubernetes.cri-o.ContainerType": "sandbox"})).edits
+    assert not plan_on(INV, req(annotations={"gpuhook.dev/inject": "false"})).edits
+    assert plan_on(INV, req(annotations={"io.kubernetes.cri.container-type": "container"})).edits
 
 
 def test_request_from_spec():
@@ -97,12 +98,12 @@ def test_user_namespace_leaves_out_nodes_the_host_has_not_created():
                                                   Node("/dev/nvidia-uvm-tools", "c", 510, 1, present=False)),
                            NV.libraries, NV.binaries, NV.driver_version)
     inv = Inventory("/", (lazy,))
-    p = plan(inv, req(userns=True), ldconfig="/sbin/ldconfig")
+    p = plan_on(inv, req(userns=True), ldconfig="/sbin/ldconfig")
     e, warnings = p.edits, p.warnings
     assert "/dev/nvidia-uvm-tools" not in [n.path for n in e.device_nodes]
     assert "/dev/nvidiactl" in [n.path for n in e.device_nodes]
     assert any("nvidia-uvm-tools" in w for w in warnings)
-    assert "/dev/nvidia-uvm-tools" in [n.path for n in plan(inv, req(), ldconfig="/sbin/ldconfig").edits.device_nodes]
+    assert "/dev/nvidia-uvm-tools" in [n.path for n in plan_on(inv, req(), ldconfig="/sbin/ldconfig").edits.device_nodes]
     spec = {"linux": {"namespaces": [{"type": "pid"}, {"type": "user"}]}}
     assert request_from_spec(spec).userns and not request_from_spec({"linux": {"namespaces": [{"type": "pid"}]}}).userns
 
@@ -116,7 +117,7 @@ def test_the_hook_is_the_same_whatever_the_image_holds(tmp_path):
     (linked / "etc").symlink_to("/etc")
     bare.mkdir()
     for rootfs in (plain, linked, bare):
-        (h,) = plan(INV, req(rootfs=str(rootfs)), ldconfig="/sbin/ldconfig").edits.hooks
+        (h,) = plan_on(INV, req(rootfs=str(rootfs)), ldconfig="/sbin/ldconfig").edits.hooks
         assert (h.path, h.args) == (hook.package_helper(), hook.argv(hook.LDCACHE, str(rootfs),
                                                                      ("/sbin/ldconfig", "/usr/lib/x86_64-linux-gnu")))
 
@@ -133,7 +134,7 @@ def test_what_was_held_back_says_why_by_name(tmp_path):
     Plan's reason and warnings say it in words."""
     unreadable, unmapped = str(tmp_path / "a"), str(tmp_path / "b")
     _checkpoint(unreadable, "{not json")
-    p = plan(Inventory(unreadable, INV.vendors), req(rootfs=None), config=Config(share="unallocated"))
+    p = plan_on(Inventory(unreadable, INV.vendors), req(rootfs=None), config=Config(share="unallocated"))
     assert not p.edits and p.vendors == () and p.devices == ()
     assert [(h.device, h.reason) for h in p.held_back] == [("nvidia:GPU-0", UNREADABLE), ("nvidia:GPU-1", UNREADABLE),
                                                            ("intel:0000:00:02.0", UNREADABLE)]
@@ -141,18 +142,18 @@ def test_what_was_held_back_says_why_by_name(tmp_path):
     assert any("no GPU is given" in w for w in p.warnings)
     entry = {"PodUID": "pod-x", "ContainerName": "c", "ResourceName": "nvidia.com/gpu", "DeviceIDs": ["weird"]}
     _checkpoint(unmapped, json.dumps({"Data": {"PodDeviceEntries": [entry]}, "Checksum": 0}))
-    p = plan(Inventory(unmapped, INV.vendors), req(rootfs=None), config=Config(share="unallocated"))
+    p = plan_on(Inventory(unmapped, INV.vendors), req(rootfs=None), config=Config(share="unallocated"))
     assert p.vendors == ("intel",) and p.devices == ("intel:0000:00:02.0",) and p.reason is None
     assert [(h.device, h.reason) for h in p.held_back] == [("nvidia:GPU-0", UNMAPPED), ("nvidia:GPU-1", UNMAPPED)]
     assert all("'weird'" in h.why and "cannot map" in h.why for h in p.held_back)
 
 
 def test_the_plan_of_an_opted_out_pod_says_why_and_warns_of_bad_annotations():
-    p = plan(INV, req(annotations={"gpuhook.dev/inject": "false", "gpuhook.dev/colour": "red"}))
+    p = plan_on(INV, req(annotations={"gpuhook.dev/inject": "false", "gpuhook.dev/colour": "red"}))
     assert not p.edits and p.reason == 'the pod says gpuhook.dev/inject: "false"'
     (w,) = p.warnings
     assert "gpuhook.dev/colour" in w and "not a gpuhook annotation" in w
-    assert plan(Inventory("/", ()), req()) == Plan(Edits())  # a CPU-only node: nothing to say
+    assert plan_on(Inventory("/", ()), req()) == Plan(Edits())  # a CPU-only node: nothing to say
 
 
 def test_the_rootfs_is_the_one_the_bundle_path_names_through_a_link_and_dotdot(tmp_path):

@@ -14,10 +14,11 @@ from typing import NamedTuple
 import pytest
 
 from conftest import request
+from conftest import plan_on
 from gpuhook.config import Config
 from gpuhook.edits import Edits
 from gpuhook.inventory import Device, Inventory, Library, Node, VendorInventory
-from gpuhook.plan import plan, unusable
+from gpuhook.plan import unusable
 
 V = "550.54.14"
 LIB = "/usr/lib/x86_64-linux-gnu"
@@ -46,7 +47,7 @@ class Outcome(NamedTuple):
 
 
 def outcome(inv: Inventory, req=None, **kw) -> Outcome:
-    p = plan(inv, req if req is not None else request(rootfs=None), **kw)
+    p = plan_on(inv, req if req is not None else request(rootfs=None), **kw)
     return Outcome(p.edits, tuple(p.vendors), tuple(p.devices), tuple((h.device, h.why) for h in p.held_back),
                    p.reason, tuple(p.warnings))
 
@@ -361,7 +362,7 @@ def test_a_plan_that_fails_raises_as_it_is_with_the_warnings_given_before():
     gpu = Device("nvidia", "gpu", 0, "GPU-0000", None, "0000:18:00.0")
     inv = Inventory("/", (nvidia()._replace(devices=(gpu,)),))
     with pytest.raises(TypeError) as e:
-        plan(inv, request(env={"NVIDIA_DRIVER_CAPABILITIES": "compute,bogus"}, rootfs=None))
+        plan_on(inv, request(env={"NVIDIA_DRIVER_CAPABILITIES": "compute,bogus"}, rootfs=None))
     assert getattr(e.value, WARNINGS_SO_FAR) == ("NVIDIA_DRIVER_CAPABILITIES: unknown capability 'bogus' ignored",)
 
 

@@ -14,9 +14,10 @@ import os
 import pytest
 
 from conftest import FIXTURES
+from conftest import plan_on
 from gpuhook.config import Config
 from gpuhook.inventory import Device, Inventory, Library, Node, VendorInventory
-from gpuhook.plan import plan, policy, request_from_spec
+from gpuhook.plan import policy, request_from_spec
 
 REAL = {"pod_namespace": "ml", "pod_name": "trainer-0", "pod_uid": "0b7c3e5a-9d1f-4c2b-8e6a-1f3d5b7c9e0a",
         "container_name": "worker"}
@@ -83,7 +84,7 @@ def test_a_pod_naming_itself_another_does_not_get_its_gpu(tmp_path, runtime):
                          "550.54.14")
     spec = as_written(runtime, FORGED, passthrough=("*",))
     spec["root"] = {"path": "rootfs"}
-    planned = plan(Inventory(root, (nv,)), request_from_spec(spec, None), config=Config(share="unallocated"))
+    planned = plan_on(Inventory(root, (nv,)), request_from_spec(spec, None), config=Config(share="unallocated"))
     assert planned.devices == ("nvidia:GPU-0",)
     assert [h.device for h in planned.held_back] == ["nvidia:GPU-1"]
 

@@ -1,5 +1,5 @@
 """What a pod's gpuhook.dev/* annotations ask (policy.pod_policy) and what the kubelet's device
-manager checkpoint on a node says was allocated to other pods (policy.allocated_devices): the
+manager checkpoint on a node says was allocated to other pods (probe/nodestate.py allocated_devices): the
 inputs a pod author, an admin or an attacker writing either controls, and what gpuhook makes
 of them, with the one line it logs for what it ignores."""
 
@@ -12,6 +12,7 @@ import os
 import pytest
 
 from gpuhook.plan import policy
+from gpuhook.probe import nodestate
 from gpuhook.plan.policy import Allocation, PodPolicy, pod_policy
 
 CHECKPOINT = "var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
@@ -143,10 +144,11 @@ def entry(pod, resource, ids, resp=None, container="main") -> dict:
 
 
 def test_no_checkpoint_means_no_allocations(tmp_path):
-    assert policy.allocated_devices(str(tmp_path), "me") == ([], None)
+    assert nodestate.allocated_devices(str(tmp_path)) == ([], None)
 
 
-def test_the_allocations_of_other_pods_in_file_order(tmp_path):
+def test_the_allocations_of_every_pod_in_file_order(tmp_path):
+    """The read step takes every pod's (the container's own pod is left out by plan())."""
     resp = base64.b64encode(b"\x1a\x0c\x12\x0a/dev/nvid1").decode()
     checkpoint(tmp_path, [
         entry("p1", "nvidia.com/gpu", {"0": ["GPU-a", "GPU-b"], "1": ["GPU-c"]}, resp),
@@ -155,16 +157,12 @@ def test_the_allocations_of_other_pods_in_file_order(tmp_path):
         entry("p3", "gpu.intel.com/i915", {"-1": None}),
         entry("p4", "nvidia.com/gpu", None, resp=5),
     ])
-    allocs, why = policy.allocated_devices(str(tmp_path), "me")
+    allocs, why = nodestate.allocated_devices(str(tmp_path))
     assert why is None and allocs == [
         Allocation("nvidia.com/gpu", "GPU-a", "p1", resp), Allocation("nvidia.com/gpu", "GPU-b", "p1", resp),
-        Allocation("nvidia.com/gpu", "GPU-c", "p1", resp),
+        Allocation("nvidia.com/gpu", "GPU-c", "p1", resp), Allocation("nvidia.com/gpu", "GPU-d", "me", ""),
         Allocation("amd.com/gpu", "0000:43:00.0", "p2", ""), Allocation("amd.com/gpu", "7", "p2", "")]
     assert policy.alloc_device_paths(allocs[0].alloc_resp) == ("/dev/nvid1",)
-    # with no pod of its own (a container outside Kubernetes) every entry is someone else's
-    allocs, why = policy.allocated_devices(str(tmp_path), None)
-    assert why is None and [(a.pod, a.id) for a in allocs] == [
-        ("p1", "GPU-a"), ("p1", "GPU-b"), ("p1", "GPU-c"), ("me", "GPU-d"), ("p2", "0000:43:00.0"), ("p2", "7")]
 
 
 def test_odd_fields_of_an_entry_are_read_as_nothing(tmp_path):
@@ -172,13 +170,13 @@ def test_odd_fields_of_an_entry_are_read_as_nothing(tmp_path):
         {"DeviceIDs": {"-1": ["a", 1.5, None, ["x"], {"y": 1}, True]}},  # no pod, no resource; odd ids
         {"PodUID": None, "ResourceName": None, "DeviceIDs": []},
     ])
-    allocs, why = policy.allocated_devices(str(tmp_path), "me")
+    allocs, why = nodestate.allocated_devices(str(tmp_path))
     assert why is None and allocs == [Allocation("", "a", "", ""), Allocation("", "True", "", "")]
 
 
 def test_an_empty_list_of_entries(tmp_path):
     checkpoint(tmp_path, None)
-    assert policy.allocated_devices(str(tmp_path), "me") == ([], None)
+    assert nodestate.allocated_devices(str(tmp_path)) == ([], None)
 
 
 @pytest.mark.parametrize("raw, why", [
@@ -194,13 +192,13 @@ def test_an_empty_list_of_entries(tmp_path):
 ])
 def test_a_checkpoint_that_is_not_one_says_why(tmp_path, raw, why):
     checkpoint(tmp_path, None, raw)
-    assert policy.allocated_devices(str(tmp_path), "me") == (
-        None, f"{policy.CHECKPOINT}: not a device manager checkpoint ({why})")
+    assert nodestate.allocated_devices(str(tmp_path)) == (
+        None, f"{nodestate.CHECKPOINT}: not a device manager checkpoint ({why})")
 
 
 def test_a_checkpoint_that_cannot_be_read_is_unreadable(tmp_path):
     os.makedirs(os.path.join(tmp_path, CHECKPOINT))  # a directory in its place
-    assert policy.allocated_devices(str(tmp_path), "me") == (None, f"{policy.CHECKPOINT} unreadable")
+    assert nodestate.allocated_devices(str(tmp_path)) == (None, f"{nodestate.CHECKPOINT} unreadable")
 
 
 def test_a_checkpoint_too_large_to_be_the_kubelets_is_unreadable(tmp_path):
@@ -208,18 +206,18 @@ def test_a_checkpoint_too_large_to_be_the_kubelets_is_unreadable(tmp_path):
     os.makedirs(os.path.dirname(path))
     with open(path, "wb") as f:
         f.truncate((32 << 20) + 1)
-    assert policy.allocated_devices(str(tmp_path), "me") == (None, f"{policy.CHECKPOINT} unreadable")
+    assert nodestate.allocated_devices(str(tmp_path)) == (None, f"{nodestate.CHECKPOINT} unreadable")
     with open(path, "wb") as f:  # 32 MiB is still read
         data = b'{"Data": {"PodDeviceEntries": []}}'
         f.write(data + b" " * ((32 << 20) - len(data)))
-    assert policy.allocated_devices(str(tmp_path), "me") == ([], None)
+    assert nodestate.allocated_devices(str(tmp_path)) == ([], None)
 
 
 def test_a_dangling_link_as_the_checkpoint_is_unreadable_not_absent(tmp_path):
     path = os.path.join(tmp_path, CHECKPOINT)
     os.makedirs(os.path.dirname(path))
     os.symlink("/nonexistent/checkpoint", path)
-    assert policy.allocated_devices(str(tmp_path), "me") == (None, f"{policy.CHECKPOINT} unreadable")
+    assert nodestate.allocated_devices(str(tmp_path)) == (None, f"{nodestate.CHECKPOINT} unreadable")
 
 
 # -- the device plugin's answer in the checkpoint (AllocResp) ---------------------------------

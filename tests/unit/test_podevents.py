@@ -1,7 +1,7 @@
 """Which pods really got a GPU: the agent follows the runtime's log and posts pod Events
 (GPUsInjected / RanOnCPU, aggregated, rate-limited), sets the pod label
 gpuhook.dev/accelerator, and serves Prometheus metrics. The API is a fake one on 127.0.0.1
-(gpuhook.testing.kubeapi.FakeAPI); end to end, the log comes from real creates through CRI."""
+(fakes.kubeapi.FakeAPI); end to end, the log comes from real creates through CRI."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ import urllib.request
 import pytest
 
 from conftest import REPO, needs_cri, wrapper_path
-from gpuhook.testing.front import prime
+from fakes.front import prime
 from gpuhook.agent import core as agent_mod
 from gpuhook import log
-from gpuhook.agent import podevents
+from gpuhook.agent import podevents, sinks
 
 
 def create(decision="injected", pod="trainer-0", ns="ml", uid="uid-trainer-0", ctr="app", **kw) -> dict:
@@ -399,8 +399,10 @@ def test_the_agent_posts_only_gpuhooks_own_reasons():
     creates = {podevents.event_for(create(d))[0] for d in ("injected", "no-gpu", "declined", "error", "unconfirmed")}
     hooks = {podevents.event_for({**create(podevents.HOOK_DECISION), "kind": k})[0] for k in (LDCACHE, BYPATH)}
     assert creates | hooks == set(kube.EVENT_REASONS["Pod"])
-    with open(os.path.join(REPO, "gpuhook", "agent", "core.py")) as f:
-        node_reasons = set(re.findall(r'_post\(\s*"([A-Za-z]+)"', f.read()))
+    node_reasons = set()
+    for name in ("core.py", "summary.py"):  # the loop's, and those a probe's summary makes
+        with open(os.path.join(REPO, "gpuhook", "agent", name)) as f:
+            node_reasons |= set(re.findall(r'(?:post\(|append\(\()\s*"([A-Za-z]+)"', f.read()))
     assert node_reasons == set(kube.EVENT_REASONS["Node"])
     client = kube.KubeAPI("http://127.0.0.1:9", "t", "node-1", timeout=1.0)
     with pytest.raises(ValueError, match="not one of gpuhook's"):
@@ -486,11 +488,10 @@ def test_the_nri_plugins_own_lines_reach_the_agent_the_metrics_and_a_node_event(
 
     api = fake_api()
     m = Metrics(agent=None)
-    agent = agent_mod.Agent.__new__(agent_mod.Agent)
-    agent.kube, agent.log, agent._node_uid, agent._api_said = api.client(), log.get(), None, set()
     path = tmp_path / "gpuhook.log"
     path.write_text("")
-    f = podevents.CreateFollower(str(path), [m, agent_mod._NRIState(agent)], log.get())
+    nri_state = sinks.NRIState(sinks.Events(api.client(), log.get()), log.get())
+    f = podevents.CreateFollower(str(path), [m, nri_state], log.get())
     f.read_new(first=True)
     failed = {"time": "t", "event": plugin.NRI_EVENT, "front": "nri", "state": "sync-failed", "failures": 1,
               "error": "the runtime closed the connection before it synchronized the plugin (closed by the runtime)"}

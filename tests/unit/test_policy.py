@@ -12,12 +12,14 @@ import sys
 import pytest
 
 from conftest import REPO, request
-from gpuhook.testing import fakehost
+from conftest import plan_on
+from fakes import fakehost
 from gpuhook.plan import nvidia, policy
+from gpuhook.probe import nodestate
 from gpuhook.config import Config
 from gpuhook.edits import DeviceNode
 from gpuhook.inventory import Device, Inventory, Library, Node, VendorInventory
-from gpuhook.plan import plan, request_from_spec
+from gpuhook.plan import request_from_spec
 from gpuhook.probe import probe
 
 CHECKPOINT = "var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
@@ -55,8 +57,8 @@ def req(annotations=None, **kw):
 
 
 def plan_edits(*args, **kw):
-    """The edits of plan_edits(), what most of these tests look at."""
-    return plan(*args, **kw).edits
+    """The edits of plan(), what most of these tests look at."""
+    return plan_on(*args, **kw).edits
 
 
 def vendors(e) -> list[str]:
@@ -109,19 +111,19 @@ def test_max_gpus_counts_devices_across_vendors():
     ({"gpuhook.dev/host-path": "/etc"}, "not a gpuhook annotation"),
 ])
 def test_invalid_annotations_fall_back_to_node_policy_with_a_reason(annotations, reason):
-    p = plan(INV, req(annotations))
+    p = plan_on(INV, req(annotations))
     e, w = p.edits, p.warnings
-    assert e == plan(INV, req()).edits  # as the node policy says: everything
+    assert e == plan_on(INV, req()).edits  # as the node policy says: everything
     assert len(w) == 1 and reason in w[0], w
     assert len(w[0]) < 400  # a huge value is never copied whole into the log
 
 
 def test_other_annotations_are_not_ours():
-    assert plan(INV, req({"io.kubernetes.cri.sandbox-uid": "x", "gpuhook.devx/y": "1"})).warnings == ()
+    assert plan_on(INV, req({"io.kubernetes.cri.sandbox-uid": "x", "gpuhook.devx/y": "1"})).warnings == ()
 
 
 def test_valid_and_invalid_together():
-    p = plan(INV, req({"gpuhook.dev/vendors": "amd", "gpuhook.dev/max-gpus": "lots"}))
+    p = plan_on(INV, req({"gpuhook.dev/vendors": "amd", "gpuhook.dev/max-gpus": "lots"}))
     e, w = p.edits, p.warnings
     assert vendors(e) == ["amd"] and len(devices(e)) == 2 and len(w) == 1
 
@@ -206,13 +208,13 @@ def test_unallocated_honours_the_checkpoint(tmp_path):
 def test_plan_explains_what_it_held_back(tmp_path):
     root = str(tmp_path)
     checkpoint(root, [entry("pod-a", "nvidia.com/gpu", ["GPU-0001", "GPU-0004"])])
-    p = plan(Inventory(root, INV.vendors), req())
+    p = plan_on(Inventory(root, INV.vendors), req())
     e = p.edits
     assert len(devices(e)) == 9 and p.reason is None and list(p.devices) == devices(e)
     assert [(h.device, h.why) for h in p.held_back] == [
         (f"nvidia:GPU-{i:04d}", "allocated by the kubelet to pod 'pod-a' (nvidia.com/gpu 'GPU-%04d')" % i)
         for i in (1, 4)]
-    p = plan(Inventory(root, INV.vendors), req(), config=Config(share="all"))
+    p = plan_on(Inventory(root, INV.vendors), req(), config=Config(share="all"))
     assert len(devices(p.edits)) == 11 and p.held_back == () and p.reason is None
     assert list(p.vendors) == vendors(p.edits) and list(p.devices) == devices(p.edits)
 
@@ -221,13 +223,13 @@ def test_plan_says_why_a_gpu_node_gave_nothing(tmp_path):
     root = str(tmp_path)
     checkpoint(root, [entry("pod-a", "nvidia.com/gpu", [f"GPU-{i:04d}" for i in range(8)])])
     nvidia_only = Inventory(root, tuple(v for v in INV.vendors if v.vendor == "nvidia"))
-    p = plan(nvidia_only, req())
+    p = plan_on(nvidia_only, req())
     assert not p.edits
     assert p.reason == 'all 8 GPU(s) held back: allocated by the kubelet to other pods (share = "unallocated")'
     for annotations, reason in [({"gpuhook.dev/inject": "false"}, 'the pod says gpuhook.dev/inject: "false"'),
                                 ({"gpuhook.dev/max-gpus": "0"}, 'the pod says gpuhook.dev/max-gpus: "0"'),
                                 ({"gpuhook.dev/vendors": "intel"}, "the pod's gpuhook.dev/vendors names no vendor of this node")]:
-        p = plan(Inventory(str(tmp_path / "none"), nvidia_only.vendors), req(annotations))
+        p = plan_on(Inventory(str(tmp_path / "none"), nvidia_only.vendors), req(annotations))
         assert not p.edits and (p.vendors, p.devices, p.held_back, p.reason) == ((), (), (), reason)
 
 
@@ -250,7 +252,7 @@ def test_unallocated_without_a_checkpoint_gives_everything(tmp_path):
 def test_unallocated_with_an_unreadable_checkpoint_gives_no_gpu(tmp_path, raw):
     root = str(tmp_path)
     checkpoint(root, [], raw=raw)
-    p = plan(Inventory(root, INV.vendors), req(), config=Config(share="unallocated"))
+    p = plan_on(Inventory(root, INV.vendors), req(), config=Config(share="unallocated"))
     assert not p.edits
     assert any("no GPU is given" in x for x in p.warnings)
 
@@ -272,29 +274,32 @@ def test_round_robin_spreads_4_containers_over_8_gpus(tmp_path):
 
 def test_round_robin_least_used_first(tmp_path):
     keys = [f"k{i}" for i in range(4)]
-    assert policy.least_used(keys, 3, str(tmp_path), print) == ["k0", "k1", "k2"]
-    assert policy.least_used(keys, 2, str(tmp_path), print) == ["k0", "k3"]  # k3 unused; k0 used longest ago
-    assert policy.least_used(keys, 4, str(tmp_path), print) == keys  # no choice: state untouched
-    assert policy.least_used(keys, 1, None, print) == ["k0"]
+    assert nodestate.least_used(keys, 3, str(tmp_path), print) == ["k0", "k1", "k2"]
+    assert nodestate.least_used(keys, 2, str(tmp_path), print) == ["k0", "k3"]  # k3 unused; k0 used longest ago
+    assert nodestate.least_used(keys, 4, str(tmp_path), print) == keys  # no choice: state untouched
+    assert nodestate.least_used(keys, 1, None, print) == ["k0"]
 
 
 def test_round_robin_corrupt_or_unwritable_state(tmp_path):
     w: list[str] = []
-    (tmp_path / policy.STATE_FILE).write_text("{nonsense")
-    assert policy.least_used(["a", "b"], 1, str(tmp_path), w.append) == ["a"]
+    (tmp_path / nodestate.STATE_FILE).write_text("{nonsense")
+    assert nodestate.least_used(["a", "b"], 1, str(tmp_path), w.append) == ["a"]
     assert any("unreadable" in x for x in w)
     blocked = tmp_path / "file"
     blocked.write_text("")
     w.clear()
-    assert policy.least_used(["a", "b"], 1, str(blocked / "sub"), w.append) == ["a"]
+    assert nodestate.least_used(["a", "b"], 1, str(blocked / "sub"), w.append) == ["a"]
     assert w and "round robin" in w[0]
 
 
 def _create(state_dir: str, out) -> None:
     sys.path.insert(0, REPO)
+    from gpuhook.config import Config
+    from gpuhook.inventory import NodeState
     from gpuhook.plan import plan as plan_
 
-    e = plan_(Inventory("/", (nv(8),)), req({"gpuhook.dev/max-gpus": "1"}), state_dir=state_dir).edits
+    state = NodeState(round_robin=nodestate.RoundRobin(state_dir).choose)
+    e = plan_(Inventory("/", (nv(8),)), state, req({"gpuhook.dev/max-gpus": "1"}), Config()).edits
     out.put(devices(e)[0])
 
 
@@ -309,7 +314,7 @@ def test_round_robin_consistent_under_16_concurrent_processes(tmp_path):
         p.join(30)
     counts = {g: given.count(g) for g in given}
     assert len(counts) == 8 and set(counts.values()) == {2}, counts
-    state = json.loads((tmp_path / policy.STATE_FILE).read_text())
+    state = json.loads((tmp_path / nodestate.STATE_FILE).read_text())
     assert state["seq"] == 16 and sorted(c for c, _ in state["usage"].values()) == [2] * 8
     assert [p.name for p in tmp_path.iterdir() if ".tmp" in p.name] == []
 
@@ -340,13 +345,13 @@ def test_a_fifo_as_the_round_robin_state_does_not_hang_the_create(tmp_path):
     the round robin starts afresh (with a warning) instead of hanging every create."""
     import threading
 
-    os.mkfifo(tmp_path / policy.STATE_FILE)
+    os.mkfifo(tmp_path / nodestate.STATE_FILE)
     warnings: list = []
     done = threading.Event()
     result: list = []
 
     def run():
-        result.append(policy.least_used(["k0", "k1", "k2"], 1, str(tmp_path), warnings.append))
+        result.append(nodestate.least_used(["k0", "k1", "k2"], 1, str(tmp_path), warnings.append))
         done.set()
 
     threading.Thread(target=run, daemon=True).start()
@@ -359,18 +364,18 @@ def test_round_robin_hands_out_pairs_over_several_gpus_least_used_first(tmp_path
     node's order, and a GPU that joins the node later is the first given after it joins."""
     keys = [f"GPU-{i}" for i in range(5)]
     d = str(tmp_path)
-    assert policy.least_used(keys, 2, d, print) == ["GPU-0", "GPU-1"]
-    assert policy.least_used(keys, 2, d, print) == ["GPU-2", "GPU-3"]
+    assert nodestate.least_used(keys, 2, d, print) == ["GPU-0", "GPU-1"]
+    assert nodestate.least_used(keys, 2, d, print) == ["GPU-2", "GPU-3"]
     # GPU-4 never given; of the rest, GPU-0 and GPU-1 were given longest ago
-    assert policy.least_used(keys, 2, d, print) == ["GPU-0", "GPU-4"]
-    assert policy.least_used(keys, 2, d, print) == ["GPU-1", "GPU-2"]
+    assert nodestate.least_used(keys, 2, d, print) == ["GPU-0", "GPU-4"]
+    assert nodestate.least_used(keys, 2, d, print) == ["GPU-1", "GPU-2"]
     # now GPU-3 and GPU-4 have one each, the others two: those first
-    assert policy.least_used(keys, 3, d, print) == ["GPU-0", "GPU-3", "GPU-4"]
+    assert nodestate.least_used(keys, 3, d, print) == ["GPU-0", "GPU-3", "GPU-4"]
     grown = keys + ["GPU-5"]
-    assert policy.least_used(grown, 1, d, print) == ["GPU-5"]
+    assert nodestate.least_used(grown, 1, d, print) == ["GPU-5"]
     # a GPU that left the node is never handed out, and the others keep their counts
-    assert policy.least_used(["GPU-1", "GPU-2", "GPU-3"], 1, d, print) == ["GPU-1"]
-    assert policy.least_used(keys, 0, d, print) == []
+    assert nodestate.least_used(["GPU-1", "GPU-2", "GPU-3"], 1, d, print) == ["GPU-1"]
+    assert nodestate.least_used(keys, 0, d, print) == []
 
 
 def test_round_robin_state_is_private_and_a_planted_link_is_not_followed(tmp_path):
@@ -380,14 +385,14 @@ def test_round_robin_state_is_private_and_a_planted_link_is_not_followed(tmp_pat
     target.write_text('{"seq": 9, "usage": {"k0": [100, 8], "k1": [100, 8]}}')
     state = tmp_path / "state"
     state.mkdir()
-    (state / policy.STATE_FILE).symlink_to(target)
+    (state / nodestate.STATE_FILE).symlink_to(target)
     w: list = []
-    assert policy.least_used(["k0", "k1", "k2"], 1, str(state), w.append) == ["k0"]  # not read: k2 would be least used
+    assert nodestate.least_used(["k0", "k1", "k2"], 1, str(state), w.append) == ["k0"]  # not read: k2 would be least used
     assert any("unreadable" in x for x in w)
     assert target.read_text() == '{"seq": 9, "usage": {"k0": [100, 8], "k1": [100, 8]}}'
-    assert not (state / policy.STATE_FILE).is_symlink()
-    assert (state / policy.STATE_FILE).stat().st_mode & 0o777 == 0o600
-    assert policy.least_used(["k0", "k1", "k2"], 1, str(state), w.append) == ["k1"]
+    assert not (state / nodestate.STATE_FILE).is_symlink()
+    assert (state / nodestate.STATE_FILE).stat().st_mode & 0o777 == 0o600
+    assert nodestate.least_used(["k0", "k1", "k2"], 1, str(state), w.append) == ["k1"]
 
 
 @pytest.mark.parametrize("content", [
@@ -395,50 +400,50 @@ def test_round_robin_state_is_private_and_a_planted_link_is_not_followed(tmp_pat
     '{"seq": 1, "usage": []}', '{"seq": 1}', '[1, 2]', '{"seq": 1e999, "usage": {}}', '\xff',
 ])
 def test_round_robin_state_of_the_wrong_shape_starts_afresh(tmp_path, content):
-    (tmp_path / policy.STATE_FILE).write_bytes(content.encode("latin-1"))
+    (tmp_path / nodestate.STATE_FILE).write_bytes(content.encode("latin-1"))
     w: list = []
-    assert policy.least_used(["k0", "k1"], 1, str(tmp_path), w.append) == ["k0"]
+    assert nodestate.least_used(["k0", "k1"], 1, str(tmp_path), w.append) == ["k0"]
     assert any("unreadable, started afresh" in x for x in w)
     w.clear()
-    assert policy.least_used(["k0", "k1"], 1, str(tmp_path), w.append) == ["k1"] and not w
+    assert nodestate.least_used(["k0", "k1"], 1, str(tmp_path), w.append) == ["k1"] and not w
 
 
 def test_round_robin_forgets_devices_gone_long_ago_but_not_the_current_ones(tmp_path):
     """A node whose GPUs came and went for years: the state stays bounded, the oldest entries
     are the ones dropped (whatever their names), and what the current GPUs were given is kept."""
     old = {f"gone-{i:05d}": [1, i] for i in range(4100)}
-    (tmp_path / policy.STATE_FILE).write_text(json.dumps({"seq": 7000, "usage": {**old, "a0": [5, 6999]}}))
-    assert policy.least_used(["a0", "a1"], 1, str(tmp_path), print) == ["a1"]
-    state = json.loads((tmp_path / policy.STATE_FILE).read_text())
+    (tmp_path / nodestate.STATE_FILE).write_text(json.dumps({"seq": 7000, "usage": {**old, "a0": [5, 6999]}}))
+    assert nodestate.least_used(["a0", "a1"], 1, str(tmp_path), print) == ["a1"]
+    state = json.loads((tmp_path / nodestate.STATE_FILE).read_text())
     assert len(state["usage"]) < len(old)
     assert "a0" in state["usage"] and "a1" in state["usage"]
     assert "gone-00000" not in state["usage"] and "gone-00100" in state["usage"] and "gone-04099" in state["usage"]
-    assert policy.least_used(["a0", "a1"], 1, str(tmp_path), print) == ["a1"]  # a0's count was kept: 5 > 1
+    assert nodestate.least_used(["a0", "a1"], 1, str(tmp_path), print) == ["a1"]  # a0's count was kept: 5 > 1
 
 
 def test_round_robin_counts_every_time_a_gpu_is_given(tmp_path):
     """Least used first, then least recently: a GPU given again is counted again."""
-    (tmp_path / policy.STATE_FILE).write_text(json.dumps({"seq": 10, "usage": {"a": [2, 1], "b": [1, 8]}}))
+    (tmp_path / nodestate.STATE_FILE).write_text(json.dumps({"seq": 10, "usage": {"a": [2, 1], "b": [1, 8]}}))
     d = str(tmp_path)
-    assert policy.least_used(["a", "b"], 1, d, print) == ["b"]  # given once, though more recently
-    assert policy.least_used(["a", "b"], 1, d, print) == ["a"]  # now both twice: a longest ago
-    assert policy.least_used(["a", "b"], 1, d, print) == ["b"]
+    assert nodestate.least_used(["a", "b"], 1, d, print) == ["b"]  # given once, though more recently
+    assert nodestate.least_used(["a", "b"], 1, d, print) == ["a"]  # now both twice: a longest ago
+    assert nodestate.least_used(["a", "b"], 1, d, print) == ["b"]
 
 
 def test_round_robin_no_choice_is_no_turn(tmp_path):
     """A container given every GPU (or none) makes no choice: the state is not even rewritten."""
     d = str(tmp_path)
-    assert policy.least_used(["a", "b", "c"], 1, d, print) == ["a"]
-    before = (tmp_path / policy.STATE_FILE).read_bytes()
-    assert policy.least_used(["a", "b", "c"], 3, d, print) == ["a", "b", "c"]
-    assert policy.least_used(["a", "b", "c"], 0, d, print) == []
-    assert (tmp_path / policy.STATE_FILE).read_bytes() == before
+    assert nodestate.least_used(["a", "b", "c"], 1, d, print) == ["a"]
+    before = (tmp_path / nodestate.STATE_FILE).read_bytes()
+    assert nodestate.least_used(["a", "b", "c"], 3, d, print) == ["a", "b", "c"]
+    assert nodestate.least_used(["a", "b", "c"], 0, d, print) == []
+    assert (tmp_path / nodestate.STATE_FILE).read_bytes() == before
 
 
 def test_round_robin_state_dir_and_lock_are_private(tmp_path):
     d = tmp_path / "run" / "gpuhook"
-    assert policy.least_used(["a", "b"], 1, str(d), print) == ["a"]
-    for p in (d, d / policy.LOCK_FILE, d / policy.STATE_FILE):
+    assert nodestate.least_used(["a", "b"], 1, str(d), print) == ["a"]
+    for p in (d, d / nodestate.LOCK_FILE, d / nodestate.STATE_FILE):
         assert p.stat().st_mode & 0o077 == 0, p
 
 
@@ -449,11 +454,11 @@ def test_round_robin_lock_planted_as_a_link_is_not_followed(tmp_path):
     victim.write_text("precious")
     d = tmp_path / "state"
     d.mkdir(mode=0o700)
-    (d / policy.LOCK_FILE).symlink_to(victim)
+    (d / nodestate.LOCK_FILE).symlink_to(victim)
     w: list = []
-    assert policy.least_used(["a", "b"], 1, str(d), w.append) == ["a"]
+    assert nodestate.least_used(["a", "b"], 1, str(d), w.append) == ["a"]
     assert any("cannot use" in x for x in w)
-    assert victim.read_text() == "precious" and not (d / policy.STATE_FILE).exists()
+    assert victim.read_text() == "precious" and not (d / nodestate.STATE_FILE).exists()
 
 
 def test_round_robin_lock_held_too_long_gives_the_first_with_a_warning(tmp_path, monkeypatch):
@@ -461,30 +466,30 @@ def test_round_robin_lock_held_too_long_gives_the_first_with_a_warning(tmp_path,
     warning, and the state left as it was."""
     import fcntl
 
-    monkeypatch.setattr(policy, "LOCK_WAIT_S", 0.05)
-    assert policy.least_used(["k0", "k1"], 1, str(tmp_path), print) == ["k0"]
-    before = (tmp_path / policy.STATE_FILE).read_bytes()
-    fd = os.open(tmp_path / policy.LOCK_FILE, os.O_RDWR)
+    monkeypatch.setattr(nodestate, "LOCK_WAIT_S", 0.05)
+    assert nodestate.least_used(["k0", "k1"], 1, str(tmp_path), print) == ["k0"]
+    before = (tmp_path / nodestate.STATE_FILE).read_bytes()
+    fd = os.open(tmp_path / nodestate.LOCK_FILE, os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         w: list = []
-        assert policy.least_used(["k0", "k1"], 1, str(tmp_path), w.append) == ["k0"]
+        assert nodestate.least_used(["k0", "k1"], 1, str(tmp_path), w.append) == ["k0"]
         assert any("stayed locked" in x for x in w)
     finally:
         os.close(fd)
-    assert (tmp_path / policy.STATE_FILE).read_bytes() == before
-    assert policy.least_used(["k0", "k1"], 1, str(tmp_path), print) == ["k1"]  # and the lock is free again
+    assert (tmp_path / nodestate.STATE_FILE).read_bytes() == before
+    assert nodestate.least_used(["k0", "k1"], 1, str(tmp_path), print) == ["k1"]  # and the lock is free again
 
 
 def test_round_robin_state_that_cannot_be_written_gives_the_first(tmp_path):
     d = tmp_path / "state"
     d.mkdir()
-    assert policy.least_used(["k0", "k1"], 1, str(d), print) == ["k0"]
-    (d / policy.STATE_FILE).unlink()
-    (d / policy.STATE_FILE).mkdir()  # rename over a directory fails
-    (d / policy.STATE_FILE / "x").write_text("")
+    assert nodestate.least_used(["k0", "k1"], 1, str(d), print) == ["k0"]
+    (d / nodestate.STATE_FILE).unlink()
+    (d / nodestate.STATE_FILE).mkdir()  # rename over a directory fails
+    (d / nodestate.STATE_FILE / "x").write_text("")
     w: list = []
-    assert policy.least_used(["k0", "k1"], 1, str(d), w.append) == ["k0"]
+    assert nodestate.least_used(["k0", "k1"], 1, str(d), w.append) == ["k0"]
     assert any("cannot update" in x for x in w)
 
 
@@ -507,7 +512,7 @@ def test_a_checkpoint_id_that_only_looks_like_an_index_is_no_index(tmp_path, ide
     indexes: such an id maps to no GPU, so which GPU it takes is unknown and every NVIDIA GPU
     is held back (a plain "3" holds back GPU 3 alone)."""
     checkpoint(str(tmp_path), [entry("pod-x", "nvidia.com/gpu", [ident], v1=True)])
-    p = plan(Inventory(str(tmp_path), INV.vendors), req())
+    p = plan_on(Inventory(str(tmp_path), INV.vendors), req())
     given, w = devices(p.edits), p.warnings
     assert [d for d in given if d.startswith("nvidia:")] == []
     assert any("no nvidia GPU is given" in x for x in w)
@@ -521,10 +526,10 @@ def test_held_back_explains_long_pod_and_device_names_cut_short(tmp_path):
     readable line, cut with '...', and a short one is shown whole."""
     long_pod, long_id = "p" * 500, "GPU-0003" + "x" * 500
     checkpoint(str(tmp_path), [entry(long_pod, "nvidia.com/gpu", ["GPU-0001"], v1=True)])
-    whys = [h.why for h in plan(Inventory(str(tmp_path), INV.vendors), req()).held_back]
+    whys = [h.why for h in plan_on(Inventory(str(tmp_path), INV.vendors), req()).held_back]
     assert len(whys) == 1 and len(whys[0]) < 200 and "..." in whys[0] and "'GPU-0001'" in whys[0]
     checkpoint(str(tmp_path), [entry("pod-b", "nvidia.com/gpu", [long_id.upper()], v1=True)])
-    whys = [h.why for h in plan(Inventory(str(tmp_path), INV.vendors), req()).held_back]
+    whys = [h.why for h in plan_on(Inventory(str(tmp_path), INV.vendors), req()).held_back]
     assert len(whys) == 8 and all(len(x) < 250 and "..." in x and "'pod-b'" in x for x in whys)
     assert policy.show("x" * 10) == repr("x" * 10)
     cut = policy.show("y" * 1000)
@@ -566,17 +571,17 @@ def test_request_from_spec_reads_what_the_runtime_wrote(tmp_path):
 def test_round_robin_that_cannot_keep_its_state_says_so_in_the_plans_warnings(tmp_path):
     blocked = tmp_path / "file"
     blocked.write_text("")
-    p = plan(Inventory("/", (nv(4),)), req({"gpuhook.dev/max-gpus": "1"}), state_dir=str(blocked / "sub"))
+    p = plan_on(Inventory("/", (nv(4),)), req({"gpuhook.dev/max-gpus": "1"}), state_dir=str(blocked / "sub"))
     e, warnings = p.edits, p.warnings
     assert devices(e) == ["nvidia:GPU-0000"]
     assert any("round robin" in w for w in warnings)
 
 
 def test_a_node_without_ldconfig_still_gets_its_libraries_without_the_ld_cache_hook(tmp_path, monkeypatch):
-    import gpuhook.plan as plan_mod
+    from gpuhook.probe import nodestate
 
-    monkeypatch.setattr(plan_mod, "LDCONFIG_CANDIDATES", (str(tmp_path / "no-ldconfig"),))
-    assert plan_mod.find_ldconfig() is None
+    monkeypatch.setattr(nodestate, "LDCONFIG_CANDIDATES", (str(tmp_path / "no-ldconfig"),))
+    assert nodestate.find_ldconfig() is None
     e = plan_edits(Inventory("/", (nv(1),)), req(rootfs=str(tmp_path)))
     assert devices(e) == ["nvidia:GPU-0000"] and any(m.container_path.endswith("libcuda.so.550.54.14") for m in e.mounts)
     assert not e.hooks
@@ -622,7 +627,7 @@ def test_visible_void_is_nothing_and_no_warning(value, plugin):
     (not even when the node's NVIDIA userspace is missing: the container asked for nothing)."""
     spec_devices = {"/dev/nvidia0": ("c", 195, 0)} if plugin else None
     for inv in (Inventory("/", (nv(2),)), Inventory("/", (nv(2)._replace(libraries=()),))):
-        p = plan(inv, req(env={"NVIDIA_VISIBLE_DEVICES": value}, spec_devices=spec_devices))
+        p = plan_on(inv, req(env={"NVIDIA_VISIBLE_DEVICES": value}, spec_devices=spec_devices))
         assert not p.edits and p.warnings == ()
 
 

@@ -20,9 +20,10 @@ import os
 import pytest
 
 from conftest import request
+from conftest import plan_on
 from gpuhook.config import Config
 from gpuhook.inventory import Device, Inventory, Library, Node, VendorInventory
-from gpuhook.plan import plan
+
 
 CHECKPOINT = "var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
 CUDA = Library("/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.14", "libcuda.so.1", "compute")
@@ -71,7 +72,7 @@ def write_checkpoint(root: str, entries: list) -> None:
 
 def given(root: str, entries: list, vendors=(nvidia, amd, intel)):
     write_checkpoint(root, entries)
-    p = plan(Inventory(root, tuple(v() for v in vendors)),
+    p = plan_on(Inventory(root, tuple(v() for v in vendors)),
              request(annotations={"io.kubernetes.cri.sandbox-uid": ME}, rootfs=None),
              config=Config(share="unallocated"))
     return set(p.devices) if p.edits else set(), list(p.held_back), list(p.warnings)
@@ -170,7 +171,7 @@ def test_an_id_gpuhook_cannot_map_holds_that_vendors_gpus_back(tmp_path, resourc
     assert all("cannot map" in h.why and resource in h.why for h in held)
     assert [w for w in warnings if "cannot map" in w and f"no {vendor} GPU is given" in w]
     only = Inventory(str(tmp_path), tuple(v() for v in (nvidia, amd, intel) if v().vendor == vendor))
-    p = plan(only, request(rootfs=None), config=Config(share="unallocated"))
+    p = plan_on(only, request(rootfs=None), config=Config(share="unallocated"))
     assert not p.edits
     assert p.reason == (f'all {len(mine)} GPU(s) held back: the kubelet allocated {resource} '
                                  f"{ident!r} to pod {OTHER!r}, which gpuhook cannot map to a GPU of this node "
@@ -226,7 +227,7 @@ def plan_with_answer(root: str, resp: str):
     data["Data"]["PodDeviceEntries"][0]["AllocResp"] = resp
     with open(path, "w") as f:
         json.dump(data, f)
-    return plan(Inventory(root, (nvidia(),)), request(annotations={"io.kubernetes.cri.sandbox-uid": ME}, rootfs=None),
+    return plan_on(Inventory(root, (nvidia(),)), request(annotations={"io.kubernetes.cri.sandbox-uid": ME}, rootfs=None),
                 config=Config(share="unallocated"))
 
 

@@ -6,7 +6,7 @@ import json
 import os
 import time
 
-from gpuhook.testing import fakehost
+from fakes import fakehost
 from gpuhook.probe import cache
 
 

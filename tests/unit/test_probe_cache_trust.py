@@ -12,7 +12,7 @@ import pytest
 
 import gpuhook.probe as probe_pkg
 from gpuhook.probe import cache
-from gpuhook.testing import fakehost
+from fakes import fakehost
 
 
 @pytest.fixture

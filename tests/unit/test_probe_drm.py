@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuhook.testing import fakehost
-from gpuhook.testing.fakehost import DRM_MAJOR, FakeHost
+from fakes import fakehost
+from fakes.fakehost import DRM_MAJOR, FakeHost
 from gpuhook.probe import accel, amd, common, drm, intel, probe, wsl
 from gpuhook.inventory import VendorInventory
 from gpuhook.probe.host import Host

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from conftest import FIXTURES
-from gpuhook.testing import fakehost
+from fakes import fakehost
 from gpuhook.probe import probe
 from gpuhook.probe.host import Host
 from gpuhook.probe.nvidia import parse_information, parse_version

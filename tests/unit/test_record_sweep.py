@@ -18,7 +18,7 @@ import pytest
 
 from conftest import FRONT
 from gpuhook.runtime import exec as execenv
-from gpuhook.testing.front import prime
+from fakes.front import prime
 
 ENV = ["GPUHOOK_ACCELERATOR=nvidia"]
 # a runtime that keeps a state directory per container, as runc and crun do: made at create,

@@ -167,7 +167,7 @@ def test_sh_front_missing_runtime_is_one_clear_line_and_runcs_log_says_it(tmp_pa
     containerd shim reports what it finds there), relative to the caller's directory."""
     path = tmp_path / "config.toml"
     path.write_text('runtime = "/nonexistent/runc"\nlog_file = ""\n')
-    from gpuhook.testing.front import prime
+    from fakes.front import prime
 
     prime(str(path), str(tmp_path / "cache"))
     r = subprocess.run([FRONT, "--log", "log.json", "--log-format", log_format, *command], capture_output=True,
@@ -200,7 +200,7 @@ def test_a_runtime_that_is_the_front_itself_is_one_clear_line(tmp_path, how):
     """A `runc` that is the wrapper (a link to it, or a copy), first on PATH or named in the
     config: refused with one line, by the front (with and without its front file: then Python
     refuses it) and by Python itself; never a front that execs itself for ever."""
-    from gpuhook.testing.front import prime
+    from fakes.front import prime
 
     bindir = tmp_path / "bin"
     bindir.mkdir()

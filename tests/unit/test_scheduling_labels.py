@@ -13,12 +13,13 @@ import re
 import pytest
 
 from conftest import REPO
+from conftest import plan_on
 from gpuhook import config, defaults, log
 from gpuhook.agent import core as agent_mod, kube, labels
 from gpuhook.inventory import Inventory
-from gpuhook.plan import Request, plan
+from gpuhook.plan import Request
 from gpuhook.probe import probe
-from gpuhook.testing import fakehost
+from fakes import fakehost
 from node_affinity import eligible, preference, term_matches
 from conftest import INTEL, NV
 
@@ -86,7 +87,7 @@ def test_gpu_type_on_each_kind_of_node_through_both_paths(node_kind, tmp_path, k
     if kind == "driver-root-not-yet":
         assert nfd["gpuhook.dev/nvidia.unusable"] == "no-libcuda"  # the GPUs are there, not usable yet
     # the vendor a gpu-optional container's GPUHOOK_ACCELERATOR names first, on that node
-    planned = plan(probe(str(tmp_path / kind)), Request({}, {}, None), "/sbin/ldconfig")
+    planned = plan_on(probe(str(tmp_path / kind)), Request({}, {}, None), "/sbin/ldconfig")
     assert (planned.vendors or (None,))[0] == want
 
 

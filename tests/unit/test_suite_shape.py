@@ -1,5 +1,5 @@
 """The suite's own shape (issue 23): a test module never imports another (what tests share
-lives in tests/conftest.py, the harness modules beside it and gpuhook/testing), and every test
+lives in tests/conftest.py, the harness modules beside it and tests/fakes), and every test
 checks something: an assert (or a raised AssertionError), pytest.raises/fail/warns, or a call
 of a helper that does."""
 
@@ -10,19 +10,19 @@ import os
 
 from conftest import REPO, TESTS
 
-TESTING = os.path.join(REPO, "gpuhook", "testing")
+TESTING = os.path.join(TESTS, "fakes")
 
 
 def _sources(root: str) -> dict[str, str]:
     """{module name as the tests import it: path} for the .py files under root."""
     out = {}
     for d, dirs, names in os.walk(root):
-        dirs[:] = [x for x in dirs if x not in ("cri", "fixtures", "__pycache__")]
+        dirs[:] = [x for x in dirs if x not in ("cri", "fixtures", "__pycache__") and os.path.join(d, x) != TESTING]
         for n in names:
             if n.endswith(".py"):
                 path = os.path.join(d, n)
                 if root == TESTING:
-                    out["gpuhook.testing" + ("" if n == "__init__.py" else "." + n[:-3])] = path
+                    out["fakes" + ("" if n == "__init__.py" else "." + n[:-3])] = path
                 else:
                     out[n[:-3]] = path
     return out
@@ -82,7 +82,7 @@ def _from_imports(tree: ast.Module) -> dict[str, tuple[str, str]]:
 def _checks(module: str, name: str, seen: frozenset = frozenset()) -> bool:
     """Whether the function `name` of `module` asserts, itself or through a function of the
     suite it calls by name (its module's own, or one it imports from conftest, a harness or
-    gpuhook.testing)."""
+    fakes)."""
     fn = _functions(TREES[module]).get(name)
     if fn is None or (module, name) in seen:
         return False

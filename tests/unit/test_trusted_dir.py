@@ -1,4 +1,4 @@
-"""plan.trusted.trusted_dir on host trees: how the node path of a directory gpuhook would mount
+"""probe.trusted.trusted_dir on host trees: how the node path of a directory gpuhook would mount
 read-write (the MPS pipe directory) is resolved under a host root (links inside it, ".", "..")
 and what on the way makes it refused."""
 
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from gpuhook.plan.trusted import trusted_dir
+from gpuhook.probe.trusted import trusted_dir
 
 
 def mps_host(tmp_path, name: str = "host"):

@@ -8,11 +8,12 @@ import subprocess
 import pytest
 
 from conftest import is_root
+from conftest import plan_on
 from conftest import request as req
-from gpuhook.testing import fakehost
+from fakes import fakehost
 from gpuhook.inventory import Device, Inventory, Node, VendorInventory
 from gpuhook import hook
-from gpuhook.plan import plan
+
 from gpuhook.probe import probe
 
 needs_root = pytest.mark.skipif(not is_root(), reason="needs root: real device nodes with a group (mknod, chown)")
@@ -41,7 +42,7 @@ def test_mi300_partitions_have_their_own_render_nodes(tmp_path):
 @needs_root
 def test_mi300_8_partitions_give_8_render_nodes_kfd_and_the_render_group(tmp_path):
     root = build(tmp_path, "amd_mi300", mknod=True, partitions=8, render_gid=4242, video_gid=4343)
-    e = plan(probe(root), req()).edits
+    e = plan_on(probe(root), req()).edits
     paths = [n.path for n in e.device_nodes]
     assert paths == [f"/dev/dri/renderD{128 + i}" for i in range(8)] + ["/dev/kfd"]
     assert all((n.file_mode, n.gid) == (0o660, 4242) for n in e.device_nodes)
@@ -72,7 +73,7 @@ def test_groups_only_for_nodes_that_need_them():
              Node("/dev/dri/renderD129", "c", 226, 129, None, None, None))  # not on the host yet
     kfd = Node("/dev/kfd", "c", 235, 0, 0o660, 0, 109)
     inv = Inventory("/", (VendorInventory("amd", (Device("amd", "gpu", 0, "0000:05:00.0", nodes),), (kfd,)),))
-    assert plan(inv, req()).edits.additional_gids == (109,)
+    assert plan_on(inv, req()).edits.additional_gids == (109,)
 
 
 # -- Intel -----------------------------------------------------------------------------------
@@ -82,7 +83,7 @@ def test_sriov_gives_the_virtual_functions_not_the_parent(tmp_path):
     v = probe(root).vendor("intel")
     assert [(d.kind, d.id, d.parent) for d in v.devices] == [
         ("partition", "0000:03:00.1", "0000:03:00.0"), ("partition", "0000:03:00.2", "0000:03:00.0")]
-    e = plan(probe(root), req()).edits
+    e = plan_on(probe(root), req()).edits
     assert [n.path for n in e.device_nodes] == ["/dev/dri/card2", "/dev/dri/renderD130",
                                                 "/dev/dri/card3", "/dev/dri/renderD131"]
 
@@ -101,14 +102,14 @@ def test_sriov_disabled_is_a_plain_gpu(tmp_path):
 
 def test_bypath_hook_arguments(tmp_path):
     root = build(tmp_path, "intel", dgpu=True)
-    e = plan(probe(root), req()).edits
+    e = plan_on(probe(root), req()).edits
     (h,) = e.hooks
     assert h.hook_name == "createContainer" and h.env == ("PATH=/usr/sbin:/usr/bin:/sbin:/bin",)
     assert h.kind == hook.BYPATH and h.path == hook.package_helper() and h.timeout == 10
     assert h.args[:3] == ("gpuhook-hook", "bypath", "/run/b/rootfs")
     assert h.args[3:] == ("pci-0000:00:02.0-card", "../card0", "pci-0000:00:02.0-render", "../renderD128",
                              "pci-0000:03:00.0-card", "../card1", "pci-0000:03:00.0-render", "../renderD129")
-    assert plan(probe(root), req(rootfs=None)).edits.hooks == ()
+    assert plan_on(probe(root), req(rootfs=None)).edits.hooks == ()
 
 
 def run_bypath(rootfs: str, *pairs: str) -> subprocess.CompletedProcess:

@@ -8,10 +8,11 @@ import os
 import pytest
 
 from conftest import FIXTURES
+from conftest import plan_on
 from conftest import request as req
 from gpuhook import hook
-from gpuhook.testing import fakehost
-from gpuhook.plan import plan
+from fakes import fakehost
+
 from gpuhook.probe import probe
 
 LIB = "/usr/lib/x86_64-linux-gnu"
@@ -27,7 +28,7 @@ def host(tmp_path, name="host", **kw) -> str:
 
 
 def edits_for(root, env=None, warnings=None, config=None, **kw):
-    p = plan(probe(root), req(env=env, **kw), ldconfig="/sbin/ldconfig", config=config)
+    p = plan_on(probe(root), req(env=env, **kw), ldconfig="/sbin/ldconfig", config=config)
     if warnings is not None:
         warnings += p.warnings
     return p.edits
@@ -112,7 +113,7 @@ def test_stale_libcuda_beside_the_running_driver_is_not_mounted(tmp_path):
     paths = [lib.path for lib in inv.vendor("nvidia").libraries]
     assert f"{LIB}/libcuda.so.{V}" in paths and f"{LIB}/libnvidia-ml.so.{V}" in paths
     assert not any("470" in p for p in paths)
-    got = mounted(plan(inv, req(), ldconfig="/sbin/ldconfig").edits)
+    got = mounted(plan_on(inv, req(), ldconfig="/sbin/ldconfig").edits)
     assert f"{LIB}/libcuda.so.{V}" in got and not any("470" in p for p in got)
 
 
@@ -134,7 +135,7 @@ def test_mig_capability_nodes(tmp_path):
     # gpu1/gi1/access = 3 + 135 + 9 = 147, its ci0 = 148; gi2 = 156, ci0 157, ci1 158
     assert caps == [(f"/dev/nvidia-caps/nvidia-cap{m}", 235, m) for m in (147, 148, 156, 157, 158)]
     assert len(nv.devices[1].nodes) == 1  # not in MIG mode
-    e = plan(probe(root), req()).edits
+    e = plan_on(probe(root), req()).edits
     got = nodes(e)
     assert {p for p, _, _ in caps} <= set(got)
     assert "/dev/nvidia-caps/nvidia-cap1" not in got and "/dev/nvidia-caps/nvidia-cap2" not in got  # config, monitor
@@ -163,9 +164,9 @@ def test_nvswitch_and_imex_nodes(tmp_path):
     assert ctl["/dev/nvidia-nvswitchctl"] == (511, 255)
     assert [ctl[f"/dev/nvidia-nvswitch{i}"] for i in range(3)] == [(511, i) for i in range(3)]
     assert [ctl[f"/dev/nvidia-caps-imex-channels/channel{i}"] for i in range(3)] == [(234, i) for i in range(3)]
-    got = nodes(plan(probe(root), req()).edits)
+    got = nodes(plan_on(probe(root), req()).edits)
     assert "/dev/nvidia-nvswitch2" in got and "/dev/nvidia-caps-imex-channels/channel2" in got
-    got = nodes(plan(probe(root), req(env={"NVIDIA_IMEX_CHANNELS": "1"})).edits)
+    got = nodes(plan_on(probe(root), req(env={"NVIDIA_IMEX_CHANNELS": "1"})).edits)
     assert [p for p in got if "imex" in p] == ["/dev/nvidia-caps-imex-channels/channel1"]
 
 
@@ -221,7 +222,7 @@ def test_mps_dir_from_node_config(tmp_path):
     root = host(tmp_path, gpus=1)
     fh = fakehost.FakeHost(root)
     fh.file("/run/mps/control", "")
-    e = plan(probe(root), req(), config=Config(mps_pipe_dir="/run/mps")).edits
+    e = plan_on(probe(root), req(), config=Config(mps_pipe_dir="/run/mps")).edits
     assert {m.container_path: m.host_path for m in e.mounts}["/tmp/nvidia-mps"] == root + "/run/mps"
 
 

@@ -11,12 +11,13 @@ import subprocess
 import sys
 import textwrap
 
-from conftest import REPO, request
+from conftest import REPO, TESTS, request
+from conftest import plan_on
 from gpuhook.agent import labels
-from gpuhook.plan import plan
+
 from gpuhook.probe import present, probe
 from gpuhook.probe.host import Host
-from gpuhook.testing import fakehost
+from fakes import fakehost
 
 
 def wsl_host(tmp_path):
@@ -34,7 +35,7 @@ def test_wsls_gpu_has_one_name_from_the_front_to_the_labels(tmp_path):
     inv = probe(fh.root)
     assert present(Host(fh.root)) == ["dxg"]
     assert [v.vendor for v in inv.vendors] == ["dxg"]
-    p = plan(inv, request(rootfs=None))
+    p = plan_on(inv, request(rootfs=None))
     assert p.vendors == ("dxg",) and p.devices == ("dxg:dxg",)
     assert {"GPUHOOK_ACCELERATOR=dxg", "GPUHOOK_DEVICES=dxg:dxg"} <= set(p.edits.env)
     got = labels.node_labels(inv)
@@ -46,11 +47,11 @@ def test_an_annotation_may_still_name_wsls_gpu_wsl(tmp_path):
     warning for an unknown vendor lists the names only."""
     inv = probe(wsl_host(tmp_path).root)
     for value in ("wsl", "dxg", "nvidia, wsl", " WSL "):
-        p = plan(inv, request(annotations={"gpuhook.dev/vendors": value}, rootfs=None))
+        p = plan_on(inv, request(annotations={"gpuhook.dev/vendors": value}, rootfs=None))
         assert p.vendors == ("dxg",) and p.warnings == (), value
-    p = plan(inv, request(annotations={"gpuhook.dev/vendors": "nvidia"}, rootfs=None))
+    p = plan_on(inv, request(annotations={"gpuhook.dev/vendors": "nvidia"}, rootfs=None))
     assert not p.edits and p.reason == "the pod's gpuhook.dev/vendors names no vendor of this node"
-    p = plan(inv, request(annotations={"gpuhook.dev/vendors": "windows"}, rootfs=None))
+    p = plan_on(inv, request(annotations={"gpuhook.dev/vendors": "windows"}, rootfs=None))
     assert p.vendors == ("dxg",)  # ignored as a whole: every vendor of the node
     (w,) = p.warnings
     assert "(known: nvidia, amd, intel, accel, dxg)" in w
@@ -66,15 +67,17 @@ new = vendors.Vendor("fpga", ("/dev/fpga[0-9]*",), "fpga_probe", udev=("fpga",),
 vendors.VENDORS += (new,)
 vendors.NAMES, vendors.BY_NAME, vendors.SPELLINGS = vendors._index(vendors.VENDORS)
 
-from gpuhook.agent import core
+from gpuhook.agent import watch
+from gpuhook.config import Config
 from gpuhook.plan import Request, plan
-from gpuhook.probe import probe
+from gpuhook.probe import nodestate, probe
 from gpuhook.runtime import server
 
-p = plan(probe(sys.argv[2]), Request({}, {"gpuhook.dev/vendors": "fpga-old"}, None))
+inv = probe(sys.argv[2])
+p = plan(inv, nodestate.read(inv, Config()), Request({}, {"gpuhook.dev/vendors": "fpga-old"}, None), Config())
 print(json.dumps({"accelerator": [e for e in p.edits.env if e.startswith("GPUHOOK_ACCELERATOR=")],
-                  "warnings": list(p.warnings), "subsystems": list(core.UDEV_SUBSYSTEMS),
-                  "modules": sorted(core.UDEV_MODULES), "warm": "fpga_probe" in server.WARM}))
+                  "warnings": list(p.warnings), "subsystems": list(watch.UDEV_SUBSYSTEMS),
+                  "modules": sorted(watch.UDEV_MODULES), "warm": "fpga_probe" in server.WARM}))
 """
 
 FPGA_PROBE = """
@@ -133,7 +136,7 @@ def test_a_probe_that_names_its_vendor_otherwise_is_not_taken(tmp_path, monkeypa
 RENAMED = """
 import json, sys
 from gpuhook import vendors
-from gpuhook.testing import fakehost
+from fakes import fakehost
 
 new = {"nvidia": "nv", "amd": "radeon", "intel": "arc", "accel": "npu", "dxg": "wsl2"}
 vendors.VENDORS = tuple(vendors.Vendor(name=new[v.name], signs=v.signs, probe=v.probe) for v in vendors.VENDORS)
@@ -162,7 +165,7 @@ def test_a_vendor_renamed_in_the_registry_alone_is_probed_under_its_new_name(tmp
     """Each probe module takes its vendor's name from the registry (vendors.by_module): a
     rename there alone, of every vendor, names their devices by the new names."""
     r = subprocess.run([sys.executable, "-c", RENAMED, str(tmp_path)], capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": REPO}, timeout=60)
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join((REPO, TESTS))}, timeout=60)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == {"nv": ["nv"], "radeon": ["radeon"], "arc": ["arc"], "npu": ["npu"],
                                     "wsl2": ["wsl2"]}

@@ -145,3 +145,57 @@ def test_a_temp_name_taken_over_between_link_and_rename_is_linked_again(tmp_path
     monkeypatch.setattr(os, "rename", rename)
     spec.write_atomic(str(tmp_path / "f"), b"mine", 0o600)
     assert raced and (tmp_path / "f").read_bytes() == b"mine" and os.listdir(tmp_path) == ["f"]
+
+
+# -- durability: what is fsynced, and when (a stubbed fsync sees it; only a crash would otherwise) --
+
+
+def fsyncs(monkeypatch, path) -> list:
+    """os.fsync recorded: ("file", its size, what `path` held then) or ("dir", its inode)."""
+    seen, real = [], os.fsync
+
+    def fsync(fd):
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            seen.append(("dir", st.st_ino))
+        else:
+            with open(path, "rb") as f:
+                seen.append(("file", st.st_size, f.read()))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return seen
+
+
+def test_the_data_is_fsynced_before_the_rename_and_the_directory_after(tmp_path, monkeypatch):
+    """By default the new file's data reaches the disk while the old file is still in place,
+    then the directory holding the rename: a crash leaves the old file or the whole new one."""
+    path = tmp_path / "config.json"
+    path.write_bytes(b"old")
+    seen = fsyncs(monkeypatch, path)
+    spec.write_atomic(str(path), b"new data")
+    assert seen == [("file", 8, b"old"), ("dir", tmp_path.stat().st_ino)]
+    assert path.read_bytes() == b"new data"
+
+
+def test_the_named_way_fsyncs_the_same(tmp_path, monkeypatch, no_tmpfile):
+    """Without /proc the unnamed file was written (and fsynced) before the link failed: the
+    named one is fsynced all the same."""
+    path = tmp_path / "config.json"
+    path.write_bytes(b"old")
+    seen = fsyncs(monkeypatch, path)
+    spec.write_atomic(str(path), b"new data")
+    files = 2 if no_tmpfile == "no /proc" else 1
+    assert seen == [("file", 8, b"old")] * files + [("dir", tmp_path.stat().st_ino)]
+    assert path.read_bytes() == b"new data"
+
+
+def test_sync_dir_false_leaves_the_directory_and_sync_false_leaves_everything(tmp_path, monkeypatch):
+    path = tmp_path / "f"
+    path.write_bytes(b"old")
+    seen = fsyncs(monkeypatch, path)
+    spec.write_atomic(str(path), b"new", sync_dir=False)
+    assert seen == [("file", 3, b"old")]
+    seen.clear()
+    spec.write_atomic(str(path), b"newer", sync_dir=False, sync=False)
+    assert seen == [] and path.read_bytes() == b"newer"

@@ -1,5 +1,6 @@
 """`make demo`: what gpuhook sees on this machine, what it would inject on a GPU node, and,
-as root with runc, a real container started through gpuhook-runtime on both."""
+as root with runc, a real container started through gpuhook-runtime on both. It runs from the
+checkout (the simulated node is the tests' fake host, tests/fakes/, which is not installed)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,14 @@ import subprocess
 import sys
 import tempfile
 
-from .testing import bundle, fakehost
-from .cli import format_edits, format_inventory
-from .plan import plan, request_from_spec
-from .probe import probe
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(HERE), HERE]  # gpuhook from this checkout, and the tests' fakes
+
+from fakes import bundle, fakehost  # noqa: E402
+from gpuhook.cli import format_edits, format_inventory  # noqa: E402
+from gpuhook.config import Config  # noqa: E402
+from gpuhook.plan import plan, request_from_spec  # noqa: E402
+from gpuhook.probe import nodestate, probe  # noqa: E402
 
 SHOW = (
     'echo "GPUHOOK_ACCELERATOR=${GPUHOOK_ACCELERATOR:-<unset: run on CPU>}"; '
@@ -72,7 +77,8 @@ def main() -> int:
         print(format_inventory(probe(root)))
         title("3. gpuhook plan: what a gpu-optional container would get there")
         spec = bundle.spec(["sh"], rootfs=os.path.join(tmp, "rootfs"))
-        print(format_edits(plan(probe(root), request_from_spec(spec)).edits, root))
+        inv, config = probe(root), Config(log_file="")
+        print(format_edits(plan(inv, nodestate.read(inv, config), request_from_spec(spec), config).edits, root))
 
         if not can_run:
             print("\n(As root with runc and busybox-static, the demo also starts real containers: sudo make demo.)")

@@ -190,7 +190,7 @@ class FakeAPI:
 
     def client(self, **kw):
         """gpuhook's own client (agent/kube.py) for this API."""
-        from ..agent import kube
+        from gpuhook.agent import kube
 
         return kube.KubeAPI(self.url, self.token, self.node_name, self.ca_file, **kw)
 

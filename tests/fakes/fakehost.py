@@ -1,6 +1,6 @@
 """Build fake GPU hosts: a directory laid out like a node's `/` (proc, sys, dev, libraries).
 
-Used by `make demo` (the built-in simulated GPU node), by `gpuhook plan --simulate`, and by
+Used by `make demo` (the built-in simulated GPU node), by tests/simulate.py, and by
 the tests. The layouts follow the kernel's and the drivers' real ones:
 
 - NVIDIA: /proc/driver/nvidia/{version,gpus/<bdf>/information}, /proc/devices majors,
@@ -21,8 +21,8 @@ import os
 import shutil
 import subprocess
 
-from .. import defaults
-from ..probe import driverroot
+from gpuhook import defaults
+from gpuhook.probe import driverroot
 
 DRM_MAJOR = 226
 NVIDIA_MAJOR = 195

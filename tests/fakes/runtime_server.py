@@ -4,7 +4,7 @@ import os
 import subprocess
 import time
 
-from ..runtime.server import SOCKET_NAME
+from gpuhook.runtime.server import SOCKET_NAME
 
 
 def start(argv: list[str], env: dict, timeout: float = 10.0, **popen) -> subprocess.Popen:
