@@ -603,7 +603,7 @@ def test_ready_is_told_to_systemd_once_synchronized(tmp_path, node, monkeypatch)
 def test_checking_a_container_of_the_list_gives_out_no_gpu(connected, node):
     """The check of a listed container plans with no round-robin memory: a max-gpus pod's
     check leaves the node's record of what was given as it was (none here)."""
-    from gpuhook.plan import policy
+    from gpuhook.probe import nodestate
 
     rt, _t, _said = connected
     _conf, log = node
@@ -612,10 +612,10 @@ def test_checking_a_container_of_the_list_gives_out_no_gpu(connected, node):
     sync(rt, away)
     (rec,) = records(log, 1)
     assert rec["decision"] == "missed"
-    assert not os.path.exists(os.path.join(os.environ["GPUHOOK_CACHE_DIR"], policy.STATE_FILE))
+    assert not os.path.exists(os.path.join(os.environ["GPUHOOK_CACHE_DIR"], nodestate.STATE_FILE))
     rt.call("CreateContainer", create_request(), pb.CreateContainerResponse)  # a real create: remembered
     served = create_request()
     served.container.annotations["gpuhook.dev/max-gpus"] = "2"
     served.container.id = "c9"
     rt.create(served)
-    assert os.path.exists(os.path.join(os.environ["GPUHOOK_CACHE_DIR"], policy.STATE_FILE))
+    assert os.path.exists(os.path.join(os.environ["GPUHOOK_CACHE_DIR"], nodestate.STATE_FILE))

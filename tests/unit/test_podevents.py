@@ -400,7 +400,7 @@ def test_the_agent_posts_only_gpuhooks_own_reasons():
     hooks = {podevents.event_for({**create(podevents.HOOK_DECISION), "kind": k})[0] for k in (LDCACHE, BYPATH)}
     assert creates | hooks == set(kube.EVENT_REASONS["Pod"])
     node_reasons = set()
-    for name in ("core.py", "summary.py"):  # the loop's, and those a probe's summary makes
+    for name in ("core.py", "summary.py", "sinks.py"):  # the loop's, a probe's summary's, the sinks'
         with open(os.path.join(REPO, "gpuhook", "agent", name)) as f:
             node_reasons |= set(re.findall(r'(?:post\(|append\(\()\s*"([A-Za-z]+)"', f.read()))
     assert node_reasons == set(kube.EVENT_REASONS["Node"])
