@@ -535,7 +535,7 @@ class Agent:
             return
         self.ready = True
         if self.opts.ready_file:
-            from ..spec import write_atomic
+            from ..fsutil import write_atomic
 
             try:
                 os.makedirs(os.path.dirname(self.opts.ready_file) or ".", exist_ok=True)

@@ -150,7 +150,7 @@ def parse_nfd(text: str) -> dict[str, str]:
 def write_nfd(labels: dict[str, str], directory: str, name: str = NFD_FILE) -> bool:
     """Write the feature file atomically (a dotfile, which NFD skips, then rename); only
     when it changes. Labels gone from `labels` go from the file, and NFD removes them."""
-    from ..spec import write_atomic
+    from ..fsutil import write_atomic
 
     data = nfd_text(labels).encode()
     path = os.path.join(directory, name)

@@ -278,7 +278,7 @@ def main(argv: "list[str] | None" = None) -> int:
             continue
         stale.append(path)
         if "--check" not in args:
-            from ..spec import write_atomic
+            from ..fsutil import write_atomic
 
             write_atomic(path, text.encode(), 0o644)
     if "--check" in args:
