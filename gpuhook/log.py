@@ -23,7 +23,7 @@ import os
 import sys
 
 from . import defaults
-from .runtime.logline import utc_now  # the runtime's time format (there: the runtime never imports this module)
+from .logline import utc_now  # the node log's time format
 
 _configured = False
 

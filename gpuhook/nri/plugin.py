@@ -25,6 +25,7 @@ from typing import Any
 
 from .. import defaults
 from ..hook import ROOTFS_FROM_STATE
+from ..logline import NRI
 from . import wire
 
 DEFAULT_SOCKET = "/var/run/nri/nri.sock"  # NRI's api.DefaultSocketPath
@@ -39,7 +40,7 @@ SERVICE = "nri.pkg.api.v1alpha1.Plugin"
 RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
 CREATE_CONTAINER = 4  # api.Event CREATE_CONTAINER
 UNIMPLEMENTED = 12  # gRPC code
-FRONT = "nri"  # the node log's "front" of a create made here
+FRONT = NRI  # the node log's "front" of a create made here
 
 
 def event_mask(*events: int) -> int:
@@ -141,7 +142,7 @@ class Plugin:
         self.say = log or (lambda msg: print(f"gpuhook nri: {msg}", file=sys.stderr, flush=True))
         self.runtime = ""
         self.sock: socket.socket | None = None
-        self.unlogged: list[tuple] = []  # (config, record, own ms): written once the reply is sent
+        self.unlogged: list[tuple] = []  # (config, logline.CreateRecord): written once the reply is sent
 
     def warm(self) -> None:
         """Import what a create needs and put everything made so far out of the cyclic
@@ -149,10 +150,9 @@ class Plugin:
         a full collection over the interpreter's own objects."""
         import gc
 
-        from .. import config, fastjson, plan  # noqa: F401
+        from .. import config, fastjson, inject, logline, plan  # noqa: F401
         from ..plan import policy  # noqa: F401
         from ..probe import cache  # noqa: F401
-        from ..runtime import logline  # noqa: F401
 
         gc.collect()
         gc.freeze()
@@ -228,91 +228,66 @@ class Plugin:
     # -- CreateContainer -----------------------------------------------------------------------
     def create_container(self, payload: bytes):
         """The CreateContainerResponse: never an error, whatever happens."""
+        from .. import inject
+
         pb = self.pb
         started = time.monotonic()
-        record: dict = {"front": FRONT}
-        config = None
+        config = decision = container_id = None
+        errors: list[str] = []
         try:
             from ..config import load
 
-            config, _errors = load()
+            config, errors = load()
             req = pb.CreateContainerRequest.FromString(payload)
-            record["container_id"] = req.container.id
+            container_id = req.container.id
             if req.pod.runtime_handler != config.nri_runtime_handler:
                 return pb.CreateContainerResponse()  # another handler's pod: no line, as no wrapper ran
-            adj = self.adjust(req, config, record)
+            decision, adj = self.adjust(req, config, errors)
+            if decision.decision == inject.ERROR:
+                return pb.CreateContainerResponse()  # as after a fault of its own
             return pb.CreateContainerResponse(adjust=adj)
         except Exception as e:  # fail open, always: an error reply would fail the create
-            record["decision"] = "error"
-            from ..runtime.logline import MAX_ERROR
-
-            record["error"] = f"{type(e).__name__}: {e}"[:MAX_ERROR]
+            decision = inject.failed(e, decision, errors)
             return pb.CreateContainerResponse()
         finally:
-            if "decision" in record:
-                self.unlogged.append((config, record, round((time.monotonic() - started) * 1000, 2)))
+            if decision is not None:
+                ms = (time.monotonic() - started) * 1000
+                self.unlogged.append((config, inject.record(decision, FRONT, container_id, ms)))
 
-    def adjust(self, req, config, record: dict):
-        from ..config import cache_dir
-        from ..plan import find_ldconfig, plan
-        from ..plan.policy import pod_of
-        from ..probe.cache import probe_cached
-
-        pb = self.pb
+    def rootfs(self, container_id: str) -> str | None:
+        """The container's rootfs as the ld-cache hook is told it (rootfs_template)."""
         template = self.rootfs_template
         if not template or template == ROOTFS_FROM_STATE:
-            rootfs = template or None  # no hook, or the hook reads the root from the runtime's files
-        else:
-            rootfs = template.format(id=req.container.id)
-        request = request_from_nri(req.container, rootfs)
-        record.update(pod_of(request.annotations))
-        if request.is_sandbox:
-            record["decision"] = "sandbox"
-            return pb.ContainerAdjustment()
-        inventory = probe_cached(config.host_root, cache_dir(), config.probe_cache_ttl, config.nvidia_driver_root)
-        planned = plan(inventory, request, config.ldconfig or find_ldconfig(), config, cache_dir())
-        warnings = [*inventory.warnings, *planned.warnings]
-        edits = planned.edits
+            return template or None  # no hook, or the hook reads the root from the runtime's files
+        return template.format(id=container_id)
+
+    def adjust(self, req, config, config_errors):
+        """(the create core's Decision for req's container, its ContainerAdjustment)."""
+        from .. import inject
+
+        decision = inject.decide(request_from_nri(req.container, self.rootfs(req.container.id)), config, config_errors)
+        edits = decision.edits
         if not edits:
-            record["decision"] = "no-gpu" if not inventory.vendors else "declined"
-            if planned.reason:
-                record["reason"] = planned.reason
-            if warnings:
-                record["warnings"] = [str(w)[:500] for w in warnings[:20]]
-            return pb.ContainerAdjustment()
-        adj, left_out = adjustment(edits, req.container, pb)
-        warnings += [f"not adjustable through NRI: {x}" for x in left_out]
-        record.update(
-            decision="injected",
-            vendors=list(planned.vendors),
-            nodes=[d.path for d in adj.linux.devices],
-            mounts=[m.destination for m in adj.mounts],
-            hooks=len(adj.hooks.create_container),
-            env=[f"{kv.key}={kv.value}" for kv in adj.env],
-        )
-        if planned.devices:
-            record["devices"] = list(planned.devices[:256])
-        if warnings:
-            record["warnings"] = [str(w)[:500] for w in warnings[:20]]
-        return adj
+            return decision, self.pb.ContainerAdjustment()
+        adj, left_out = adjustment(edits, req.container, self.pb)
+        return decision.warned(*(f"not adjustable through NRI: {x}" for x in left_out)), adj
 
     def write_log(self) -> None:
-        """The node log's line for each create decided on since the last call (the wrapper's
-        line, with "front"): best effort, never raises."""
+        """The node log's line for each create decided on since the last call (the create
+        core's record, naming this front): best effort, never raises."""
         while self.unlogged:
-            config, record, own_ms = self.unlogged.pop(0)
+            config, record = self.unlogged.pop(0)
             try:
                 from .. import fastjson
-                from ..runtime.logline import append_line, utc_now
+                from ..logline import append_line
 
                 log_file = config.log_file if config is not None else None
                 if config is None:
                     from ..config import Config
 
                     log_file = Config().log_file
-                line = {"time": utc_now(), "event": "create", **record, "duration_ms": own_ms}
                 if log_file:
-                    append_line(log_file, fastjson.dumps(line))
+                    append_line(log_file, fastjson.dumps(record.to_line()))
             except Exception as e:  # the log is best effort; the answer is not
                 self.say(f"cannot write the node log: {type(e).__name__}: {e}")
 

@@ -457,7 +457,7 @@ def exec_call(inv, argv: list[str], real: str, config, call):
     if not why or not config.log_file:
         return Answer([real] + argv)
     from .. import fastjson
-    from .logline import MAX_ERROR, line_bytes, utc_now
+    from ..logline import MAX_ERROR, line_bytes, utc_now
 
     record = {"time": utc_now(), "event": "exec", "container_id": inv.container_id, "decision": "unchanged"}
     record["error"] = why[:MAX_ERROR]

@@ -31,12 +31,14 @@ def _no_gpu_line() -> str:
     import re
 
     from ..config import Config
+    from ..inject import NO_GPU, Decision
     from .args import Call, Invocation
-    from .create import Outcome, log_line
+    from .create import log_line
 
-    out = Outcome()
-    out.decision = "no-gpu"
-    logged = log_line(Config(log_file="/log"), Invocation("create", "@BUNDLE@", "@ID@", None, None), out, Call({}, "/"))
+    no_gpu = Decision(NO_GPU)
+    logged = log_line(
+        Config(log_file="/log"), Invocation("create", "@BUNDLE@", "@ID@", None, None), no_gpu, Call({}, "/")
+    )
     assert logged is not None
     line = logged[1].decode().replace("%", "%%")
     line, times = re.subn(r'"time":"[^"]*"', '"time":"%1$s"', line)
@@ -176,6 +178,7 @@ def _one_of(value: str, choices) -> str:
 def render() -> str:
     from .. import config, defaults, runtime
     from ..install import build
+    from .. import logline as nodelog
     from . import args, logline, server
     from . import exec as execenv
 
@@ -203,8 +206,8 @@ def render() -> str:
         _define("FRONT_NAME", os.path.basename(config.FRONT_BINARY), "config.is_front: the wrapper's own name"),
         _front_file(),
         _define("NO_GPU_LINE", _no_gpu_line(), "create.log_line's, for a create with no GPU"),
-        _define("TIME_FORMAT", logline.TIME_FORMAT, "logline.TIME_FORMAT: year, month, day, hour, minute, second, ms"),
-        _define("LOG_MODE", logline.LOG_MODE, "logline.LOG_MODE: a log file's, when a line creates it", octal=True),
+        _define("TIME_FORMAT", nodelog.TIME_FORMAT, "logline.TIME_FORMAT: year, month, day, hour, minute, second, ms"),
+        _define("LOG_MODE", nodelog.LOG_MODE, "logline.LOG_MODE: a log file's, when a line creates it", octal=True),
         _define("PREFIX", logline.PREFIX, "logline.PREFIX: the runtime's error lines"),
         _define("NO_RUNTIME", _printf(logline.NO_RUNTIME, 2), "logline.NO_RUNTIME: the runtime, the config file"),
         _define("RUNTIME_IS_FRONT", _printf(logline.RUNTIME_IS_FRONT, 2), "logline.RUNTIME_IS_FRONT"),
@@ -241,8 +244,7 @@ def render() -> str:
 def render_hook() -> str:
     """gpuhook-hook.h: the helper's subcommands, its @state root, its log's variable and event,
     its ldconfig deadline, from gpuhook/hook/__init__.py."""
-    from .. import hook
-    from . import logline
+    from .. import hook, logline
 
     if not 0 < hook.LDCONFIG_DEADLINE < hook.TIMEOUT[hook.LDCACHE]:
         raise ValueError("hook.LDCONFIG_DEADLINE must end before the ld-cache hook's TIMEOUT")

@@ -97,7 +97,7 @@ static const char *const FRONT_DEFAULTS[FRONT_NKEYS] = {
     [FRONT_ERRORS] = "0",
 };
 
-#define NO_GPU_LINE "{\"time\":\"%1$s\",\"event\":\"create\",\"container_id\":%2$s,\"bundle\":\"%3$s\",\"decision\":\"no-gpu\",\"vendors\":[],\"nodes\":[],\"mounts\":[],\"hooks\":0,\"duration_ms\":%4$.2f}\n" /* create.log_line's, for a create with no GPU */
+#define NO_GPU_LINE "{\"time\":\"%1$s\",\"event\":\"create\",\"front\":\"wrapper\",\"container_id\":%2$s,\"bundle\":\"%3$s\",\"decision\":\"no-gpu\",\"vendors\":[],\"nodes\":[],\"mounts\":[],\"hooks\":0,\"duration_ms\":%4$.2f}\n" /* create.log_line's, for a create with no GPU */
 
 #define TIME_FORMAT "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ" /* logline.TIME_FORMAT: year, month, day, hour, minute, second, ms */
 
