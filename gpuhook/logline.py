@@ -111,7 +111,7 @@ class CreateRecord(Record):
     nodes: "tuple[str, ...]" = ()
     mounts: "tuple[str, ...]" = ()
     hooks: int = 0
-    duration_ms: float = 0.0
+    duration_ms: "float | None" = None
     runtime_server: bool = False
     devices: "tuple[str, ...]" = ()
     held_back: "tuple[str, ...]" = ()

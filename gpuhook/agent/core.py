@@ -20,6 +20,7 @@ import time
 from typing import Any, Callable
 
 from .. import cdi, defaults, hook, vendors
+from ..logline import bounded_warnings
 from ..nri.plugin import DEFAULT_SOCKET as NRI_SOCKET, ROOTFS_TEMPLATE
 from . import kube as kube_mod, labels as labels_mod, nri as nri_mod
 
@@ -80,7 +81,7 @@ class Options:
         return self._under_root(self.cdi_dir, cdi.DEFAULT_DIR)
 
     def resolved_nfd_dir(self) -> str:
-        return self._under_root(self.nfd_dir, labels_mod.NFD_DIR)
+        return self._under_root(self.nfd_dir, defaults.NFD_DIR)
 
     def _under_root(self, given: str | None, default: str) -> str:
         if given is not None:
@@ -358,7 +359,7 @@ class Agent:
                 reason=reason,
                 message=describe(inv),
                 **common,
-                warnings=list(inv.warnings)[:20],
+                warnings=list(bounded_warnings(inv.warnings)),
                 duration_ms=round((time.monotonic() - t0) * 1000, 1),
             )
         elif changed:
@@ -370,7 +371,7 @@ class Agent:
                 added=change["added"],
                 removed=change["removed"],
                 driver_changes=change["driver_version"],
-                warnings=list(inv.warnings)[:20],
+                warnings=list(bounded_warnings(inv.warnings)),
             )
         else:
             self.log.debug("inventory.same", reason=reason)
@@ -454,9 +455,7 @@ class Agent:
             return True
         try:
             if labels_mod.write_nfd(node_labels, self.nfd_dir):
-                self.log.info(
-                    "labels.written", file=os.path.join(self.nfd_dir, labels_mod.NFD_FILE), labels=node_labels
-                )
+                self.log.info("labels.written", file=os.path.join(self.nfd_dir, defaults.NFD_FILE), labels=node_labels)
         except OSError as e:
             self.log.error("labels.error", error=str(e), dir=self.nfd_dir)
             return False

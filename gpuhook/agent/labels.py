@@ -31,15 +31,13 @@ import os
 import re
 
 from ..config import valid_label_name, valid_vendor_label
-from ..defaults import AGENT_NAME
+from ..defaults import AGENT_NAME, NFD_FILE
 
 PREFIX = "gpuhook.dev/"
 ACCELERATOR = PREFIX + "accelerator"
 RUNTIME_READY = PREFIX + "runtime-ready"
 # labels under our prefix that the operator sets and the agent must never remove
 OPERATOR_LABELS = frozenset({PREFIX + "install"})
-NFD_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
-NFD_FILE = "gpuhook"
 MAX_VALUE = 63
 
 _BAD = re.compile(r"[^A-Za-z0-9._-]+")

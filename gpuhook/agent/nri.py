@@ -8,7 +8,7 @@ plain file, a socket of another user) is said once and no plugin runs.
 
 The child is `gpuhook nri` started by a fresh interpreter (never a fork of the agent: it
 shares none of the agent's state). With `--root` other than `/` it chroots there and runs the
-node's installed bundle (plugin.cmd_nri), so its node config, log, probe cache, ldconfig and
+node's installed bundle (cli/nri.py cmd_nri), so its node config, log, probe cache, ldconfig and
 paths are the node's own, as under gpuhook-nri.service. It dies with the agent: SIGTERM when
 the agent stops (SIGKILL after a grace), PR_SET_PDEATHSIG when the agent is gone without a
 word. It exiting is logged and it is started again, after 1 s, then twice as long each time

@@ -327,13 +327,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.set_defaults(func=cmd_runtime_server)
     # One module per command group adds its subcommands (module-level imports kept light).
-    from . import agent, cdi, config, install, log
+    from . import agent, cdi, config, install, log, nri
 
-    for group in (install, config, cdi, agent, log):
+    for group in (install, config, cdi, agent, log, nri):
         group.add_commands(sub)
-    from ..nri import plugin as nri_plugin
-
-    nri_plugin.add_command(sub)
     return p
 
 

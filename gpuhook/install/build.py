@@ -44,6 +44,9 @@ from typing import Callable
 import gpuhook
 from gpuhook import defaults, hook
 
+# the bundle's layout: defaults.py's (the C front and `gpuhook nri --root` read it too)
+from gpuhook.defaults import INTERPRETER, LIB, LIBRARY_PATH_FLAG, LOADER, SITE_PACKAGES
+
 from . import InstallError
 
 PY = f"python{sys.version_info.major}.{sys.version_info.minor}"
@@ -75,15 +78,6 @@ SKIP_DYNLOAD = re.compile(
     r"|_dbm|_gdbm|nis|ossaudiodev|_crypt)"
 )
 
-# the bundle's loader and interpreter, as the C front (gpuhook/runtime/gpuhook-runtime.c: exec_python)
-# and bin/python3 run them
-LOADER = "libexec/ld.so"
-INTERPRETER = "libexec/python3"
-LIBRARY_PATH_FLAG = "--library-path"  # the loader's option: where the bundle's libraries are
-LIB = "lib"  # those libraries, and lib/<PYTHON_DIRS...>/<SITE_PACKAGES> (beside bin/ and libexec/)
-PYTHON_DIRS = "python3"  # lib/python3.X: how its name starts
-SITE_PACKAGES = "site-packages"  # where gpuhook is, under lib/python3.X
-DIST_PACKAGES = "dist-packages"  # Debian's python3-gpuhook's place, when the front is beside it
 
 PYTHON_SH = f"""#!/bin/sh
 # The bundled Python, run by the bundled dynamic loader and libc: nothing comes from the host.

@@ -539,7 +539,7 @@ def _uninstall_shared(root: str, opts: Options, state: dict, say: Say) -> None:
     # What the agent wrote for this node: the NFD feature file (it says runtime-ready=true, and
     # NFD would put the label back) and the CDI specs. Host paths resolved inside the root.
     from ..cdi import DEFAULT_DIR as CDI_DIR, FILE_PREFIX as CDI_PREFIX
-    from ..agent.labels import NFD_DIR, NFD_FILE
+    from ..defaults import NFD_DIR, NFD_FILE
     from ..probe.host import Host
 
     h = Host(root)

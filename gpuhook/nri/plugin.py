@@ -16,14 +16,11 @@ api.proto) and nri_ttrpc.proto beside this file (regen.py); wire.py is the frami
 
 from __future__ import annotations
 
-import argparse
-import os
 import socket
 import sys
 import time
 from typing import Any
 
-from .. import defaults
 from ..hook import ROOTFS_FROM_STATE
 from ..logline import NRI
 from . import wire
@@ -290,83 +287,3 @@ class Plugin:
                     append_line(log_file, fastjson.dumps(record.to_line()))
             except Exception as e:  # the log is best effort; the answer is not
                 self.say(f"cannot write the node log: {type(e).__name__}: {e}")
-
-
-def add_command(sub) -> None:
-    sp = sub.add_parser("nri", help="run as an NRI plugin (containerd 2.x, CRI-O): no runtime wrapper")
-    sp.add_argument(
-        "--root",
-        default="/",
-        metavar="DIR",
-        help="the node's / (/host in the DaemonSet): chroot there and run the node's installed "
-        f"gpuhook ({defaults.INSTALL_PREFIX}), so that config, log and paths are the node's (default /)",
-    )
-    sp.add_argument("--socket", default=DEFAULT_SOCKET, help=f"the runtime's NRI socket (default {DEFAULT_SOCKET})")
-    sp.add_argument("--name", default=DEFAULT_NAME, help=f"the plugin's name (default {DEFAULT_NAME})")
-    sp.add_argument("--index", default=DEFAULT_INDEX, help=f"its two-digit index (default {DEFAULT_INDEX})")
-    sp.add_argument(
-        "--rootfs-template",
-        default=ROOTFS_TEMPLATE,
-        help=f"where the ld-cache hook finds a container's rootfs: {ROOTFS_FROM_STATE} (the default: from the bundle "
-        "the runtime names when the hook runs, containerd's or CRI-O's), a path with {id} (the container's id) in it, "
-        "or '' for no hook",
-    )
-    sp.set_defaults(func=cmd_nri)
-
-
-# what a --rootfs-template may be, as its error line says it
-ROOTFS_TEMPLATE_RULE = f"must be {ROOTFS_FROM_STATE}, an absolute path with {{id}} in it, or ''"
-
-
-def rootfs_template_ok(template: str) -> bool:
-    return template in ("", ROOTFS_FROM_STATE) or ("{id}" in template and template.startswith("/"))
-
-
-def run_in_root(args: argparse.Namespace) -> int:
-    """chroot into --root and exec the node's bundle's `gpuhook nri` with the same options, its
-    interpreter started by the bundle's own loader as the C front does (the node needs no shell)."""
-    import glob
-
-    from ..cli.args import UsageError
-    from ..install.build import INTERPRETER, LIB, LIBRARY_PATH_FLAG, LOADER, PYTHON_DIRS, SITE_PACKAGES
-
-    if not os.path.isdir(args.root):
-        raise UsageError(f"--root {args.root}: not a directory")
-    try:
-        os.chroot(args.root)
-        os.chdir("/")
-    except OSError as e:
-        print(f"gpuhook nri: cannot chroot into {args.root}: {e.strerror}", file=sys.stderr)
-        return 1
-    prefix = defaults.INSTALL_PREFIX
-    site = sorted(glob.glob(f"{prefix}/{LIB}/{PYTHON_DIRS}*/{SITE_PACKAGES}"))
-    if not site:
-        print(f"gpuhook nri: no gpuhook installed in {args.root}{prefix} (gpuhook install first)", file=sys.stderr)
-        return 1
-    argv = [f"{prefix}/{LOADER}", LIBRARY_PATH_FLAG, f"{prefix}/{LIB}", f"{prefix}/{INTERPRETER}",
-            *defaults.RUNTIME_FLAGS, defaults.CLI_MAIN, site[-1], "nri", "--socket", args.socket, "--name", args.name, "--index", args.index,
-            "--rootfs-template", args.rootfs_template]  # fmt: skip
-    try:
-        os.execv(argv[0], argv)
-    except OSError as e:
-        print(f"gpuhook nri: cannot run {args.root}{argv[0]}: {e.strerror}", file=sys.stderr)
-    return 1
-
-
-def cmd_nri(args: argparse.Namespace) -> int:
-    from ..cli.args import UsageError
-
-    if len(args.index) != 2 or not args.index.isdigit():
-        raise UsageError(f"--index must be two digits, got {args.index!r}")
-    if not args.name or "/" in args.name:
-        raise UsageError(f"--name must be a non-empty name without '/', got {args.name!r}")
-    if not rootfs_template_ok(args.rootfs_template):
-        raise UsageError(f"--rootfs-template {ROOTFS_TEMPLATE_RULE}")
-    if args.root != "/":
-        return run_in_root(args)
-    plugin = Plugin(args.socket, args.name, args.index, args.rootfs_template)
-    try:
-        plugin.run_forever()
-    except KeyboardInterrupt:
-        return 0
-    return 0

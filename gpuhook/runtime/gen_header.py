@@ -177,7 +177,6 @@ def _one_of(value: str, choices) -> str:
 
 def render() -> str:
     from .. import config, defaults, runtime
-    from ..install import build
     from .. import logline as nodelog
     from . import args, logline, server
     from . import exec as execenv
@@ -225,13 +224,13 @@ def render() -> str:
         _define("MAX_REPLY_FIELDS", server.MAX_REPLY_FIELDS, "server.MAX_REPLY_FIELDS"),
         _define("MAX_REPLY_TEXT", server.MAX_REPLY_TEXT, "server.MAX_REPLY_TEXT: an answer's stderr text"),
         _define("MAX_REPLY_LOG_LINE", server.MAX_REPLY_LOG_LINE, "server.MAX_REPLY_LOG_LINE"),
-        _define("LOADER", build.LOADER, "install.build.LOADER: the bundle's, under its root"),
-        _define("INTERPRETER", build.INTERPRETER, "install.build.INTERPRETER"),
-        _define("LIBRARY_PATH_FLAG", build.LIBRARY_PATH_FLAG, "install.build.LIBRARY_PATH_FLAG: the loader's"),
-        _define("LIB", build.LIB, "install.build.LIB: the bundle's libraries, its python3.X dirs"),
-        _define("PYTHON_DIRS", build.PYTHON_DIRS, "install.build.PYTHON_DIRS: how lib/python3.X starts"),
-        _define("SITE_PACKAGES", build.SITE_PACKAGES, "install.build.SITE_PACKAGES"),
-        _define("DIST_PACKAGES", build.DIST_PACKAGES, "install.build.DIST_PACKAGES: Debian's"),
+        _define("LOADER", defaults.LOADER, "defaults.LOADER: the bundle's, under its root"),
+        _define("INTERPRETER", defaults.INTERPRETER, "defaults.INTERPRETER"),
+        _define("LIBRARY_PATH_FLAG", defaults.LIBRARY_PATH_FLAG, "defaults.LIBRARY_PATH_FLAG: the loader's"),
+        _define("LIB", defaults.LIB, "defaults.LIB: the bundle's libraries, its python3.X dirs"),
+        _define("PYTHON_DIRS", defaults.PYTHON_DIRS, "defaults.PYTHON_DIRS: how lib/python3.X starts"),
+        _define("SITE_PACKAGES", defaults.SITE_PACKAGES, "defaults.SITE_PACKAGES"),
+        _define("DIST_PACKAGES", defaults.DIST_PACKAGES, "defaults.DIST_PACKAGES: Debian's"),
         _words("RUNTIME_FLAGS", defaults.RUNTIME_FLAGS, "defaults.RUNTIME_FLAGS: then RUNTIME_MAIN"),
         _words("MODULE_FLAGS", defaults.MODULE_FLAGS, "defaults.MODULE_FLAGS: then RUNTIME_MODULE"),
         _strings("PYTHONS", defaults.FRONT_PYTHONS, "defaults.FRONT_PYTHONS: a name is beside the front"),
