@@ -69,8 +69,9 @@ def failed(e: BaseException, decision: "Decision | None" = None, config_errors=(
     """decision (what was decided before a front's own step failed: the pod, the plan and the
     warnings stay) turned into an ERROR by e; without one (the front failed before the core
     decided), an ERROR with the node config's errors as its warnings."""
-    before = decision if decision is not None else Decision(ERROR, warnings=tuple(config_errors))
-    return before._replace(decision=ERROR, error=error_text(e))
+    if decision is None:
+        return Decision(ERROR, warnings=tuple(config_errors), error=error_text(e))
+    return decision._replace(decision=ERROR, error=error_text(e))
 
 
 def decide(request, config, config_errors=(), probe=None, stage=None) -> Decision:

@@ -77,9 +77,13 @@ def cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUHOOK_CACHE_DIR", str(tmp_path / "cache"))
 
 
+# the node config of the table: its ldconfig and log file reach the ld-cache hook
+CONFIG = Config(ldconfig="/opt/node/ldconfig", log_file="/var/log/node.log")
+
+
 @pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
 def test_decide(row):
-    d = inject.decide(row.req, Config(ldconfig="/sbin/ldconfig"), list(CONFIG_ERRORS), probe=row.probe)
+    d = inject.decide(row.req, CONFIG, list(CONFIG_ERRORS), probe=row.probe)
     assert d.decision == row.decision
     assert d.pod == row.pod
     assert d.warnings == CONFIG_ERRORS + row.warnings  # the node config's errors first, whatever happened
@@ -91,6 +95,36 @@ def test_decide(row):
     assert (d.edits is not None) == (row.decision == inject.INJECTED)
     if d.plan is not None:
         assert d.plan.devices == row.devices and bool(d.plan.reason) == row.reason
+    if d.edits is not None:  # the node config is the plan's
+        (ldcache,) = d.edits.hooks
+        assert "/opt/node/ldconfig" in ldcache.args and "GPUHOOK_LOG_FILE=/var/log/node.log" in ldcache.env
+
+
+def test_a_request_the_core_cannot_read_is_an_error_with_no_pod():
+    from gpuhook.plan import Request
+
+    d = inject.decide(Request({}, None, None), CONFIG, CONFIG_ERRORS, probe=gpus)  # type: ignore[arg-type]
+    assert (d.decision, d.pod, d.plan, d.warnings) == (inject.ERROR, {}, None, CONFIG_ERRORS)
+    assert d.error is not None and d.error.startswith("AttributeError: ")
+
+
+def test_the_round_robin_keeps_its_state_in_the_nodes_cache_dir(tmp_path):
+    """gpuhook.dev/max-gpus: 1 on a 2-GPU node: the GPU least given goes next, as the state in
+    the cache dir says."""
+    req = request(annotations={**POD, "gpuhook.dev/max-gpus": "1"})
+    given = [inject.decide(req, CONFIG, probe=gpus).plan.devices for _ in range(3)]
+    assert given == [("nvidia:GPU-0",), ("nvidia:GPU-1",), ("nvidia:GPU-0",)]
+    assert os.listdir(tmp_path / "cache")
+
+
+def test_the_probe_cache_is_the_nodes_by_default(tmp_path, monkeypatch):
+    from gpuhook.probe import cache
+
+    asked = []
+    monkeypatch.setattr(cache, "probe_cached", lambda *a, **k: asked.append((a, k)) or CPU)
+    config = Config(host_root="/node", probe_cache_ttl=3.0, nvidia_driver_root="/run/nvidia/driver")
+    assert inject.decide(request(), config).decision == inject.NO_GPU
+    assert asked == [(("/node", str(tmp_path / "cache"), 3.0, "/run/nvidia/driver"), {})]
 
 
 def test_decide_says_each_step_as_it_ends_and_probes_through_the_cache_by_default(make_host, monkeypatch):
@@ -113,7 +147,7 @@ def test_failed_keeps_what_was_decided_and_says_the_front_own_failure():
     d = inject.failed(OSError(errno.ENOSPC, "No space left on device"), planned)
     assert (d.decision, d.error) == (inject.ERROR, "[Errno 28] No space left on device")
     assert (d.pod, d.plan, d.warnings) == (planned.pod, planned.plan, planned.warnings) and d.edits is None
-    d = inject.failed(KeyError("x"), None, CONFIG_ERRORS)  # before the core was asked
+    d = inject.failed(KeyError("x"), config_errors=CONFIG_ERRORS)  # before the core was asked
     assert (d.decision, d.error, d.warnings, d.pod, d.plan) == (inject.ERROR, "KeyError: 'x'", CONFIG_ERRORS, {}, None)
     assert planned.warned() is planned and planned.warned("mine").warnings == planned.warnings + ("mine",)
 
