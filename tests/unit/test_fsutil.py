@@ -260,3 +260,28 @@ def test_write_atomic_writes_the_file_its_path_names_through_a_link_and_dotdot(t
     write_atomic(path, b"new", sync_dir=False)
     assert (tmp_path / "real" / "config.json").read_text() == "new"
     assert (tmp_path / "other" / "config.json").read_text() == "someone else's"
+
+
+# -- flock_within ------------------------------------------------------------------------
+
+
+def test_flock_within_waits_for_a_lock_let_go_and_gives_up_on_one_held(tmp_path):
+    """The lock another open file holds: had once it is let go within the time, not had when
+    it is held past it."""
+    import fcntl
+    import threading
+
+    from gpuhook.fsutil import flock_within
+
+    path = tmp_path / "lock"
+    path.touch()
+    holder, waiter = os.open(path, os.O_RDWR), os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        assert not flock_within(waiter, 0.1, 0.01)
+        threading.Timer(0.1, fcntl.flock, (holder, fcntl.LOCK_UN)).start()
+        assert flock_within(waiter, 5, 0.01)
+        assert not flock_within(holder, 0, 0)  # now the waiter's
+    finally:
+        os.close(holder)
+        os.close(waiter)
