@@ -11,22 +11,13 @@ CACHE_DIR = "/run/gpuhook"  # parsed config, probe result, exec records (GPUHOOK
 READY_FILE = CACHE_DIR + "/ready"  # the agent's readiness file
 INSTALL_PREFIX = "/opt/gpuhook"  # the host bundle
 BUNDLE_VERSIONS = ".versions"  # its versions' directory, under INSTALL_PREFIX (install/files.py)
-# the bundle's layout under INSTALL_PREFIX (install/build.py makes it): its loader and interpreter, as
-# the C front (gpuhook/runtime/gpuhook-runtime.c: exec_python), bin/python3 and `gpuhook nri --root` run them
-LOADER = "libexec/ld.so"
-INTERPRETER = "libexec/python3"
-LIBRARY_PATH_FLAG = "--library-path"  # the loader's option: where the bundle's libraries are
-LIB = "lib"  # those libraries, and lib/<PYTHON_DIRS...>/<SITE_PACKAGES> (beside bin/ and libexec/)
-PYTHON_DIRS = "python3"  # lib/python3.X: how its name starts
-SITE_PACKAGES = "site-packages"  # where gpuhook is, under lib/python3.X
-DIST_PACKAGES = "dist-packages"  # Debian's python3-gpuhook's place, when the front is beside it
 PACKAGE_MARK = INSTALL_PREFIX + "/.installed-by-package"  # the .deb's bundle: uninstall leaves it to dpkg
 BACKUP_DIR = "/etc/gpuhook/backup"  # what install replaced, for uninstall
 RUNTIME_BINARY = INSTALL_PREFIX + "/bin/gpuhook-runtime"  # the handler's binary
 CDI_DIR = "/var/run/cdi"  # where the agent writes CDI specs
 # the agent's NFD feature file (its labels, for node-feature-discovery), which uninstall removes
 NFD_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
-NFD_FILE = "gpuhook"
+NFD_FEATURES = NFD_DIR + "/gpuhook"
 MPS_PIPE_DIR = "/tmp/nvidia-mps"  # CUDA's default MPS pipe directory: where a container's CUDA looks
 # (the host side is the node config's mps_pipe_dir, unset by default: config.py)
 # the scheduling label users already write (nodeAffinity on gpu.type In [nvidia, amd, intel]): the

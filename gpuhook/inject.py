@@ -34,13 +34,16 @@ class Decision(Record):
     """What the create core decided for one container: decision (above), the pod it belongs to
     (plan.policy.pod_of's keys; {} outside Kubernetes), the Plan (None before one was made),
     the warnings (the node config's errors first, then the probe's and the plan's, then the
-    front's own), and the error when decision is ERROR."""
+    front's own), the error when decision is ERROR, and the device paths and mount
+    destinations the container had already (no front adds them again)."""
 
     decision: str
     pod: "dict" = {}
     plan: "Plan | None" = None
     warnings: "tuple[str, ...]" = ()
     error: "str | None" = None
+    had_nodes: "tuple[str, ...]" = ()
+    had_mounts: "tuple[str, ...]" = ()
 
     __slots__ = ()
 
@@ -87,6 +90,7 @@ def decide(request, config, config_errors=(), probe=None, stage=None) -> Decisio
         pod = pod_of(request.annotations)
         if request.is_sandbox:
             return Decision(SANDBOX, pod, warnings=warnings)
+        had = (tuple(request.spec_devices or ()), tuple(request.mounts))
         if stage:
             stage("parsed")
         if probe is not None:
@@ -111,7 +115,7 @@ def decide(request, config, config_errors=(), probe=None, stage=None) -> Decisio
         decision = INJECTED
     else:
         decision = NO_GPU if not inventory.vendors else DECLINED
-    return Decision(decision, pod, planned, warnings)
+    return Decision(decision, pod, planned, warnings, None, *had)
 
 
 def _plan(inventory, request, config):
@@ -131,9 +135,9 @@ def record(
     stages_ms: "dict | None" = None,
 ) -> CreateRecord:
     """The create's log record: what `decision` says, made by `front` (logline.WRAPPER, NRI,
-    PRECREATE) for the container `container_id`. What was added (vendors, nodes, mounts,
-    hooks) only when it was (INJECTED); the devices and those held back whenever a plan said
-    them."""
+    PRECREATE) for the container `container_id`. What was added (vendors, hooks, the nodes
+    and mounts the container did not have already, as every front leaves those alone) only
+    when it was (INJECTED); the devices and those held back whenever a plan said them."""
     p = decision.plan
     edits = decision.edits
     return CreateRecord(
@@ -144,8 +148,8 @@ def record(
         **decision.pod,
         decision=decision.decision,
         vendors=tuple(p.vendors) if edits and p is not None else (),
-        nodes=tuple(n.path for n in edits.device_nodes) if edits else (),
-        mounts=tuple(m.container_path for m in edits.mounts) if edits else (),
+        nodes=_new(decision.had_nodes, (n.path for n in edits.device_nodes)) if edits else (),
+        mounts=_new(decision.had_mounts, (m.container_path for m in edits.mounts)) if edits else (),
         hooks=len(edits.hooks) if edits else 0,
         duration_ms=round(duration_ms, 2),
         runtime_server=runtime_server,
@@ -156,3 +160,14 @@ def record(
         warnings=decision.warnings,
         stages_ms=stages_ms,
     )
+
+
+def _new(had: "tuple[str, ...]", names) -> "tuple[str, ...]":
+    """names, in order, less those in had and those named before."""
+    seen = set(had)
+    out = []
+    for name in names:
+        if name not in seen:
+            seen.add(name)
+            out.append(name)
+    return tuple(out)

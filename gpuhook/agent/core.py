@@ -81,7 +81,7 @@ class Options:
         return self._under_root(self.cdi_dir, cdi.DEFAULT_DIR)
 
     def resolved_nfd_dir(self) -> str:
-        return self._under_root(self.nfd_dir, defaults.NFD_DIR)
+        return self._under_root(self.nfd_dir, os.path.dirname(defaults.NFD_FEATURES))
 
     def _under_root(self, given: str | None, default: str) -> str:
         if given is not None:
@@ -455,7 +455,9 @@ class Agent:
             return True
         try:
             if labels_mod.write_nfd(node_labels, self.nfd_dir):
-                self.log.info("labels.written", file=os.path.join(self.nfd_dir, defaults.NFD_FILE), labels=node_labels)
+                self.log.info(
+                    "labels.written", file=os.path.join(self.nfd_dir, labels_mod.NFD_FILE), labels=node_labels
+                )
         except OSError as e:
             self.log.error("labels.error", error=str(e), dir=self.nfd_dir)
             return False

@@ -31,13 +31,14 @@ import os
 import re
 
 from ..config import valid_label_name, valid_vendor_label
-from ..defaults import AGENT_NAME, NFD_FILE
+from ..defaults import AGENT_NAME, NFD_FEATURES
 
 PREFIX = "gpuhook.dev/"
 ACCELERATOR = PREFIX + "accelerator"
 RUNTIME_READY = PREFIX + "runtime-ready"
 # labels under our prefix that the operator sets and the agent must never remove
 OPERATOR_LABELS = frozenset({PREFIX + "install"})
+NFD_FILE = os.path.basename(NFD_FEATURES)  # the agent's file in its --nfd-dir
 MAX_VALUE = 63
 
 _BAD = re.compile(r"[^A-Za-z0-9._-]+")

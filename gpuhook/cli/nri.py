@@ -48,7 +48,7 @@ def run_in_root(args: argparse.Namespace) -> int:
     interpreter started by the bundle's own loader as the C front does (the node needs no shell)."""
     import glob
 
-    from ..defaults import INTERPRETER, LIB, LIBRARY_PATH_FLAG, LOADER, PYTHON_DIRS, SITE_PACKAGES
+    from ..layout import INTERPRETER, LIB, LIBRARY_PATH_FLAG, LOADER, PYTHON_DIRS, SITE_PACKAGES
 
     if not os.path.isdir(args.root):
         raise UsageError(f"--root {args.root}: not a directory")

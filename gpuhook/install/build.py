@@ -44,8 +44,8 @@ from typing import Callable
 import gpuhook
 from gpuhook import defaults, hook
 
-# the bundle's layout: defaults.py's (the C front and `gpuhook nri --root` read it too)
-from gpuhook.defaults import INTERPRETER, LIB, LIBRARY_PATH_FLAG, LOADER, SITE_PACKAGES
+# the bundle's layout: layout.py's (the C front and `gpuhook nri --root` read it too)
+from gpuhook.layout import INTERPRETER, LIB, LIBRARY_PATH_FLAG, LOADER, SITE_PACKAGES
 
 from . import InstallError
 

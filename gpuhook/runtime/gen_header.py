@@ -176,7 +176,7 @@ def _one_of(value: str, choices) -> str:
 
 
 def render() -> str:
-    from .. import config, defaults, runtime
+    from .. import config, defaults, layout, runtime
     from .. import logline as nodelog
     from . import args, logline, server
     from . import exec as execenv
@@ -224,13 +224,13 @@ def render() -> str:
         _define("MAX_REPLY_FIELDS", server.MAX_REPLY_FIELDS, "server.MAX_REPLY_FIELDS"),
         _define("MAX_REPLY_TEXT", server.MAX_REPLY_TEXT, "server.MAX_REPLY_TEXT: an answer's stderr text"),
         _define("MAX_REPLY_LOG_LINE", server.MAX_REPLY_LOG_LINE, "server.MAX_REPLY_LOG_LINE"),
-        _define("LOADER", defaults.LOADER, "defaults.LOADER: the bundle's, under its root"),
-        _define("INTERPRETER", defaults.INTERPRETER, "defaults.INTERPRETER"),
-        _define("LIBRARY_PATH_FLAG", defaults.LIBRARY_PATH_FLAG, "defaults.LIBRARY_PATH_FLAG: the loader's"),
-        _define("LIB", defaults.LIB, "defaults.LIB: the bundle's libraries, its python3.X dirs"),
-        _define("PYTHON_DIRS", defaults.PYTHON_DIRS, "defaults.PYTHON_DIRS: how lib/python3.X starts"),
-        _define("SITE_PACKAGES", defaults.SITE_PACKAGES, "defaults.SITE_PACKAGES"),
-        _define("DIST_PACKAGES", defaults.DIST_PACKAGES, "defaults.DIST_PACKAGES: Debian's"),
+        _define("LOADER", layout.LOADER, "layout.LOADER: the bundle's, under its root"),
+        _define("INTERPRETER", layout.INTERPRETER, "layout.INTERPRETER"),
+        _define("LIBRARY_PATH_FLAG", layout.LIBRARY_PATH_FLAG, "layout.LIBRARY_PATH_FLAG: the loader's"),
+        _define("LIB", layout.LIB, "layout.LIB: the bundle's libraries, its python3.X dirs"),
+        _define("PYTHON_DIRS", layout.PYTHON_DIRS, "layout.PYTHON_DIRS: how lib/python3.X starts"),
+        _define("SITE_PACKAGES", layout.SITE_PACKAGES, "layout.SITE_PACKAGES"),
+        _define("DIST_PACKAGES", layout.DIST_PACKAGES, "layout.DIST_PACKAGES: Debian's"),
         _words("RUNTIME_FLAGS", defaults.RUNTIME_FLAGS, "defaults.RUNTIME_FLAGS: then RUNTIME_MAIN"),
         _words("MODULE_FLAGS", defaults.MODULE_FLAGS, "defaults.MODULE_FLAGS: then RUNTIME_MODULE"),
         _strings("PYTHONS", defaults.FRONT_PYTHONS, "defaults.FRONT_PYTHONS: a name is beside the front"),

@@ -151,19 +151,19 @@ enum reply_exit { REPLY_EXIT_STATUS = 1, REPLY_EXIT_SAID, REPLY_EXIT_LOG_FILE, R
 
 #define MAX_REPLY_LOG_LINE 262144 /* server.MAX_REPLY_LOG_LINE */
 
-#define LOADER "libexec/ld.so" /* defaults.LOADER: the bundle's, under its root */
+#define LOADER "libexec/ld.so" /* layout.LOADER: the bundle's, under its root */
 
-#define INTERPRETER "libexec/python3" /* defaults.INTERPRETER */
+#define INTERPRETER "libexec/python3" /* layout.INTERPRETER */
 
-#define LIBRARY_PATH_FLAG "--library-path" /* defaults.LIBRARY_PATH_FLAG: the loader's */
+#define LIBRARY_PATH_FLAG "--library-path" /* layout.LIBRARY_PATH_FLAG: the loader's */
 
-#define LIB "lib" /* defaults.LIB: the bundle's libraries, its python3.X dirs */
+#define LIB "lib" /* layout.LIB: the bundle's libraries, its python3.X dirs */
 
-#define PYTHON_DIRS "python3" /* defaults.PYTHON_DIRS: how lib/python3.X starts */
+#define PYTHON_DIRS "python3" /* layout.PYTHON_DIRS: how lib/python3.X starts */
 
-#define SITE_PACKAGES "site-packages" /* defaults.SITE_PACKAGES */
+#define SITE_PACKAGES "site-packages" /* layout.SITE_PACKAGES */
 
-#define DIST_PACKAGES "dist-packages" /* defaults.DIST_PACKAGES: Debian's */
+#define DIST_PACKAGES "dist-packages" /* layout.DIST_PACKAGES: Debian's */
 
 #define RUNTIME_FLAGS "-I", "-S", "-c" /* defaults.RUNTIME_FLAGS: then RUNTIME_MAIN */
 

@@ -78,7 +78,7 @@ LAYERS = (
     # the base every module may import: file primitives, the small record type, JSON, the node's
     # paths and defaults, the node log's format, bounds and create record, the hook's names
     ("base", OPEN, {"gpuhook", "gpuhook.fsutil", "gpuhook.record", "gpuhook.fastjson", "gpuhook.defaults",
-                    "gpuhook.logline", "gpuhook.nvidia_tools", "gpuhook.hook"}),
+                    "gpuhook.layout", "gpuhook.logline", "gpuhook.nvidia_tools", "gpuhook.hook"}),
     ("types", OPEN, {"gpuhook.vendors", "gpuhook.edits", "gpuhook.inventory"}),
     # the pipeline: probe (Host: every host read) -> config -> plan -> spec / CDI
     ("pipeline", OPEN, {"gpuhook.probe", "gpuhook.config", "gpuhook.plan", "gpuhook.spec", "gpuhook.cdi"}),

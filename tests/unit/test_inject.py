@@ -142,6 +142,18 @@ def test_decide_says_each_step_as_it_ends_and_probes_through_the_cache_by_defaul
     assert (d.decision, d.error, stages) == (inject.ERROR, "[Errno 13] Permission denied", ["parsed"])
 
 
+def test_what_the_container_has_is_what_the_request_says():
+    req = request(annotations=POD, spec_devices={"/dev/nvidiactl": ("c", 195, 255)}, mounts=("/a", "/b"))
+    d = inject.decide(req, CONFIG, probe=gpus)
+    assert (d.had_nodes, d.had_mounts) == (("/dev/nvidiactl",), ("/a", "/b"))
+    assert "/dev/nvidiactl" in [n.path for n in d.edits.device_nodes]
+    rec = inject.record(d, logline.WRAPPER, "c", 0)
+    assert rec.nodes == ("/dev/nvidia0", "/dev/nvidia1")
+    twice = d._replace(plan=d.plan._replace(edits=d.plan.edits._replace(
+        mounts=d.plan.edits.mounts + d.plan.edits.mounts[:1] + (Mount("/h", "/a"),))))
+    assert inject.record(twice, logline.WRAPPER, "c", 0).mounts == rec.mounts  # each once, none it had
+
+
 def test_failed_keeps_what_was_decided_and_says_the_front_own_failure():
     planned = inject.decide(request(annotations=POD), Config(ldconfig="/sbin/ldconfig"), CONFIG_ERRORS, probe=gpus)
     d = inject.failed(OSError(errno.ENOSPC, "No space left on device"), planned)
@@ -169,7 +181,10 @@ NOTHING = {"vendors": (), "nodes": (), "mounts": (), "hooks": 0}
      ("nvidia:GPU-1",), None),
     (inject.Decision(inject.DECLINED, POD_KEYS, NONE_GIVEN), NOTHING, (), ("nvidia:GPU-1",), "all 1 GPU(s) held back"),
     (inject.Decision(inject.SANDBOX, POD_KEYS), NOTHING, (), (), None),
-], ids=["injected", "error after the plan", "all held back", "sandbox"])
+    # what the container had already is not added again, by any front: not said to be
+    (inject.Decision(inject.INJECTED, POD_KEYS, GIVEN, had_nodes=("/dev/nvidia0",), had_mounts=("/x",)),
+     {**ADDED, "nodes": ()}, ("nvidia:GPU-0",), ("nvidia:GPU-1",), None),
+], ids=["injected", "error after the plan", "all held back", "sandbox", "what the container had"])
 def test_record(decision, what, devices, held, reason):
     rec = inject.record(decision, logline.NRI, "c1", 1.234, bundle="/b", stages_ms={"start": 0.0})
     assert (rec.front, rec.container_id, rec.bundle, rec.decision, rec.duration_ms) == (
@@ -243,11 +258,13 @@ def test_the_wrapper_and_the_nri_plugin_log_the_same_record_for_the_same_contain
     monkeypatch.setenv("GPUHOOK_CONFIG", str(conf))
     annotations = {**POD, "io.kubernetes.cri.container-type": "container"}
     env = ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=all"]
+    had_mount = f"{LIB}/libcuda.so.1"  # the container's own, as the UVM node below
     bundle = tmp_path / "bundle"
     bundle.mkdir()
     (bundle / "config.json").write_text(json.dumps({
         "ociVersion": "1.0.2", "root": {"path": "rootfs"}, "process": {"args": ["true"], "env": env},
-        "annotations": annotations, "linux": {}}))
+        "annotations": annotations, "mounts": [{"destination": had_mount, "type": "bind", "source": "/elsewhere"}],
+        "linux": {"devices": [{"path": "/dev/nvidia-uvm", "type": "c", "major": 235, "minor": 0}]}}))
 
     answer = prepare(["create", "--bundle", str(bundle), "c1"], Call({"PATH": "/bin"}, str(tmp_path)))
     assert answer.argv is not None and answer.log is not None
@@ -256,7 +273,10 @@ def test_the_wrapper_and_the_nri_plugin_log_the_same_record_for_the_same_contain
     plugin = nri.Plugin(log=lambda msg: None)
     req = pb.CreateContainerRequest(
         pod=pb.PodSandbox(id="pod1", name="trainer-0", namespace="ml", runtime_handler="gpu-optional"),
-        container=pb.Container(id="c1", pod_sandbox_id="pod1", name="worker", annotations=annotations, env=env))
+        container=pb.Container(id="c1", pod_sandbox_id="pod1", name="worker", annotations=annotations, env=env,
+                               mounts=[pb.Mount(destination=had_mount, type="bind", source="/elsewhere")],
+                               linux=pb.LinuxContainer(devices=[pb.LinuxDevice(path="/dev/nvidia-uvm", type="c",
+                                                                               major=235, minor=0)])))
     assert plugin.create_container(req.SerializeToString()).adjust.linux.devices
     plugin.write_log()
     (line,) = [json.loads(x) for x in log.read_text().splitlines()]
@@ -268,4 +288,6 @@ def test_the_wrapper_and_the_nri_plugin_log_the_same_record_for_the_same_contain
     assert wrapper == line
     assert line["decision"] == "injected" and line["held_back"] == ["nvidia:GPU-00000001-1111-2222-3333-444444444445"]
     assert "fail_mode: 'sideways'" in line["warnings"][0] and line["pod_uid"] == "uid-1"
+    # what the container had is in neither front's nodes or mounts: neither added it
+    assert "/dev/nvidia-uvm" not in line["nodes"] and "/dev/nvidia1" in line["nodes"] and had_mount not in line["mounts"]
     assert os.path.exists(log)
