@@ -4,10 +4,11 @@ It connects to the runtime's NRI socket, registers (RegisterPlugin), subscribes 
 CreateContainer alone (Configure), answers Synchronize with no updates, and for each
 container of a pod whose runtime handler is the node config's `nri_runtime_handler` returns
 the adjustment of exactly the edits the wrapper would write into config.json: the same
-request (request_from_nri, as request_from_spec reads a spec), the same planner, one
-conversion (adjustment). Other pods get an empty adjustment. It never answers a
-CreateContainer with an error (an error reply fails the create): any fault is an empty
-adjustment and one node log line with "front": "nri". When the connection ends (the
+request (request_from_nri, as request_from_spec reads a spec), the same create core
+(inject.py: the Decision and the log record the wrapper's are), one conversion
+(adjustment). Other pods get an empty adjustment. It never answers a CreateContainer with an
+error (an error reply fails the create): any fault is an empty adjustment and one node log
+line with "front": "nri". Its command line is cli/nri.py's. When the connection ends (the
 runtime restarted, or closed the plugin after a timeout) it connects again.
 
 Protobuf modules nri_api_pb2 and nri_ttrpc_pb2 are generated from nri_api.proto (NRI 0.8's
