@@ -24,9 +24,9 @@ FRONT := gpuhook/runtime/gpuhook-runtime
 
 # The hook helper and the runtime's front in the source tree too (as setup.py builds them):
 # the tests import gpuhook from here.
-$(HOOK): gpuhook/hook/gpuhook-hook.c gpuhook/hook/gpuhook-hook.h gpuhook/hook/build.sh
+$(HOOK): gpuhook/hook/gpuhook-hook.c gpuhook/hook/gpuhook-hook.h gpuhook/runtime/logline.h gpuhook/hook/build.sh
 	@sh gpuhook/hook/build.sh $@ $<
-$(FRONT): gpuhook/runtime/gpuhook-runtime.c gpuhook/runtime/gpuhook-runtime.h gpuhook/hook/build.sh
+$(FRONT): gpuhook/runtime/gpuhook-runtime.c gpuhook/runtime/gpuhook-runtime.h gpuhook/runtime/logline.h gpuhook/hook/build.sh
 	@sh gpuhook/hook/build.sh $@ $<
 
 $(STAMP): pyproject.toml setup.py $(HOOK) $(FRONT) $(shell find gpuhook -type f -not -name '*.pyc' 2>/dev/null)

@@ -91,14 +91,14 @@ def tail_records(path: str, n: int, event: str | None = "create", max_bytes: int
     from the end. Torn, partial or garbage lines are skipped and counted. A create record gets
     `hook_errors` ([{kind, outcome, error}]) from the hook lines of its container that follow
     it (gpuhook-hook writes one when ldconfig timed out, failed or was refused: the create's
-    line, written before the hook ran, says "injected" all the same).
+    line, written before the hook ran, says "injected" all the same), or come just before it
+    (the NRI plugin writes its line once the runtime made the container, after the hook).
     Returns (records oldest first, lines skipped)."""
-    import json
-
     from .hook import EVENT as HOOK_EVENT
 
     out: list[dict] = []
     pending: dict = {}  # container id -> the hook lines after its create (read backwards: first)
+    shown: dict = {}  # container id -> its NRI create record (a hook line before it is its: NRI writes it after)
     skipped = 0
     with open(path, "rb") as f:
         f.seek(0, os.SEEK_END)
@@ -117,35 +117,62 @@ def tail_records(path: str, n: int, event: str | None = "create", max_bytes: int
             for raw in reversed(body):
                 if len(out) >= n:
                     break
-                rec, bad = _parse(raw, json)
+                rec, bad = parse_line(raw)
                 skipped += bad
                 if rec is None:
                     continue
                 cid = rec.get("container_id")
-                if (
-                    event == "create"
-                    and rec.get("event") == HOOK_EVENT
-                    and isinstance(cid, str)
-                    and len(pending) < 4096
-                ):
-                    pending.setdefault(cid, []).insert(0, {k: rec.get(k) for k in ("kind", "outcome", "error")})
+                if event == "create" and rec.get("event") == HOOK_EVENT and isinstance(cid, str):
+                    hook = {k: rec.get(k) for k in ("kind", "outcome", "error")}
+                    if cid in shown:  # before its create line: the NRI plugin's, written once confirmed
+                        shown[cid].setdefault("hook_errors", []).insert(0, hook)
+                    elif len(pending) < 4096:
+                        pending.setdefault(cid, []).insert(0, hook)
                 elif event is None or rec.get("event") == event:
-                    if event == "create" and isinstance(cid, str) and cid in pending:
-                        rec["hook_errors"] = pending.pop(cid)
+                    if event == "create" and isinstance(cid, str):
+                        if cid in pending:
+                            rec["hook_errors"] = pending.pop(cid)
+                        if rec.get("front") == "nri" and len(shown) < 4096:
+                            shown[cid] = rec
                     out.append(rec)
     out.reverse()
     return out, skipped
 
 
-def _parse(raw: bytes, json) -> tuple[dict | None, int]:
+# How every node log line begins (each writer puts "time" first: create.log_line, the NRI
+# plugin's, the front's NO_GPU_LINE, gpuhook-hook's): where a line glued onto a damaged one
+# starts. Inside a JSON string a quote is escaped, so these bytes begin a record or nothing.
+LINE_START = b'{"time":'
+
+
+def parse_line(raw: bytes) -> tuple[dict | None, int]:
+    """A node log line's record, and 1 when the line was damaged (0 when not; a blank line is
+    no record and no damage). A line that does not parse, such as a half line an older writer
+    left on a full disk with the next line appended to it, is damaged; the whole record that
+    follows the damage in it is kept (the longest end of it that parses from a LINE_START)."""
+    import json
+
     raw = raw.strip()
     if not raw:
         return None, 0
+    rec = _record(raw, json)
+    if rec is not None:
+        return rec, 0
+    at = raw.find(LINE_START, 1)
+    while at > 0:
+        rec = _record(raw[at:], json)
+        if rec is not None:
+            return rec, 1
+        at = raw.find(LINE_START, at + 1)
+    return None, 1
+
+
+def _record(raw: bytes, json) -> dict | None:
     try:
         rec = json.loads(raw.decode("utf-8", "replace"))
     except (ValueError, RecursionError):
-        return None, 1
-    return (rec, 0) if isinstance(rec, dict) else (None, 1)
+        return None
+    return rec if isinstance(rec, dict) else None
 
 
 def _short(value, width: int) -> str:
@@ -169,7 +196,11 @@ def front_of(record: dict) -> str:
 
 
 def format_records(records: list[dict], wide: bool = False) -> str:
-    """A readable table of the runtime's create records."""
+    """A readable table of the runtime's create records (for the NRI plugin's late, missed
+    and unconfirmed creates, the ERROR column says why the container has no GPU)."""
+    from .logline import LATE, MISSED, UNCONFIRMED
+
+    not_given = (LATE, MISSED, UNCONFIRMED)
     if not records:
         return "No container creates in the log."
     from .logline import CreateRecord
@@ -181,6 +212,8 @@ def format_records(records: list[dict], wide: bool = False) -> str:
         pod = pod_column(r)
         decision = c.decision or "-"
         error = c.error
+        if decision in not_given:  # the NRI plugin's: the runtime made it without its GPUs, why
+            error = c.reason
         hooks = [h for h in r.get("hook_errors") or [] if isinstance(h, dict)]
         if hooks:  # the create said "injected", but a hook could not do its work
             decision += " (" + ", ".join(f"{h.get('kind')} {h.get('outcome')}" for h in hooks) + ")"

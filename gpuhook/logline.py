@@ -17,6 +17,12 @@ TIME_FORMAT = _DATE_TIME + ".%03dZ"
 TIME_FORMAT_S = _DATE_TIME + "Z"
 # a log file's mode when a line creates it (the front's too)
 LOG_MODE = 0o640
+# A node log line that could not be written (printf-style: the log file, why), said once per
+# process (the fronts and gpuhook-hook say it too); SHORT_WRITE, why, for a line of which only
+# part fit (the bytes written, the line's). LOST: how many lines this process could not write.
+CANNOT_WRITE_LOG = "cannot write the node log %s: %s (said once by this process)"
+SHORT_WRITE = "only %d of the line's %d bytes fit"
+LOST = 0
 
 # The bounds of a line, whatever a pod's input made of it (SECURITY.md: a warning may quote a
 # pod's annotation, which can be a megabyte): the most characters of an error (the create's,
@@ -33,6 +39,9 @@ CREATE = "create"  # a create's line's event
 WRAPPER = "wrapper"  # gpuhook-runtime, its C front's own no-GPU line included
 NRI = "nri"  # `gpuhook nri`
 PRECREATE = "precreate"  # `gpuhook precreate`, podman's hook
+# the NRI plugin's create decisions that only the runtime's word makes: the container has no
+# GPU of gpuhook's (the agent claims none for them)
+LATE, MISSED, UNCONFIRMED = "late", "missed", "unconfirmed"
 # what a line read back says of who made it, when it names no front (a gpuhook before fronts
 # were named: the wrapper's)
 UNNAMED_FRONT = WRAPPER
@@ -52,12 +61,15 @@ def line_bytes(line: str) -> bytes:
     return (line.replace("\n", " ") + "\n").encode("utf-8", "replace")
 
 
-def append_line(path: str, line: str | bytes, mode: int = LOG_MODE, exact: bool = False) -> None:
-    """One write(2) of a whole line with O_APPEND: concurrent creates never interleave. A
+def append_line(path: str, line: str | bytes, mode: int = LOG_MODE, exact: bool = False) -> str | None:
+    """One write(2) of a whole line with O_APPEND: concurrent writers never interleave. A
     str is made one line (line_bytes); bytes are written as they are. mode: a new file's,
     less this process's umask; exact: mode itself (a file for a caller, whose umask is in
-    mode: the server's own umask is not the caller's), set on the file this call created."""
+    mode: the server's own umask is not the caller's), set on the file this call created.
+    None when the line is in the file whole; else why not (one line), and nothing of it is
+    left for the next line to join (undo_short_write)."""
     flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+    data = line if isinstance(line, bytes) else line_bytes(line)
     created = False
     try:
         if not exact:
@@ -67,16 +79,74 @@ def append_line(path: str, line: str | bytes, mode: int = LOG_MODE, exact: bool 
                 fd, created = os.open(path, flags | os.O_CREAT | os.O_EXCL, mode), True
             except FileExistsError:
                 fd = os.open(path, flags)
-    except OSError:
-        return
+    except OSError as e:
+        return e.strerror or str(e)
     try:
         if created:
             os.fchmod(fd, mode)
-        os.write(fd, line if isinstance(line, bytes) else line_bytes(line))
-    except OSError:
-        pass
+        written = os.write(fd, data)
+        if written < len(data):
+            undo_short_write(fd, written)
+            return SHORT_WRITE % (written, len(data))
+        return None
+    except OSError as e:
+        return e.strerror or str(e)
     finally:
         os.close(fd)
+
+
+def undo_short_write(fd: int, written: int) -> None:
+    """Leave no part of a line that did not fit (a full disk wrote `written` bytes of it, the
+    last in the file an O_APPEND `fd` wrote): those bytes, which are this writer's alone, are
+    overwritten in place with spaces and a newline, a blank line that every reader skips.
+    Truncating the file back instead would cut a line another writer (the wrapper's front or
+    Python, the NRI plugin, gpuhook-hook: none takes a lock) appended after it meanwhile; an
+    overwrite touches no byte but ours, and needs no new space. Only where the overwrite fails
+    too (a copy-on-write file system that is full) is the file truncated back, and only while
+    it still ends with our bytes. The C writers do the same (logline.h: log_undo)."""
+    import fcntl
+
+    try:
+        end = os.lseek(fd, 0, os.SEEK_CUR)  # O_APPEND: just after the bytes this write put there
+        if written <= 0 or end < written:
+            return
+        start = end - written
+        # pwrite on an O_APPEND file appends (Linux): the flag off on this open file first
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_APPEND)
+        try:
+            if os.pwrite(fd, b" " * (written - 1) + b"\n", start) == written:
+                return
+        except OSError:
+            pass
+        if os.fstat(fd).st_size == end:
+            os.ftruncate(fd, start)
+    except OSError:
+        pass
+
+
+def append_node_log(path: str, line: str | bytes, say=None) -> bool:
+    """A line of the node log (append_line): True when it is there. A line that is not is
+    counted (LOST) and, the first time in this process, said (CANNOT_WRITE_LOG) with `say`,
+    else on stderr: the NRI plugin lives long, and a full disk would otherwise
+    fill its own log with one line per create."""
+    global LOST
+    why = append_line(path, line)
+    if why is None:
+        return True
+    LOST += 1
+    if LOST == 1:
+        msg = CANNOT_WRITE_LOG % (path, why)
+        if say is not None:
+            say(msg)
+        else:
+            import sys
+
+            try:
+                sys.stderr.write("gpuhook: " + msg + "\n")
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass
+    return False
 
 
 def bounded_error(error: "str | None") -> "str | None":

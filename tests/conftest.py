@@ -110,6 +110,57 @@ def records(rt, cid: str) -> list[dict]:
     return [rec for rec in rt.log_records() if rec.get("container_id") == cid]
 
 
+# -- a full disk: a small tmpfs of the test's own (root), for the node log's writers --------------
+
+class FullDisk:
+    """A tmpfs of `size` bytes at `path`: fill() takes every free page (a filler file), so
+    that a file on it can grow only within its own last page; free() gives them back."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.filler = os.path.join(path, "filler")
+
+    def pad(self, log: str, slack: int) -> None:
+        """Append one whole JSON line (event "pad") to `log` so that its last page has `slack`
+        bytes left: a longer line than that does not fit once the disk is full."""
+        import json
+
+        page = os.sysconf("SC_PAGE_SIZE")
+        size = os.path.getsize(log) if os.path.exists(log) else 0
+        want = (size // page + 2) * page - slack - size  # the line's length, newline included
+        empty = json.dumps({"time": "2026-01-01T00:00:00.000Z", "event": "pad", "x": ""}) + "\n"
+        line = empty.replace('"x": ""', '"x": "' + "x" * (want - len(empty)) + '"')
+        with open(log, "a") as f:
+            f.write(line)
+        assert os.path.getsize(log) % page == page - slack
+
+    def fill(self) -> None:
+        with open(self.filler, "ab", buffering=0) as f:
+            for step in (1 << 16, 4096, 1):
+                try:
+                    while True:
+                        f.write(b"\0" * step)
+                except OSError:
+                    pass
+
+    def free(self) -> None:
+        os.unlink(self.filler)
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A FullDisk of 1 MiB, unmounted at the end (needs root: mount)."""
+    if not is_root() and not REQUIRE_E2E:
+        pytest.skip("needs root (mount a small tmpfs: a disk that fills)")
+    path = tmp_path / "disk"
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "gpuhook-test-full", str(path)], check=True)
+    try:
+        yield FullDisk(str(path))
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
 # the runtime's front as `make` builds it in the source tree (gpuhook/runtime/gpuhook-runtime.c)
 FRONT = os.path.join(REPO, "gpuhook", "runtime", "gpuhook-runtime")
 

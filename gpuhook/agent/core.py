@@ -517,6 +517,21 @@ class Agent:
         except kube_mod.KubeError as e:
             self._kube_error(e, what="node event", event_reason=reason)
 
+    def nri_line(self, rec: dict) -> None:
+        """The NRI plugin's own line (event "nri"): a Synchronize that keeps failing is said in
+        the agent's log and as a Warning on the Node; synchronized again, said in the log."""
+        state = rec.get("state")
+        if state == "sync-failed":
+            error = str(rec.get("error") or "")[:600]
+            self.log.warning("nri.not_synchronized", failures=rec.get("failures"), error=error)
+            self._post(
+                "NRIPluginNotSynchronized",
+                f"gpuhook's NRI plugin cannot register with the container runtime: {error}",
+                "Warning",
+            )
+        elif state == "synchronized":
+            self.log.info("nri.synchronized", failures=rec.get("failures"))
+
     def _kube_error(self, e, **kw) -> None:
         """Each kind of API error is logged once until the API works again (never a flood)."""
         if e.kind in self._api_said:
@@ -592,6 +607,8 @@ class Agent:
 
             self.pod_reporter = PodReporter(self.kube, self.log, root=self.opts.root)
             consumers.append(self.pod_reporter)
+        if consumers:
+            consumers.append(_NRIState(self))
         path = self.opts.resolved_runtime_log() if consumers else ""
         if not path:
             return
@@ -684,3 +701,17 @@ class Agent:
             syncs=self.syncs,
             note="gpuhook stays installed: gpu-optional pods keep starting",
         )
+
+
+class _NRIState:
+    """A consumer of the runtime log's lines (podevents.CreateFollower) for the NRI plugin's
+    own lines alone: handed to Agent.nri_line."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    def handle(self, rec: dict) -> None:  # create lines: the other consumers'
+        pass
+
+    def handle_nri(self, rec: dict) -> None:
+        self.agent.nri_line(rec)

@@ -16,6 +16,13 @@ when Prometheus scrapes:
     gpuhook_front{front}                               1 for the front the agent chose (--front)
     gpuhook_nri_plugin_up                              1 while the NRI plugin's process runs (front nri)
     gpuhook_nri_plugin_restarts_total                  times it was started again after it exited
+    gpuhook_nri_sync_failing                           1 from the plugin's "sync-failed" line (the runtime
+                                                       closes it before its Synchronize is whole: it is
+                                                       not registered) to its "synchronized" line
+
+A create the NRI plugin could not give its GPUs is counted under its decision: "late" (the
+runtime made it without the plugin's answer), "missed" (created while the plugin was not
+registered), "unconfirmed" (the runtime never said).
 
 prometheus_client is imported only here, i.e. only when metrics are on.
 """
@@ -40,7 +47,7 @@ def parse_address(text: str) -> tuple[str, int]:
 
 class Metrics:
     def __init__(self, agent):
-        from prometheus_client import CollectorRegistry, Counter, Histogram
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.agent = agent
         self.registry = CollectorRegistry(auto_describe=True)
@@ -55,6 +62,11 @@ class Metrics:
             "gpuhook-runtime's own time per create",
             ["decision"],
             buckets=BUCKETS,
+            registry=self.registry,
+        )
+        self.nri_sync_failing = Gauge(
+            "gpuhook_nri_sync_failing",
+            "1 while gpuhook's NRI plugin is closed by the runtime before its Synchronize is whole (not registered)",
             registry=self.registry,
         )
         self.registry.register(_AgentState(agent))
@@ -72,6 +84,12 @@ class Metrics:
         self.creates.labels(decision, vendor, r.front[:16]).inc()
         if r.duration_ms is not None and 0 <= r.duration_ms < 3.6e6:
             self.duration.labels(decision).observe(r.duration_ms / 1000)
+
+    def handle_nri(self, rec: dict) -> None:
+        """The NRI plugin's own line (event "nri")."""
+        state = rec.get("state")
+        if state in ("sync-failed", "synchronized"):
+            self.nri_sync_failing.set(1 if state == "sync-failed" else 0)
 
     def serve(self, address: str) -> None:
         from prometheus_client import start_http_server

@@ -10,7 +10,10 @@ annotations), PodReporter
 - checks the pod is one of this node's: GET it, and its uid and spec.nodeName must be the
   line's and this node's (a line naming another namespace's pod is dropped, once logged);
 - posts a core/v1 Event on it: GPUsInjected (vendor, count, device ids) or RanOnCPU (why:
-  CPU-only node, gpuhook.dev/inject "false", every GPU held back, a gpuhook error). The
+  CPU-only node, gpuhook.dev/inject "false", every GPU held back, a gpuhook error; a Warning
+  when the NRI plugin's line says the runtime made the container without its adjustment,
+  "late", or while it was not registered, "missed"), or GPUsUnconfirmed (a Warning, no label:
+  the runtime never said what it made, "unconfirmed"). The
   same event again (a restarting container) is aggregated: the Event is patched with
   count + 1 and series {count, lastObservedTime}, as events.k8s.io's series are;
 - sets the pod label gpuhook.dev/accelerator (nvidia, amd..., or cpu), so that
@@ -42,6 +45,7 @@ from typing import Callable
 
 from . import kube as kube_mod, labels as labels_mod
 from ..hook import EVENT as HOOK_EVENT
+from ..nri.plugin import LATE as NRI_LATE, MISSED as NRI_MISSED, NRI_EVENT, UNCONFIRMED as NRI_UNCONFIRMED
 
 POD_LABEL = labels_mod.ACCELERATOR  # gpuhook.dev/accelerator, on pods as on nodes
 CPU = "cpu"
@@ -54,12 +58,19 @@ _POD_KEYS = ("pod_namespace", "pod_name", "pod_uid", "container_name")
 HOOK_DECISION = "hook-failed"  # a hook line, as PodReporter hands it to event_for
 MAX_ENTRIES = 4096  # pods checked, lines refused, Events to aggregate, labels set
 MAX_NAMESPACES = 1024  # namespaces with a budget of their own
+MAX_EARLY_HOOKS = 256  # containers whose hook lines came before their create line (NRI's)
+# the NRI plugin's decisions that the runtime's word made (nri/plugin.py): no GPU is claimed
+NRI_NOT_GIVEN = (NRI_LATE, NRI_MISSED, NRI_UNCONFIRMED)
 
 
 def micro_time(t: float | None = None) -> str:
     """metav1.MicroTime: 2026-11-29T19:40:49.577123Z."""
     t = time.time() if t is None else t
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1e6) % 1000000:06d}Z"
+
+
+def why_of(rec: dict) -> str:
+    return str(rec.get("reason") or "no GPU was given")[:300]
 
 
 def event_for(rec: dict) -> tuple[str, str, str, str | None] | None:
@@ -71,7 +82,7 @@ def event_for(rec: dict) -> tuple[str, str, str, str | None] | None:
     if rec.get("decision") == HOOK_DECISION:
         return _hook_event(rec)
     r = CreateRecord.read(rec)
-    if r is None or r.decision not in ("injected", "no-gpu", "declined", "error", "unchanged"):
+    if r is None or r.decision not in ("injected", "no-gpu", "declined", "error", "unchanged", *NRI_NOT_GIVEN):
         return None
     where = _where(r.container_name, r.front == NRI)
     decision = r.decision
@@ -89,6 +100,11 @@ def event_for(rec: dict) -> tuple[str, str, str, str | None] | None:
                 msg += f"; {len(r.held_back)} held back (allocated by the kubelet to other pods)"
             return "GPUsInjected", "Normal", msg, vendors[0]
         return "RanOnCPU", "Normal", f"{where} got GPU driver files but no GPU device", CPU
+    if decision == NRI_UNCONFIRMED:  # the plugin answered; the runtime never said what it made: no claim
+        msg = f"{where}: gpuhook's NRI plugin gave it GPUs, but the runtime never confirmed it got them ({why_of(rec)})"
+        return "GPUsUnconfirmed", "Warning", msg, None
+    if decision in NRI_NOT_GIVEN:  # late, missed: the runtime made it without gpuhook's adjustment
+        return "RanOnCPU", "Warning", f"{where} runs without a GPU: {why_of(rec)}", CPU
     if decision == "no-gpu":
         why = "CPU-only node"
     elif decision == "error":
@@ -184,6 +200,7 @@ class PodReporter:
         self.events = _Lru(MAX_ENTRIES)  # (namespace, name, uid, reason, message) -> {"name", "namespace", "count"}
         self.labelled = _Lru(MAX_ENTRIES)  # (namespace, name, uid) -> the label value it has
         self.containers = _Lru(MAX_ENTRIES)  # container id -> its pod (from its create line)
+        self.early_hooks = _Lru(MAX_EARLY_HOOKS)  # container id -> hook lines before its create line
         self.pods = _Lru(MAX_ENTRIES)  # (namespace, name, uid) -> when it was found to be this node's
         self.refused = _Lru(MAX_ENTRIES)  # (namespace, name, uid) -> when it was found not to be
         self.retry: list[tuple[float, int, dict]] = []  # (due, attempt, record)
@@ -217,13 +234,21 @@ class PodReporter:
         if isinstance(cid, str) and isinstance(rec.get("pod_uid"), str):
             self.containers.put(cid, {k: rec.get(k) for k in _POD_KEYS})
         self._attempt(rec, 0)
+        early = self.early_hooks.pop(cid, None) if isinstance(cid, str) else None
+        for hook in early or ():
+            self.handle_hook(hook)
 
     def handle_hook(self, rec: dict) -> None:
         """A hook line (gpuhook-hook's, event "hook"): an Event on the pod of its container,
-        known from that container's create line; nothing for a container not seen."""
-        pod = self.containers.get_fresh(rec.get("container_id"))
+        known from that container's create line. The NRI plugin writes a create's line once
+        the runtime made the container, after the hook ran: a hook line of a container not
+        seen yet waits for its create line (bounded), and says nothing without one."""
+        cid = rec.get("container_id")
+        pod = self.containers.get_fresh(cid)
         if pod is not None:
             self._attempt({**rec, **pod, "decision": HOOK_DECISION}, 0)
+        elif isinstance(cid, str):
+            self.early_hooks.put(cid, [*self.early_hooks.get(cid, [])[:3], rec])
 
     def tick(self) -> None:
         """Retry what is due."""
@@ -383,6 +408,11 @@ class PodReporter:
         self.log.info("event.posted", reason=reason, namespace=ns, pod=name, count=seen["count"])
 
 
+# the longest node log line the follower waits to see whole (server.MAX_REPLY_LOG_LINE bounds
+# a create's); past it, the line is skipped
+MAX_LINE = 1 << 20
+
+
 class CreateFollower:
     """Tails the runtime's log (JSON lines, appended with O_APPEND by every create) from
     its end at start, and feeds each new "create" record to the consumers. A rotated or
@@ -395,8 +425,8 @@ class CreateFollower:
         self.log = log
         self.poll = poll
         self._ino: tuple[int, int] | None = None
-        self._pos = 0
-        self._buf = b""
+        self._pos = 0  # where the next line starts
+        self._skip_line = False  # the line at _pos is the rest of one not to be read
         self._from_start = from_start
         self._said_missing = False
         self.thread: threading.Thread | None = None
@@ -421,8 +451,11 @@ class CreateFollower:
             self.log.error("creates.consumer_error", error=f"{type(e).__name__}: {e}")
 
     def read_new(self, first: bool = False) -> int:
-        """Read what was appended since the last call; the number of create records fed."""
-        import json
+        """Read what was appended since the last call; the number of create records fed. A
+        line is read once it has its newline: until then it is read again from its start on
+        the next call (a writer that could not finish it may blank it or cut it back,
+        logline.undo_short_write). A damaged line is skipped, the rest kept (log.parse_line)."""
+        from ..log import parse_line
 
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -437,7 +470,8 @@ class CreateFollower:
                 rotated = self._ino is not None
                 self._ino = (st.st_dev, st.st_ino)
                 self._pos = st.st_size if first and not self._from_start and not rotated else 0
-                self._buf = b""
+                # from the end: within a line still being written, its rest is not to be read
+                self._skip_line = self._pos > 0 and os.pread(fd, 1, self._pos - 1) != b"\n"
                 if self._said_missing or first:
                     self.log.info("creates.following", file=self.path, offset=self._pos)
                 self._said_missing = False
@@ -447,21 +481,30 @@ class CreateFollower:
             data = os.read(fd, min(st.st_size - self._pos, 4 << 20))
         finally:
             os.close(fd)
-        self._pos += len(data)
-        lines = (self._buf + data).split(b"\n")
-        self._buf = lines.pop()[-(1 << 20) :]  # a line still being written
+        end = data.rfind(b"\n") + 1  # what is read of an unfinished line waits for its end
+        if end == 0 and len(data) < MAX_LINE:
+            return 0
+        if end == 0:  # no newline in so much: the rest of that line is skipped
+            self._pos += len(data)
+            self._skip_line = True
+            return 0
+        self._pos += end
+        lines = data[:end].split(b"\n")[:-1]
+        if self._skip_line:
+            lines, self._skip_line = lines[1:], False
         fed = 0
         for raw in lines:
-            try:
-                rec = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(rec, dict) and rec.get("event") == "create":
+            rec, _damaged = parse_line(raw)
+            if rec is not None and rec.get("event") == "create":
                 fed += 1
                 for c in self.consumers:
                     self._call(c.handle, rec)
-            elif isinstance(rec, dict) and rec.get("event") == HOOK_EVENT:
+            elif rec is not None and rec.get("event") == HOOK_EVENT:
                 for c in self.consumers:
                     if hasattr(c, "handle_hook"):
                         self._call(c.handle_hook, rec)
+            elif isinstance(rec, dict) and rec.get("event") == NRI_EVENT:  # the NRI plugin's own state
+                for c in self.consumers:
+                    if hasattr(c, "handle_nri"):
+                        self._call(c.handle_nri, rec)
         return fed

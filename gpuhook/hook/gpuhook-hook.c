@@ -71,6 +71,7 @@
 #include <unistd.h>
 
 #include "gpuhook-hook.h" /* generated from gpuhook/hook/__init__.py */
+#include "../runtime/logline.h" /* log_append: a line whole or not at all */
 
 #ifndef MNT_DETACH
 #define MNT_DETACH 2
@@ -96,6 +97,7 @@ static const char *kind = NULL;  /* KIND_LDCACHE | KIND_BYPATH: the log line's "
 #define LOG_MAX_ID 256
 #define STATE_MAX 65536      /* the OCI state's head: "id" and "bundle" come before the pod's annotations */
 static int log_fd = -1;
+static char log_path[PATH_MAX]; /* its path, for a line that says a line was not written */
 
 /* Before anything else: the log named by our environment, checked as the front checks its
  * own; then taken out of the environment (ldconfig gets the rest). */
@@ -109,6 +111,7 @@ static void open_log(void) {
             fd = -1;
         }
         log_fd = fd;
+        snprintf(log_path, sizeof log_path, "%s", path); /* for the line that says it was not written */
     }
     unsetenv(LOG_ENV);
 }
@@ -291,9 +294,9 @@ static void log_outcome(const char *outcome, const char *msg) {
                        tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
                        now.tv_nsec / 1000000, ekind, have_id ? "\"" : "", have_id ? eid : "null",
                        have_id ? "\"" : "", outcome, emsg);
-    if (len > 0 && (size_t)len < sizeof line && write(log_fd, line, (size_t)len) < 0) {
-        /* a full disk: the container starts all the same */
-    }
+    char why[256];
+    if (len > 0 && (size_t)len < sizeof line && log_append(log_fd, line, (size_t)len, why, sizeof why) < 0)
+        fprintf(stderr, "gpuhook: %s: " CANNOT_WRITE_LOG "\n", what, log_path, why);
 }
 
 /* Say why (stderr, and the node log), and let the container start. */

@@ -14,4 +14,8 @@
 
 #define LOG_MAX_ERROR 1000 /* logline.MAX_ERROR: of an error, in that line */
 
+#define CANNOT_WRITE_LOG "cannot write the node log %s: %s (said once by this process)" /* logline.CANNOT_WRITE_LOG: file, why */
+
+#define SHORT_WRITE "only %d of the line's %d bytes fit" /* logline.SHORT_WRITE: written, the line's */
+
 #define LDCONFIG_DEADLINE 25 /* hook.LDCONFIG_DEADLINE: seconds, under hook.TIMEOUT */

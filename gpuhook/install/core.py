@@ -375,9 +375,12 @@ def _install_nri_unit(root: str, opts: Options, args: tuple[str, ...], say: Say)
         say(f"nri plugin: not started (systemd is not running here): systemctl enable --now {name}")
         return
     try:
-        for cmd in (["daemon-reload"], ["enable", "--now", name]) + ((["restart", name],) if changed else ()):
+        # --no-block: the unit is ready (Type=notify) once the runtime has registered the plugin,
+        # which may be after the runtime's restart below
+        starts = (["enable", "--now", "--no-block", name],) + ((["restart", "--no-block", name],) if changed else ())
+        for cmd in (["daemon-reload"], *starts):
             restart.systemctl(cmd, root, opts.restart_timeout)
-        say(f"nri plugin: {name} enabled and running")
+        say(f"nri plugin: {name} enabled and started (ready once the runtime has registered it)")
     except InstallError as e:
         say(f"nri plugin: not started ({e}): gpu-optional pods start without their GPUs until it runs")
 

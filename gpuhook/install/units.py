@@ -58,6 +58,7 @@ TEXTS = {SOCKET_UNIT: SOCKET_TEXT, SERVICE_UNIT: SERVICE_TEXT}
 
 NRI_UNIT = "gpuhook-nri.service"
 NRI_MARK = "nri-plugin"  # in the NRI plugin's unit: uninstall removes only that
+NRI_START_TIMEOUT = 30  # s the kubelet's start waits at most for the plugin's registration at boot
 
 
 def nri_text(args: tuple[str, ...] = ()) -> str:
@@ -65,15 +66,22 @@ def nri_text(args: tuple[str, ...] = ()) -> str:
     command = " ".join([f"{defaults.INSTALL_PREFIX}/bin/gpuhook", "nri", *args])
     return f"""# gpuhook: the NRI plugin. containerd or CRI-O asks it at each container create of a pod
 # whose runtime handler is gpu-optional (a plain runc handler), and it adds this node's GPUs.
-# A gpu-optional pod created while it is down starts without its GPUs; it reconnects by itself
-# when the runtime restarts. Written by `gpuhook install --front nri` ({NRI_MARK}).
+# Started after the runtime and before the kubelet, and ready (READY=1) only once the runtime
+# has synchronized it: at boot the kubelet's first pods find it registered, unless it cannot
+# register within TimeoutStartSec (the kubelet starts then all the same). A gpu-optional pod
+# created while it is not registered starts without its GPUs and gets a "missed" line in the
+# node log; it reconnects by itself when the runtime restarts.
+# Written by `gpuhook install --front nri` ({NRI_MARK}).
 [Unit]
 Description=gpuhook: the NRI plugin (GPUs for gpu-optional pods, no runtime binary replaced)
 After=containerd.service crio.service
+Before=kubelet.service
 ConditionPathExists={defaults.INSTALL_PREFIX}/bin/gpuhook
 
 [Service]
-Type=simple
+Type=notify
+NotifyAccess=all
+TimeoutStartSec={NRI_START_TIMEOUT}
 ExecStart={command}
 Restart=always
 RestartSec=1

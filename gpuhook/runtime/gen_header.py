@@ -48,10 +48,11 @@ def _no_gpu_line() -> str:
     return line.replace('"@ID@"', "%2$s").replace("@BUNDLE@", "%3$s")
 
 
-def _printf(format: str, strings: int) -> str:
-    """A message format the front prints as it is: `strings` "%s" and no other conversion."""
-    if format.count("%") != strings or format.count("%s") != strings:
-        raise ValueError(f"not a format of {strings} strings for the front: {format!r}")
+def _printf(format: str, strings: int, conversion: str = "s") -> str:
+    """A message format the front prints as it is: `strings` "%s" (or of another conversion:
+    "d", ints) and no other conversion."""
+    if format.count("%") != strings or format.count("%" + conversion) != strings:
+        raise ValueError(f"not a format of {strings} %{conversion} for the front: {format!r}")
     return format
 
 
@@ -175,6 +176,16 @@ def _one_of(value: str, choices) -> str:
     return value
 
 
+def _log_write() -> list[str]:
+    """What logline.h needs (both headers have it), and the line that says a line was lost."""
+    from .. import logline
+
+    return [
+        _define("CANNOT_WRITE_LOG", _printf(logline.CANNOT_WRITE_LOG, 2), "logline.CANNOT_WRITE_LOG: file, why"),
+        _define("SHORT_WRITE", _printf(logline.SHORT_WRITE, 2, "d"), "logline.SHORT_WRITE: written, the line's"),
+    ]
+
+
 def render() -> str:
     from .. import config, defaults, layout, runtime
     from .. import logline as nodelog
@@ -212,6 +223,7 @@ def render() -> str:
         _define("RUNTIME_IS_FRONT", _printf(logline.RUNTIME_IS_FRONT, 2), "logline.RUNTIME_IS_FRONT"),
         _define("CANNOT_RUN", _printf(logline.CANNOT_RUN, 2), "logline.CANNOT_RUN: the runtime, the error"),
         _define("NO_RUNTIME_STATUS", logline.NO_RUNTIME_STATUS, "logline.NO_RUNTIME_STATUS"),
+        *_log_write(),
         _define("RECORD_DIR", execenv.RECORD_DIR, "exec.RECORD_DIR: <cache dir>/RECORD_DIR/<root key>/<id>"),
         _define("DEFAULT_ROOT_DIR", execenv.DEFAULT_ROOT_DIR, "exec.DEFAULT_ROOT_DIR: /run/<runtime> without --root"),
         _define("WRITABLE_BY_OTHERS", execenv.WRITABLE_BY_OTHERS, "exec.WRITABLE_BY_OTHERS: not gpuhook's", octal=True),
@@ -260,6 +272,7 @@ def render_hook() -> str:
             _define("LOG_ENV", hook.LOG_ENV, "hook.LOG_ENV: the node log the helper writes its outcome to"),
             _define("LOG_EVENT", hook.EVENT, "hook.EVENT: that line's event"),
             _define("LOG_MAX_ERROR", logline.MAX_ERROR, "logline.MAX_ERROR: of an error, in that line"),
+            *_log_write(),
             _define("LDCONFIG_DEADLINE", hook.LDCONFIG_DEADLINE, "hook.LDCONFIG_DEADLINE: seconds, under hook.TIMEOUT"),
         ]
     )

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "gpuhook-runtime.h"
+#include "logline.h" /* log_append: a line whole or not at all (logline.append_line's) */
 
 struct config { /* the node config as Python decided it (the front file), or the defaults */
     const char *path, *value[FRONT_NKEYS];
@@ -252,10 +253,17 @@ static int gpu_present(const char *root) {
     return 0;
 }
 
-/* append_log: one write with O_APPEND (runtime.append_line), no link, no FIFO wait; a new file 0640 */
+/* append_log: one write with O_APPEND (logline.append_node_log), no link, no FIFO wait; a new
+ * file 0640; a line that is not there whole is said on stderr (this process writes one) */
 static void append_log(const char *file, const char *line, size_t n) {
+    char why[256];
     int fd = open(file, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, LOG_MODE);
-    if (fd >= 0 && (write(fd, line, n) < 0 || 1)) close(fd);
+    if (fd < 0) snprintf(why, sizeof why, "%s", strerror(errno));
+    if (fd < 0 || log_append(fd, line, n, why, sizeof why) < 0) {
+        fprintf(stderr, PREFIX CANNOT_WRITE_LOG "\n", file, why);
+        fflush(stderr);
+    }
+    if (fd >= 0) close(fd);
 }
 
 /* log_no_gpu: the create's log line (NO_GPU_LINE: Python's for a create with no GPU), ms its duration */

@@ -113,6 +113,10 @@ static const char *const FRONT_DEFAULTS[FRONT_NKEYS] = {
 
 #define NO_RUNTIME_STATUS 127 /* logline.NO_RUNTIME_STATUS */
 
+#define CANNOT_WRITE_LOG "cannot write the node log %s: %s (said once by this process)" /* logline.CANNOT_WRITE_LOG: file, why */
+
+#define SHORT_WRITE "only %d of the line's %d bytes fit" /* logline.SHORT_WRITE: written, the line's */
+
 #define RECORD_DIR "exec" /* exec.RECORD_DIR: <cache dir>/RECORD_DIR/<root key>/<id> */
 
 #define DEFAULT_ROOT_DIR "/run" /* exec.DEFAULT_ROOT_DIR: /run/<runtime> without --root */

@@ -357,3 +357,135 @@ def test_install_front_nri_into_containerd_2_and_the_plugin_its_unit_runs(
     with open(ctd.config_path, "rb") as f:
         assert f.read() == original  # byte for byte
     assert not os.path.exists(os.path.join(node, "etc/systemd/system/gpuhook-nri.service"))
+
+
+# -- what the operator is told is what the container got (issue 36) ----------------------------
+
+def wait_records(rt, cid: str, timeout: float = 20) -> list[dict]:
+    """The node log's lines of container `cid`, once there is one (the plugin writes a create's
+    line once the runtime said what it made)."""
+    deadline = time.monotonic() + timeout
+    while not (recs := nri_records(rt, cid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return recs
+
+
+def test_an_answer_after_the_runtimes_deadline_is_logged_late_never_injected(nri_node):
+    """The plugin stalls past NRI's 2 s request timeout (SIGSTOP 3 s) during a create:
+    containerd makes the container without the adjustment and closes the plugin. The stale
+    request is answered all the same, but the line says "late" (the container as containerd
+    lists it to the reconnected plugin), names no GPU, and the agent's Event claims none."""
+    import threading
+
+    from gpuhook.agent import podevents
+    from kubelet import SHOW
+
+    ctd, client, k, rt, plugin, _host = nri_node
+    pod_id, pod_config = k.run_pod("nri-stalled")
+    made: dict = {}
+
+    def create():
+        made["id"] = client.create_container(pod_id, pod_config, "stalled", IMAGE_NAME, command=["sh", "-c", SHOW],
+                                             log_path="stalled/0.log")
+
+    plugin.proc.send_signal(signal.SIGSTOP)
+    try:
+        t = threading.Thread(target=create)
+        t.start()
+        time.sleep(3)
+    finally:
+        plugin.proc.send_signal(signal.SIGCONT)
+    t.join(30)
+    client.start_container(made["id"])
+    status = client.wait_exited(made["id"], 30)
+    out = k.read_log(status.log_path)
+    assert status.exit_code == 0 and nodes_of(out) == {} and "accel=none" in out, out  # it got nothing
+    plugin.wait_registered(2)
+    (rec,) = wait_records(rt, made["id"])
+    assert (rec["decision"], rec["front"]) == ("late", "nri"), rec  # today's main: "injected", 8 GPUs
+    assert not {"vendors", "devices", "nodes"} & set(rec) and rec["planned_devices"] == 8, rec
+    reason, type_, msg, label = podevents.event_for(rec)
+    assert (reason, type_, label) == ("RanOnCPU", "Warning", "cpu") and "after NRI's request timeout" in msg
+    # and it serves again: the next container gets its GPUs, confirmed by the runtime
+    status, out = k.run_to_completion(pod_id, pod_config, "after", SHOW)
+    assert_8_nvidia_gpus(out)
+    assert [r["decision"] for r in wait_records(rt, status.id)] == ["injected"]
+
+
+def test_a_pod_created_before_the_plugin_registers_after_a_containerd_restart_is_said(nri_node):
+    """containerd restarts and a gpu-optional pod is created before the plugin is registered
+    with the new one (held here with SIGSTOP, as a slow start would): the pod starts without
+    GPUs, and once the plugin is registered its Synchronize list gives the container a
+    "missed" line (today's main: no line at all). A runc pod's container gets none."""
+    from gpuhook.agent import podevents
+    from kubelet import SHOW
+
+    ctd, client, k, rt, plugin, _host = nri_node
+    plugin.proc.send_signal(signal.SIGSTOP)
+    try:
+        ctd.restart()
+        client.wait_image(IMAGE_NAME)
+        pod_id, pod_config = k.run_pod("nri-early")
+        # running (NRI lists no exited container to a plugin: docs/runtime.md)
+        early = client.create_container(pod_id, pod_config, "early", IMAGE_NAME, log_path="early/0.log",
+                                        command=["sh", "-c", SHOW + "; echo shown; exec sleep 600"])
+        client.start_container(early)
+        plain_id, plain_config = k.run_pod("nri-early-plain", handler="runc")
+        plain = client.create_container(plain_id, plain_config, "plain", IMAGE_NAME, command=["sleep", "600"],
+                                        log_path="plain/0.log")
+        client.start_container(plain)
+    finally:
+        plugin.proc.send_signal(signal.SIGCONT)
+    log_path = client.container_status(early).status.log_path
+    deadline = time.monotonic() + 20
+    while "shown" not in (out := k.read_log(log_path)):
+        assert time.monotonic() < deadline, out
+        time.sleep(0.1)
+    assert nodes_of(out) == {} and "accel=none" in out, out  # it got nothing
+    plugin.wait_registered(2, timeout=30)
+    (rec,) = wait_records(rt, early)  # today's main: no line
+    assert (rec["decision"], rec["front"], rec["pod_name"], rec["container_name"]) == \
+        ("missed", "nri", "nri-early", "early"), rec
+    assert "not registered" in rec["reason"]
+    assert podevents.event_for(rec)[:2] == ("RanOnCPU", "Warning")
+    assert nri_records(rt, plain) == []
+    # said once: a new plugin process (an upgrade) is given the same list, and finds the line there
+    plugin.kill()
+    plugin.start()
+    plugin.wait_registered(3, timeout=30)
+    deadline = time.monotonic() + 10
+    while plugin.said().count("synchronized:") < 3:
+        assert time.monotonic() < deadline, plugin.said()
+        time.sleep(0.1)
+    assert len(nri_records(rt, early)) == 1
+
+
+def test_a_container_over_nris_message_limit_is_said_on_the_node_not_a_silent_loop(nri_containerd):
+    """A runc pod's container with 4.6 MB of env (over NRI's 4 MiB message), created while the
+    plugin is away: NRI cannot send it the Synchronize, so it never registers. The node log
+    says so once (an "nri" line naming the 4 MiB limit), the plugin backs off instead of
+    looping, and once the container is removed it registers and says so."""
+    import json
+
+    ctd, client, k, rt, plugin, _host = nri_containerd
+    plain_id, plain_config = k.run_pod("nri-huge", handler="runc")
+    huge = client.create_container(plain_id, plain_config, "huge", IMAGE_NAME, command=["true"],
+                                   log_path="huge/0.log", env={f"BIG_{i}": "x" * 1000 for i in range(4600)})
+    plugin.start()
+    deadline = time.monotonic() + 30
+    while not [r for r in rt.log_records() if r.get("event") == "nri"]:
+        assert time.monotonic() < deadline, plugin.said()
+        time.sleep(0.2)
+    time.sleep(8)  # today's main: about 15 connections in this time, no node line
+    said = plugin.said()
+    lines = [r for r in rt.log_records() if r.get("event") == "nri"]
+    assert [(r["state"], r["front"]) for r in lines] == [("sync-failed", "nri")], lines
+    assert "4 MiB" in lines[0]["error"] and "configured by containerd" in said
+    attempts = said.count("ended before the runtime synchronized the plugin")
+    assert 2 <= attempts <= 8, said  # backoff: 0.1 s doubling to 5 s
+    assert "failed to synchronize plugin with split messages" in ctd.log_tail(400)
+    client.remove_container(huge)
+    deadline = time.monotonic() + 30
+    while [r["state"] for r in rt.log_records() if r.get("event") == "nri"] != ["sync-failed", "synchronized"]:
+        assert time.monotonic() < deadline, json.dumps(rt.log_records()) + plugin.said()
+        time.sleep(0.2)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 
@@ -28,6 +29,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from conftest import NO_CONFIG, gpuhook, needs_runc, records, requires
 from gpuhook.testing import bundle as oci_bundle
 from gpuhook import hook, spec as ocispec
+from gpuhook import logline
 from gpuhook.plan import find_ldconfig, plan, request_from_spec
 from gpuhook.probe import ldcache, probe
 from gpuhook.testing.hostwatch import Watch, snapshot, tree
@@ -535,6 +537,25 @@ def test_the_helpers_log_line_is_escaped_bounded_and_names_the_states_id(tmp_pat
     assert len(recs[0]["error"]) <= 1000 and "relative\"\n\x01" in recs[0]["error"]
     assert recs[1]["container_id"] is None  # an id with an escape is not taken
     assert recs[2]["container_id"] is None and recs[2]["kind"] == "unknown"
+
+
+def test_the_helpers_line_that_does_not_fit_leaves_nothing_for_the_next_to_join(full_disk):
+    """gpuhook-hook's line on a full disk (logline.h, as the front's): the bytes that fit are
+    undone (a blank line), stderr says so; the next line, once there is room, is whole."""
+    log = os.path.join(full_disk.path, "gpuhook.log")
+    full_disk.pad(log, slack=20)
+    full_disk.fill()
+    before = os.path.getsize(log)
+    r = _helper(["nope"], log, b"not json")  # a bad command line: one "refused" line
+    with open(log, "rb") as f:
+        assert f.read()[before:] == b" " * 19 + b"\n"
+    said_as = re.escape(logline.CANNOT_WRITE_LOG % (log, logline.SHORT_WRITE % (20, 999))).replace("999", r"\d+")
+    assert len([x for x in r.stderr.decode().splitlines() if re.search(said_as, x)]) == 1, r.stderr
+    full_disk.free()
+    _helper(["nope"], log, b"not json")
+    with open(log) as f:
+        lines = [x for x in f.read().splitlines() if x.strip()]
+    assert [json.loads(x)["event"] for x in lines] == ["pad", hook.EVENT]
 
 
 @pytest.mark.parametrize("what", ["link", "fifo", "directory"])

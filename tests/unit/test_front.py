@@ -27,6 +27,7 @@ from conftest import FRONT, REPO, is_root, log_records
 from gpuhook.testing import fakehost
 from gpuhook.testing.front import prime
 from gpuhook import config, defaults, inject, probe
+from gpuhook import logline as nodelog
 from gpuhook.install import build
 from gpuhook.probe import cache
 from gpuhook.probe.host import Host
@@ -313,6 +314,30 @@ def test_no_gpu_log_never_follows_a_link(tmp_path):
     # Python's append_line refuses it the same way
     logline.append_line(str(link), "x")
     assert target.read_text() == ""
+
+
+def test_a_no_gpu_line_that_does_not_fit_leaves_nothing_for_the_next_to_join(tmp_path, full_disk):
+    """The front's own line on a full disk (logline.h, as append_line in Python): the bytes
+    that fit are undone (a blank line), the create goes on, stderr says so in one line; the
+    next create's line, once there is room, is whole, and `gpuhook log` has both whole ones."""
+    root = str(tmp_path / "cpu")
+    fakehost.build(root, "cpu", mknod=False)
+    log = os.path.join(full_disk.path, "gpuhook.log")
+    full_disk.pad(log, slack=30)
+    full_disk.fill()
+    before = os.path.getsize(log)
+    r, _ = front(tmp_path, root, "create", "--bundle", str(tmp_path), "c1", log_file=log)
+    assert r.returncode == 0, r.stderr
+    assert os.path.getsize(log) == before + 30
+    with open(log, "rb") as f:
+        assert f.read()[before:] == b" " * 29 + b"\n"
+    (said,) = r.stderr.splitlines()
+    said_as = re.escape(logline.PREFIX + nodelog.CANNOT_WRITE_LOG % (log, nodelog.SHORT_WRITE % (30, 999)))
+    assert re.fullmatch(said_as.replace("999", r"\d+"), said), said  # (the line's length: its timing's digits)
+    full_disk.free()
+    r, _ = front(tmp_path, root, "create", "--bundle", str(tmp_path), "c2", log_file=log)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert [(x["event"], x.get("container_id")) for x in log_records(log)] == [("pad", None), ("create", "c2")]
 
 
 def test_the_bundle_front_runs_its_loader_directly(tmp_path):

@@ -277,9 +277,18 @@ def test_the_wrapper_and_the_nri_plugin_log_the_same_record_for_the_same_contain
                                mounts=[pb.Mount(destination=had_mount, type="bind", source="/elsewhere")],
                                linux=pb.LinuxContainer(devices=[pb.LinuxDevice(path="/dev/nvidia-uvm", type="c",
                                                                                major=235, minor=0)])))
-    assert plugin.create_container(req.SerializeToString()).adjust.linux.devices
+    adj = plugin.create_container(req.SerializeToString()).adjust
+    assert adj.linux.devices
+    plugin.write_log()
+    assert not log.exists()  # an "injected" line waits for the runtime's word on the container
+    made = pb.Container()
+    made.CopyFrom(req.container)
+    made.linux.devices.extend(adj.linux.devices)
+    made.env.extend(f"{kv.key}={kv.value}" for kv in adj.env)
+    plugin.confirm(made)
     plugin.write_log()
     (line,) = [json.loads(x) for x in log.read_text().splitlines()]
+    assert line.pop("env") == [f"{kv.key}={kv.value}" for kv in adj.env]  # the plugin's own: what the runtime confirmed
 
     assert (wrapper.pop("front"), line.pop("front")) == ("wrapper", "nri")
     assert wrapper.pop("bundle") == str(bundle) and "bundle" not in line

@@ -1,9 +1,10 @@
 """`gpuhook install --front nri` (and back to `--front wrapper`) on temp host roots.
 
 The containerd configs are each release's real `containerd config default`
-(tests/fixtures/containerd-config-default/, checked here against the binaries this machine
-has: its own containerd 1.6, the sid root's 2.1, a trixie root's 1.7 where cached), and the
-node's containerd binary, where the test needs one, is the real one (a hard link):
+(tests/fixtures/containerd-config-default/, checked here against each release's binary: 1.6
+Debian 12's, 1.7 Debian 13's, 2.1 sid's, this machine's own where it is that release, else
+from a Debian root of that release), and the node's containerd binary, where the test needs
+one, is the real one (a hard link):
 - 1.6 (no NRI) refused with one line, nothing written;
 - 1.7 (NRI off by default): NRI turned on, the handler plain runc;
 - 2.x (NRI on by default): NRI left as it is;
@@ -41,14 +42,16 @@ UNIT = "etc/systemd/system/gpuhook-nri.service"
 SERVER_UNITS = [f"etc/systemd/system/{n}" for n in units.TEXTS]
 NRI = "io.containerd.nri.v1.nri"
 CRI = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
-# release -> (fixture, `containerd --version` contains, where its binary is: "" this machine's,
-# else the Debian root that has it, built (debroot) and held for this module where it is not cached)
+# release -> (fixture, `containerd --version` contains, the Debian release whose containerd it
+# is: this machine's own where it is that one, else that release's root, built (debroot) and
+# held for this module where it is not cached)
 RELEASES = {
-    "1.6": ("1.6.20.toml", "1.6.20~ds1", ""),
+    "1.6": ("1.6.20.toml", "1.6.20~ds1", "bookworm"),
     "1.7": ("1.7.24.toml", "1.7.24~ds1", "trixie"),
     "2.1": ("2.1.9.toml", "2.1.9", "sid"),
 }
 ROOTS = {  # a root's release -> how to ask debroot for it (the one the suite's other users ask for)
+    "bookworm": {"include": (), "apt": ("containerd",), "must_have": ("usr/bin/containerd",)},
     "trixie": {"include": (), "apt": ("containerd",), "must_have": ("usr/bin/containerd",)},
     "sid": {"include": sid_node.PACKAGES, "must_have": sid_node.MUST_HAVE},
 }
@@ -66,23 +69,37 @@ def fixture(release: str) -> bytes:
         return f.read()
 
 
+def containerd_version(rootfs: str) -> str:
+    """What the containerd of `rootfs` ("/": this machine) says of its version ("" for none)."""
+    chroot = [] if rootfs == "/" else ["chroot", rootfs]
+    try:
+        return subprocess.run(chroot + ["/usr/bin/containerd", "--version"], capture_output=True, text=True,
+                              timeout=30).stdout
+    except OSError:
+        return ""
+
+
 def real_binary(release: str) -> str:
-    """The release's containerd: this machine's, or its Debian root's (built where not cached:
-    as root only; a skip otherwise)."""
+    """The release's containerd: this machine's where it is that one (a Debian 12 machine's is
+    1.6, a Debian 13 one's 1.7), else its Debian root's (built where not cached: as root only;
+    a skip otherwise). Never another release's binary: the fixtures are each release's."""
     _, version, release_root = RELEASES[release]
-    chroot: list[str] = []
-    path = "/usr/bin/containerd"
-    if release_root:
-        if not is_root():
-            pytest.skip(f"containerd {release} comes from a Debian {release_root} root: needs root")
-        spec = ROOTS[release_root]
-        root = _HOLDS.enter_context(debroot.ensure(release_root, spec["include"], apt=spec.get("apt", ()),
-                                                   must_have=spec["must_have"]))
-        path, chroot = os.path.join(root, "usr/bin/containerd"), ["chroot", root]
-    out = subprocess.run(chroot + ["/usr/bin/containerd", "--version"], capture_output=True, text=True,
-                         timeout=30).stdout
-    assert version in out, f"{path} is {out.strip()!r}, not containerd {version}: refresh tests/fixtures"
-    return path
+    if debroot.host_release() == release_root and version in containerd_version("/"):
+        return "/usr/bin/containerd"
+    if not is_root():
+        pytest.skip(f"containerd {release} comes from a Debian {release_root} root: needs root")
+    spec = ROOTS[release_root]
+    root = _HOLDS.enter_context(debroot.ensure(release_root, spec["include"], apt=spec.get("apt", ()),
+                                               must_have=spec["must_have"]))
+    out = containerd_version(root)
+    assert version in out, (f"{root}/usr/bin/containerd is {out.strip()!r}, not containerd {version}: "
+                            "refresh tests/fixtures")
+    return os.path.join(root, "usr/bin/containerd")
+
+
+def rootfs_of(binary: str) -> str:
+    """The root a real_binary() belongs to ("/": this machine's)."""
+    return binary[: -len("/usr/bin/containerd")] or "/"
 
 
 def make_node(tmp_path, config: bytes | None, containerd: str | None = None, systemd: bool = True):
@@ -147,8 +164,8 @@ def exec_start(root) -> list[str]:
 
 @pytest.mark.parametrize("release", RELEASES)
 def test_each_fixture_is_its_releases_containerd_config_default(release):
-    path = real_binary(release)
-    chroot = [] if path == "/usr/bin/containerd" else ["chroot", path[: -len("/usr/bin/containerd")]]
+    rootfs = rootfs_of(real_binary(release))
+    chroot = [] if rootfs == "/" else ["chroot", rootfs]
     out = subprocess.run(chroot + ["/usr/bin/containerd", "config", "default"], capture_output=True, timeout=30)
     assert out.returncode == 0 and out.stdout == fixture(release)
 
@@ -367,9 +384,11 @@ def test_where_systemd_runs_the_plugins_unit_is_enabled_started_and_on_uninstall
     env = dict(os.environ, PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}")
     r = run_as_pod([sys.executable, "-m", "gpuhook", "install", "--host-root", root, "--runtime", "containerd",
                     "--front", "nri", "--bundle-dir", bundle_dir], tmp_path / "pid1.ns", env=env)
-    assert r.returncode == 0 and "nri plugin: gpuhook-nri.service enabled and running" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "nri plugin: gpuhook-nri.service enabled and started" in r.stdout, r.stdout + r.stderr
     lines = record.read_text().splitlines()
-    assert lines[0::2] == ["daemon-reload", "enable --now gpuhook-nri.service", "restart gpuhook-nri.service"]
+    # not waited for: the unit is ready (Type=notify) once the runtime, restarted after, registers it
+    assert lines[0::2] == ["daemon-reload", "enable --now --no-block gpuhook-nri.service",
+                           "restart --no-block gpuhook-nri.service"]
     assert set(lines[1::2]) == {(tmp_path / "pid1.ns").read_text().strip()}  # the host's mount namespace
     record.unlink()
     r = run_as_pod([sys.executable, "-m", "gpuhook", "uninstall", "--host-root", root], tmp_path / "pid1.ns", env=env)
@@ -397,8 +416,7 @@ def test_install_again_without_front_keeps_the_installed_one(tmp_path, bundle_di
 def test_each_containerd_reads_what_install_wrote_with_nri_on_and_the_plain_handler(tmp_path, bundle_dir, release):
     """The release's own `containerd --config X config dump` (in its root, the file bound in
     a mount namespace of the test's own) on what `--front nri` wrote into its default config."""
-    binary = real_binary(release)
-    rootfs = binary[: -len("/usr/bin/containerd")]
+    rootfs = rootfs_of(real_binary(release))
     node = make_node(tmp_path, fixture(release))
     install(node, bundle_dir, "nri")
     script = 'mount --bind "$1" "$2/tmp" && exec chroot "$2" /usr/bin/containerd --config /tmp/config.toml config dump'
@@ -446,3 +464,17 @@ def test_the_agent_with_front_nri_installs_the_nri_front_and_no_unit_of_its_own(
     assert doc["plugins"][NRI]["disable"] is True  # as the node had it
     assert doc["plugins"][CRI[2]]["containerd"]["runtimes"]["gpu-optional"]["options"]["BinaryName"] \
         == "/opt/gpuhook/bin/gpuhook-runtime"
+
+
+def test_the_plugins_unit_orders_it_after_the_runtime_and_before_the_kubelet_ready_once_registered():
+    """At boot the kubelet's first pods find the plugin registered: the unit starts after the
+    runtime, before the kubelet, and is ready only when the plugin says READY=1 (once the
+    runtime synchronized it: nri/plugin.py), waited for at most TimeoutStartSec."""
+    import configparser
+
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.read_string(units.nri_text(("--socket", "/run/nri.sock")))
+    assert unit["Unit"]["After"].split() == ["containerd.service", "crio.service"]
+    assert unit["Unit"]["Before"] == "kubelet.service"
+    assert (unit["Service"]["Type"], unit["Service"]["NotifyAccess"]) == ("notify", "all")
+    assert unit["Service"]["TimeoutStartSec"] == str(units.NRI_START_TIMEOUT)

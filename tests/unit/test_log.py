@@ -245,3 +245,27 @@ def test_a_plan_that_fails_still_logs_the_warnings_it_had(tmp_path, make_host, m
     line = json.loads(answer.log[1])
     assert line["decision"] == "error" and "Input/output error" in line["error"]
     assert any("gpuhook.dev/bogus" in w for w in line.get("warnings", [])), line
+
+
+def test_a_hook_line_goes_with_the_nri_create_line_after_it(tmp_path):
+    """The NRI plugin writes a create's line once the runtime made the container, after its
+    hook ran: a hook line just before an NRI create line of its container is that create's."""
+    p = tmp_path / "gpuhook.log"
+    nri = [json.dumps({**json.loads(rec(n)), "front": "nri"}) for n in (1, 2)]
+    p.write_text("\n".join([hook_line("c1"), rec(3), nri[0], nri[1]]) + "\n")
+    records, _ = log.tail_records(str(p), 10)
+    assert [(r["container_id"], [h["outcome"] for h in r.get("hook_errors", [])]) for r in records] == [
+        ("c3", []), ("c1", ["timeout"]), ("c2", [])]
+
+
+def test_the_table_says_why_an_nri_create_got_no_gpu(tmp_path):
+    """The NRI plugin's late and missed lines: the table's last column is their reason."""
+    from gpuhook.nri import plugin
+
+    table = log.format_records([
+        {"time": "t", "event": "create", "front": "nri", "container_id": "c1", "decision": plugin.LATE,
+         "reason": plugin.WHY_LATE},
+        {"time": "t", "event": "create", "front": "nri", "container_id": "c2", "decision": plugin.MISSED,
+         "reason": plugin.WHY_MISSED}], wide=True).splitlines()
+    assert table[1].split()[3:5] == ["nri", "late"] and table[1].endswith(plugin.WHY_LATE)
+    assert table[2].split()[3:5] == ["nri", "missed"] and table[2].endswith(plugin.WHY_MISSED)

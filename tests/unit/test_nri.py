@@ -115,6 +115,25 @@ class Runtime:
         assert resp.status.code == 0, resp.status
         return reply_type.FromString(resp.payload)
 
+    def created(self, req: pb.CreateContainerRequest, adj: pb.ContainerAdjustment | None) -> pb.Container:
+        """PostCreateContainer, as NRI 0.8 sends it (a StateChange): the container as the
+        runtime made it, with `adj` applied (None: made without the plugin's adjustment)."""
+        made = pb.Container()
+        made.CopyFrom(req.container)
+        if adj is not None:
+            made.env.extend(f"{e.key}={e.value}" for e in adj.env)
+            made.linux.devices.extend(adj.linux.devices)
+            made.mounts.extend(adj.mounts)
+        self.call("StateChange", pb.StateChangeEvent(event=pb.POST_CREATE_CONTAINER, pod=req.pod, container=made),
+                  pb.Empty)
+        return made
+
+    def create(self, req: pb.CreateContainerRequest) -> pb.ContainerAdjustment:
+        """CreateContainer, answered in time, then its PostCreateContainer."""
+        adj = self.call("CreateContainer", req, pb.CreateContainerResponse).adjust
+        self.created(req, adj)
+        return adj
+
 
 @pytest.fixture
 def node(tmp_path, monkeypatch):
@@ -146,7 +165,9 @@ def connected(node):
     assert (reg.plugin_name, reg.plugin_idx) == ("gpuhook", "10")
     conf = rt.call("Configure", pb.ConfigureRequest(runtime_name="containerd", runtime_version="v2.1.9",
                                                     request_timeout=2000), pb.ConfigureResponse)
-    assert conf.events == 1 << (pb.CREATE_CONTAINER - 1) == nri.event_mask(nri.CREATE_CONTAINER)  # CreateContainer only
+    # CreateContainer, and PostCreateContainer for the container as the runtime made it
+    assert conf.events == (1 << (pb.CREATE_CONTAINER - 1)) | (1 << (pb.POST_CREATE_CONTAINER - 1)) == \
+        nri.event_mask(nri.CREATE_CONTAINER, nri.POST_CREATE_CONTAINER)
     yield rt, t, said
     a.close()
     b.close()
@@ -200,7 +221,7 @@ def test_a_gpu_optional_container_gets_the_planners_edits_as_its_adjustment(conn
     rt, _t, _said = connected
     _conf, log = node
     req = create_request()
-    adj = rt.call("CreateContainer", req, pb.CreateContainerResponse).adjust
+    adj = rt.create(req)
     edits = planned(req)
     assert [d.path for d in adj.linux.devices] == [n.path for n in edits.device_nodes] and len(adj.linux.devices) > 8
     assert [(d.major, d.minor) for d in adj.linux.devices] == [(n.major, n.minor) for n in edits.device_nodes]
@@ -293,7 +314,9 @@ def test_the_reply_goes_before_the_log_line_is_written(connected, node, monkeypa
         return real(path, line, *a, **k)
 
     monkeypatch.setattr(logline, "append_line", slow_append)
-    adj = rt.call("CreateContainer", create_request(), pb.CreateContainerResponse).adjust
+    req = create_request()
+    adj = rt.call("CreateContainer", req, pb.CreateContainerResponse).adjust
+    rt.created(req, adj)  # the runtime's word on it: the line is written after this answer too
     assert adj.linux.devices and written == [] and records(log) == []
     held.set()
     (rec,) = records(log, 1)
@@ -356,3 +379,242 @@ def test_no_rootfs_template_means_no_hook_and_the_rest_all_the_same(node):
     without = nri.Plugin(rootfs_template="", log=lambda m: None).create_container(req.SerializeToString()).adjust
     assert with_hook.hooks.create_container and not without.hooks.create_container
     assert without.linux.devices == with_hook.linux.devices and without.mounts == with_hook.mounts
+
+
+# -- what the log says is what the container got (issue 36) ---------------------------------
+
+
+def sync(rt: Runtime, *containers: pb.Container, handler: str = "gpu-optional") -> None:
+    """The runtime's whole list in one Synchronize: each container's pod of `handler`."""
+    pods = [pb.PodSandbox(id=c.pod_sandbox_id, name="p", namespace="default", runtime_handler=handler)
+            for c in containers]
+    rt.call("Synchronize", pb.SynchronizeRequest(pods=pods, containers=list(containers)), pb.SynchronizeResponse)
+
+
+def test_an_answer_the_runtime_did_not_apply_is_logged_late_never_injected(connected, node):
+    """The runtime made the container without the adjustment (the answer came after its
+    deadline): the line says "late", names no GPU, and says why."""
+    rt, _t, _said = connected
+    _conf, log = node
+    req = create_request()
+    adj = rt.call("CreateContainer", req, pb.CreateContainerResponse).adjust
+    assert adj.linux.devices
+    rt.created(req, None)
+    (rec,) = records(log, 1)
+    assert (rec["decision"], rec["front"], rec["container_id"], rec["pod_name"]) == ("late", "nri", "c1", "p")
+    assert "after NRI's request timeout" in rec["reason"] and rec["planned_devices"] == 8
+    assert not {"vendors", "devices", "nodes", "env"} & set(rec), rec
+
+
+def test_an_answer_confirmed_after_a_reconnect_by_the_runtimes_list(tmp_path, node):
+    """The connection died between the answer and the runtime's word: the next Synchronize's
+    list is the word (the container there without gpuhook's devices: late); one the runtime
+    no longer lists is "unconfirmed"."""
+    _conf, log = node
+    path = str(tmp_path / "nri.sock")
+    plugin = nri.Plugin(path, log=lambda m: None)
+    srv = listening(path)
+    threading.Thread(target=plugin.run_forever, daemon=True).start()
+    rt = accept(srv)
+    sync(rt)
+    late, gone = create_request(), create_request()
+    gone.container.id = "c2"
+    for r in (late, gone):
+        assert rt.call("CreateContainer", r, pb.CreateContainerResponse).adjust.linux.devices
+    rt.s.close()  # NRI closed the plugin for its timeout
+    rt = accept(srv)
+    assert records(log) == []  # no word yet: no line
+    sync(rt, late.container)
+    recs = records(log, 2)
+    assert sorted((r["container_id"], r["decision"]) for r in recs) == [("c1", "late"), ("c2", "unconfirmed")], recs
+    assert "no longer lists it" in [r for r in recs if r["container_id"] == "c2"][0]["reason"]
+    rt.s.close()
+    srv.close()
+
+
+def test_a_gpu_optional_container_created_while_the_plugin_was_away_gets_a_missed_line(connected, node):
+    rt, _t, _said = connected
+    _conf, log = node
+    away = create_request().container  # no adjustment of gpuhook's: no device
+    served_req = create_request()
+    served_req.container.id = "c2"
+    served = served_req.container  # had its GPUs: its line waits for the runtime's word, this list
+    served.linux.devices.extend(rt.call("CreateContainer", served_req, pb.CreateContainerResponse).adjust.linux.devices)
+    cdi = create_request().container
+    cdi.id = "c3"
+    cdi.linux.devices.add(path="/dev/nvidia0", type="c", major=195, minor=0)  # a device plugin's GPU
+    sync(rt, away, served, cdi)
+    recs = records(log, 2)
+    assert sorted((r["container_id"], r["decision"]) for r in recs) == [("c1", "missed"), ("c2", "injected")], recs
+    (missed,) = [r for r in recs if r["decision"] == "missed"]
+    assert (missed["front"], missed["pod_name"], missed["container_name"]) == ("nri", "p", "app")
+    assert "not registered" in missed["reason"] and "duration_ms" not in missed
+    sync(rt, away)  # said once
+    other = create_request().container
+    other.id = "c4"
+    sync(rt, other, handler="runc")  # another handler's: nothing
+    time.sleep(0.2)
+    assert len(records(log)) == 2
+
+
+def test_a_missed_container_a_previous_plugin_logged_gets_no_second_line(connected, node):
+    import json
+
+    rt, _t, _said = connected
+    _conf, log = node
+    log.write_text(json.dumps({"time": "t", "event": "create", "front": "nri", "container_id": "c1",
+                               "decision": "late"}) + "\n")
+    sync(rt, create_request().container)
+    time.sleep(0.2)
+    assert len(records(log)) == 1
+
+
+def listening(path: str) -> socket.socket:
+    srv = socket.socket(socket.AF_UNIX)
+    if os.path.exists(path):
+        os.unlink(path)
+    srv.bind(path)
+    srv.listen(4)
+    srv.settimeout(10)
+    return srv
+
+
+def accept(srv: socket.socket, configure: bool = True) -> Runtime:
+    conn, _ = srv.accept()
+    conn.settimeout(10)
+    rt = Runtime(conn)
+    rt.expect_registration()
+    if configure:
+        rt.call("Configure", pb.ConfigureRequest(runtime_name="containerd", runtime_version="v2.1.9"),
+                pb.ConfigureResponse)
+    return rt
+
+
+def test_the_plugin_connects_again_at_once_after_a_synchronized_connection(tmp_path, node):
+    """No fixed sleep: a synchronized connection that ends is followed by a connect at once,
+    and a missing socket is tried again every POLL."""
+    path = str(tmp_path / "nri.sock")
+    said: list[str] = []
+    plugin = nri.Plugin(path, log=said.append)
+    threading.Thread(target=plugin.run_forever, daemon=True).start()
+    time.sleep(0.3)  # no socket yet: it waits, polling
+    srv = listening(path)
+    t0 = time.monotonic()
+    rt = accept(srv)
+    assert time.monotonic() - t0 < 0.9
+    sync(rt)
+    rt.s.close()
+    t0 = time.monotonic()
+    rt = accept(srv)
+    assert time.monotonic() - t0 < 0.9, said  # today's main: a fixed 1 s
+    rt.s.close()
+    srv.close()
+    assert any("waiting for the runtime's socket" in s for s in said), said
+
+
+def test_a_synchronize_that_never_completes_is_said_on_the_node_log_once(tmp_path, node, monkeypatch):
+    """NRI closes a plugin whose Synchronize it cannot send (a container over its 4 MiB
+    message limit): configured, then closed. The node log says so once (not per attempt),
+    the plugin backs off, and says when it is synchronized again."""
+    monkeypatch.setattr(nri, "BACKOFF_FIRST", 0.01)
+    _conf, log = node
+    path = str(tmp_path / "nri.sock")
+    said: list[str] = []
+    plugin = nri.Plugin(path, log=said.append)
+    srv = listening(path)
+    threading.Thread(target=plugin.run_forever, daemon=True).start()
+    for _ in range(3):
+        accept(srv).s.close()
+    rt = accept(srv)
+    sync(rt)
+    recs = records(log, 2)
+    assert [(r["event"], r["state"]) for r in recs] == [("nri", "sync-failed"), ("nri", "synchronized")], recs
+    assert "4 MiB" in recs[0]["error"] and recs[1]["failures"] == 3
+    assert sum("before the runtime synchronized" in s for s in said) == 3, said
+    rt.s.close()
+    srv.close()
+
+
+@pytest.mark.parametrize("what", ["request", "configure", "synchronize", "register-reply", "frame"])
+def test_an_undecodable_message_is_one_line_and_a_new_connection_never_an_exit(tmp_path, node, what):
+    path = str(tmp_path / "nri.sock")
+    said: list[str] = []
+    plugin = nri.Plugin(path, log=said.append)
+    srv = listening(path)
+    t = threading.Thread(target=plugin.run_forever, daemon=True)
+    t.start()
+    conn, _ = srv.accept()
+    conn.settimeout(10)
+    rt = Runtime(conn)
+    if what == "register-reply":
+        (msg,) = recv_messages(conn, rt.d, 1)
+        conn.sendall(wire.encode(wire.RUNTIME_CONN, msg.stream, wire.RESPONSE, 0, b"\xff\xff\xff"))
+    else:
+        rt.expect_registration()
+        if what == "request":
+            conn.sendall(wire.encode(wire.PLUGIN_CONN, 1, wire.REQUEST, 1, b"\xff\xff\xff"))
+        elif what == "frame":
+            conn.sendall(wire.MUX_HEADER.pack(1, wire.MUX_MAX + 1))
+        else:
+            method = what.capitalize()
+            req = tt.Request(service=nri.SERVICE, method=method, payload=b"\xff\xff\xff")
+            conn.sendall(wire.encode(wire.PLUGIN_CONN, 1, wire.REQUEST, 1, req.SerializeToString()))
+    rt = accept(srv)  # it came back, by itself
+    sync(rt)
+    assert t.is_alive()
+    ended = [s for s in said if "ended" in s]
+    assert len(ended) == 1 and "Traceback" not in "".join(said), said
+    if what != "frame":
+        assert "does not decode" in ended[0], ended
+    rt.s.close()
+    srv.close()
+
+
+def test_a_state_change_that_does_not_decode_gets_an_empty_answer(connected):
+    rt, t, said = connected
+    req = tt.Request(service=nri.SERVICE, method="StateChange", payload=b"\xff\xff\xff")
+    rt.s.sendall(wire.encode(wire.PLUGIN_CONN, rt.stream, wire.REQUEST, 1, req.SerializeToString()))
+    (msg,) = recv_messages(rt.s, rt.d, 1)
+    assert tt.Response.FromString(msg.payload).status.code == 0
+    assert t.is_alive() and sum("does not decode" in s for s in said) == 1, said
+
+
+def test_ready_is_told_to_systemd_once_synchronized(tmp_path, node, monkeypatch):
+    path = str(tmp_path / "nri.sock")
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path / "notify"))
+    notify.settimeout(10)
+    monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "notify"))
+    srv = listening(path)
+    threading.Thread(target=nri.Plugin(path, log=lambda m: None).run_forever, daemon=True).start()
+    rt = accept(srv)
+    notify.settimeout(0.3)
+    with pytest.raises(TimeoutError):  # configured is not registered: NRI adds it once synchronized
+        notify.recv(64)
+    notify.settimeout(10)
+    sync(rt)
+    assert notify.recv(64) == b"READY=1"
+    rt.s.close()
+    srv.close()
+    notify.close()
+
+
+def test_checking_a_container_of_the_list_gives_out_no_gpu(connected, node):
+    """The check of a listed container plans with no round-robin memory: a max-gpus pod's
+    check leaves the node's record of what was given as it was (none here)."""
+    from gpuhook.plan import policy
+
+    rt, _t, _said = connected
+    _conf, log = node
+    away = create_request().container
+    away.annotations["gpuhook.dev/max-gpus"] = "2"
+    sync(rt, away)
+    (rec,) = records(log, 1)
+    assert rec["decision"] == "missed"
+    assert not os.path.exists(os.path.join(os.environ["GPUHOOK_CACHE_DIR"], policy.STATE_FILE))
+    rt.call("CreateContainer", create_request(), pb.CreateContainerResponse)  # a real create: remembered
+    served = create_request()
+    served.container.annotations["gpuhook.dev/max-gpus"] = "2"
+    served.container.id = "c9"
+    rt.create(served)
+    assert os.path.exists(os.path.join(os.environ["GPUHOOK_CACHE_DIR"], policy.STATE_FILE))

@@ -396,7 +396,7 @@ def test_the_agent_posts_only_gpuhooks_own_reasons():
 
     from gpuhook.hook import BYPATH, LDCACHE
 
-    creates = {podevents.event_for(create(d))[0] for d in ("injected", "no-gpu", "declined", "error")}
+    creates = {podevents.event_for(create(d))[0] for d in ("injected", "no-gpu", "declined", "error", "unconfirmed")}
     hooks = {podevents.event_for({**create(podevents.HOOK_DECISION), "kind": k})[0] for k in (LDCACHE, BYPATH)}
     assert creates | hooks == set(kube.EVENT_REASONS["Pod"])
     with open(os.path.join(REPO, "gpuhook", "agent", "core.py")) as f:
@@ -449,3 +449,71 @@ def test_the_agent_reads_no_bigger_bundle_than_the_create_does(tmp_path, monkeyp
         rec = reporter._from_bundle({"event": "create", "decision": "no-gpu", "bundle": "/bundle"})
         names[size] = rec and rec.get("pod_name")
     assert names == {4096: "p", 4097: None}
+
+
+def nri_line(decision: str, reason: str, **kw) -> dict:
+    """A create line of the NRI plugin's that the runtime's word made (nri/plugin.py)."""
+    return {**create(decision, front="nri", vendors=[], reason=reason, planned_devices=8), **kw}
+
+
+def test_an_nri_create_the_runtime_made_without_gpus_claims_none(fake_api, logs):
+    """late (the answer came after NRI's timeout), missed (created while the plugin was not
+    registered): a RanOnCPU Warning and the cpu label; unconfirmed: a GPUsUnconfirmed Warning
+    and no label. None says the container got GPUs."""
+    from gpuhook.nri import plugin
+
+    late = podevents.event_for(nri_line(plugin.LATE, plugin.WHY_LATE))
+    assert late == ("RanOnCPU", "Warning", f"container app (through NRI) runs without a GPU: {plugin.WHY_LATE}", "cpu")
+    missed = podevents.event_for(nri_line(plugin.MISSED, plugin.WHY_MISSED))
+    assert missed[:2] == ("RanOnCPU", "Warning") and missed[3] == "cpu" and "not registered" in missed[2]
+    reason, type_, msg, label = podevents.event_for(nri_line(plugin.UNCONFIRMED, plugin.WHY_SILENT))
+    assert (reason, type_, label) == ("GPUsUnconfirmed", "Warning", None) and "never confirmed" in msg
+    api = fake_api()
+    api.add_pod("ml", "trainer-0", "uid-trainer-0")
+    r = podevents.PodReporter(api.client(), log.get())
+    r.handle(nri_line(plugin.LATE, plugin.WHY_LATE))
+    (ev,) = api.pod_events()
+    assert ev["reason"] == "RanOnCPU" and "GPUsInjected" not in json.dumps(api.pod_events())
+    assert api.pods[("ml", "trainer-0")]["metadata"]["labels"]["gpuhook.dev/accelerator"] == "cpu"
+
+
+def test_the_nri_plugins_own_lines_reach_the_agent_the_metrics_and_a_node_event(tmp_path, fake_api, logs):
+    """The plugin's "nri" lines (a Synchronize that keeps failing, then synchronized): the
+    follower hands them to handle_nri; the metric gpuhook_nri_sync_failing follows them; the
+    agent posts NRIPluginNotSynchronized on its Node."""
+    from gpuhook.agent.metrics import Metrics
+    from gpuhook.nri import plugin
+
+    api = fake_api()
+    m = Metrics(agent=None)
+    agent = agent_mod.Agent.__new__(agent_mod.Agent)
+    agent.kube, agent.log, agent._node_uid, agent._api_said = api.client(), log.get(), None, set()
+    path = tmp_path / "gpuhook.log"
+    path.write_text("")
+    f = podevents.CreateFollower(str(path), [m, agent_mod._NRIState(agent)], log.get())
+    f.read_new(first=True)
+    failed = {"time": "t", "event": plugin.NRI_EVENT, "front": "nri", "state": "sync-failed", "failures": 1,
+              "error": "the runtime closed the connection before it synchronized the plugin (closed by the runtime)"}
+    with open(path, "a") as out:
+        out.write(json.dumps(failed) + "\n")
+    assert f.read_new() == 0
+    assert m.nri_sync_failing._value.get() == 1
+    (ev,) = [e for e in api.events if e["involvedObject"]["kind"] == "Node"]
+    assert (ev["reason"], ev["type"]) == ("NRIPluginNotSynchronized", "Warning") and "cannot register" in ev["message"]
+    with open(path, "a") as out:
+        out.write(json.dumps({**failed, "state": "synchronized"}) + "\n")
+    f.read_new()
+    assert m.nri_sync_failing._value.get() == 0
+
+
+def test_a_hook_line_before_its_nri_create_line_waits_for_it(fake_api, logs):
+    """NRI: the hook ran (and wrote its line) before the plugin's create line, which waits for
+    the runtime's word: the Warning comes once the create line does."""
+    api = fake_api()
+    api.add_pod("ml", "trainer-0", "uid-trainer-0")
+    r = podevents.PodReporter(api.client(), log.get())
+    r.handle_hook({"time": "t", "event": "hook", "kind": "ldcache", "container_id": "c" * 64, "outcome": "timeout",
+                   "error": "ldconfig took over 25 s"})
+    assert api.pod_events() == []
+    r.handle(create(front="nri"))
+    assert [e["reason"] for e in api.pod_events()] == ["GPUsInjected", "LdCacheNotUpdated"]
