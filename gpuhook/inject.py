@@ -77,11 +77,12 @@ def failed(e: BaseException, decision: "Decision | None" = None, config_errors=(
     return decision._replace(decision=ERROR, error=error_text(e))
 
 
-def decide(request, config, config_errors=(), probe=None, stage=None) -> Decision:
+def decide(request, config, config_errors=(), probe=None, stage=None, remember: bool = True) -> Decision:
     """The Decision for `request` (plan.Request) on this node: its pod, then (no sandbox) the
     node's probe (probe(), when the front probes the node its own way; else the probe cache),
     then the plan. Never raises: a failure is an ERROR Decision with the warnings given before it.
-    stage(name), when given, is called after each step (the wrapper's GPUHOOK_STAGES)."""
+    stage(name), when given, is called after each step (the wrapper's GPUHOOK_STAGES);
+    remember=False: a check, not a create (the max-gpus round robin's memory is not touched)."""
     from .plan.policy import pod_of
 
     warnings = tuple(config_errors)
@@ -103,7 +104,7 @@ def decide(request, config, config_errors=(), probe=None, stage=None) -> Decisio
         if stage:
             stage("probed")
         warnings += tuple(inventory.warnings)
-        planned = _plan(inventory, request, config)
+        planned = _plan(inventory, request, config, remember)
     except Exception as e:
         from .plan import WARNINGS_SO_FAR
 
@@ -118,11 +119,11 @@ def decide(request, config, config_errors=(), probe=None, stage=None) -> Decisio
     return Decision(decision, pod, planned, warnings, None, *had)
 
 
-def _plan(inventory, request, config):
+def _plan(inventory, request, config, remember: bool):
     from .config import cache_dir
     from .plan import find_ldconfig, plan
 
-    return plan(inventory, request, config.ldconfig or find_ldconfig(), config, cache_dir())
+    return plan(inventory, request, config.ldconfig or find_ldconfig(), config, cache_dir() if remember else None)
 
 
 def record(

@@ -371,23 +371,21 @@ class Plugin:
     def check_missed(self, config, pod, container) -> None:
         """A "missed" line for a gpu-optional container that has none of the device nodes the
         planner would give it now (it was created with no adjustment of gpuhook's). The plan
-        is made with no round-robin memory (state_dir None): a check gives out no GPU."""
-        from ..config import cache_dir
-        from ..plan import find_ldconfig, plan
-        from ..plan.policy import pod_of
-        from ..probe.cache import probe_cached
+        is made with no round-robin memory (the create core's remember=False): a check gives out
+        no GPU."""
+        from .. import inject
 
-        try:
-            request = request_from_nri(container, None)
-            inventory = probe_cached(config.host_root, cache_dir(), config.probe_cache_ttl, config.nvidia_driver_root)
-            planned = plan(inventory, request, config.ldconfig or find_ldconfig(), config, None)
-        except Exception as e:
-            self.say(f"cannot check container {container.id}: {type(e).__name__}: {e}")
+        decision = inject.decide(request_from_nri(container, None), config, remember=False)
+        if decision.decision == inject.ERROR:
+            self.say(f"cannot check container {container.id}: {decision.error}")
+            return
+        planned = decision.plan
+        if planned is None:
             return
         nodes = {n.path for n in planned.edits.device_nodes}
         if not planned.devices or nodes.intersection(d.path for d in container.linux.devices):
             return
-        line = {"front": FRONT, "container_id": container.id, **pod_of(request.annotations)}
+        line = {"front": FRONT, "container_id": container.id, **decision.pod}
         line.update(decision=MISSED, reason=WHY_MISSED)
         self.lines.append((config, "create", line, None))
 

@@ -115,6 +115,10 @@ def test_the_round_robin_keeps_its_state_in_the_nodes_cache_dir(tmp_path):
     given = [inject.decide(req, CONFIG, probe=gpus).plan.devices for _ in range(3)]
     assert given == [("nvidia:GPU-0",), ("nvidia:GPU-1",), ("nvidia:GPU-0",)]
     assert os.listdir(tmp_path / "cache")
+    # a check (the NRI plugin's of a container created while it was away) gives nothing out
+    checked = [inject.decide(req, CONFIG, probe=gpus, remember=False).plan.devices for _ in range(2)]
+    assert checked == [("nvidia:GPU-0",)] * 2  # the first, with no memory of the round robin
+    assert inject.decide(req, CONFIG, probe=gpus).plan.devices == ("nvidia:GPU-1",)  # the round robin goes on
 
 
 def test_the_probe_cache_is_the_nodes_by_default(tmp_path, monkeypatch):
