@@ -415,7 +415,7 @@ def write_dir(
     """Write each spec to `directory` atomically, only when its bytes change; remove the
     gpuhook specs the node no longer has (and those of the other format) when `prune`. Returns (written,
     removed) file names."""
-    from .spec import write_atomic
+    from .fsutil import write_atomic
 
     os.makedirs(directory, exist_ok=True)
     wanted = {}

@@ -298,7 +298,7 @@ def _cache_get(key: list) -> "tuple[Config, list[str]] | None":
 
 def _cache_put(key: list, config: "Config", errors: "list[str]") -> None:
     from . import fastjson
-    from .spec import write_atomic
+    from .fsutil import write_atomic
 
     values = {k: v for k, v in config._asdict().items() if v is not None}
     try:
@@ -327,7 +327,7 @@ def front_text(st: os.stat_result, config: "Config", errors: "list[str]") -> byt
 
 def _front_put(key: list, st: os.stat_result, config: "Config", errors: "list[str]") -> None:
     """Leave the front file, unless it already says exactly this (one small read per load)."""
-    from .spec import write_atomic
+    from .fsutil import write_atomic
 
     path = front_file(key[0])
     try:

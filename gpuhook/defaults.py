@@ -15,6 +15,9 @@ PACKAGE_MARK = INSTALL_PREFIX + "/.installed-by-package"  # the .deb's bundle: u
 BACKUP_DIR = "/etc/gpuhook/backup"  # what install replaced, for uninstall
 RUNTIME_BINARY = INSTALL_PREFIX + "/bin/gpuhook-runtime"  # the handler's binary
 CDI_DIR = "/var/run/cdi"  # where the agent writes CDI specs
+# the agent's NFD feature file (its labels, for node-feature-discovery), which uninstall removes
+NFD_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
+NFD_FEATURES = NFD_DIR + "/gpuhook"
 MPS_PIPE_DIR = "/tmp/nvidia-mps"  # CUDA's default MPS pipe directory: where a container's CUDA looks
 # (the host side is the node config's mps_pipe_dir, unset by default: config.py)
 # the scheduling label users already write (nodeAffinity on gpu.type In [nvidia, amd, intel]): the

@@ -3,9 +3,10 @@
 Every record is one JSON object per line with `time` (ISO-8601 UTC, milliseconds, "Z") and
 `event` (the event's name) first, then the event's own keys. The keys are shared:
 
-    container_id, bundle, decision, vendors, nodes, mounts, hooks   (runtime: event "create")
-    front                                                          (create: "nri" from `gpuhook nri`;
-                                                                    none from the runtime wrapper)
+    front, container_id, bundle, decision, vendors, nodes, mounts,
+    hooks                                                          (event "create": logline.CreateRecord,
+                                                                    the one record of every front:
+                                                                    "wrapper", "nri", "precreate")
     container_id, kind, outcome, error                             (gpuhook-hook: event "hook",
                                                                     only when it could not work)
     pod_namespace, pod_name, pod_uid, container_name               (create, when the CRI says)
@@ -14,8 +15,8 @@ Every record is one JSON object per line with `time` (ISO-8601 UTC, milliseconds
     reason, source, error, warnings, duration_ms                   (agent and CLI)
 
 On a terminal the same records are printed by structlog's console renderer instead.
-structlog is imported only by configure(): gpuhook-runtime writes its line itself
-(runtime/create.py log_line, with runtime/logline.py utc_now, the one time format) and never
+structlog is imported only by configure(): a create's line is written by its front (the
+create core's record, gpuhook/logline.py, with utc_now, the one time format), which never
 imports this module.
 """
 
@@ -23,7 +24,7 @@ import os
 import sys
 
 from . import defaults
-from .runtime.logline import utc_now  # the runtime's time format (there: the runtime never imports this module)
+from .logline import UNNAMED_FRONT, utc_now  # the node log's time format
 
 _configured = False
 
@@ -188,45 +189,46 @@ def pod_column(r: dict) -> str:
 
 
 def front_of(record: dict) -> str:
-    """Which front made a create: its "front" (the NRI plugin's lines say "nri"), else the
-    runtime wrapper's (its lines have no such key)."""
+    """Which front made a create: its "front" ("wrapper", "nri", "precreate"); a line of an
+    older gpuhook without one is the wrapper's."""
     front = record.get("front")
-    return front if isinstance(front, str) and front else "wrapper"
+    return front if isinstance(front, str) and front else UNNAMED_FRONT
 
 
 def format_records(records: list[dict], wide: bool = False) -> str:
     """A readable table of the runtime's create records (for the NRI plugin's late, missed
     and unconfirmed creates, the ERROR column says why the container has no GPU)."""
-    from .nri.plugin import LATE, MISSED, UNCONFIRMED
+    from .logline import LATE, MISSED, UNCONFIRMED
 
     not_given = (LATE, MISSED, UNCONFIRMED)
     if not records:
         return "No container creates in the log."
+    from .logline import CreateRecord
+
     rows = [("TIME", "CONTAINER", "POD", "FRONT", "DECISION", "VENDORS", "NODES", "MOUNTS", "MS", "ERROR")]
     for r in records:
-        vendors = r.get("vendors")
-        nodes, mounts = r.get("nodes"), r.get("mounts")
-        cid = str(r.get("container_id") or "-")
+        c = CreateRecord.read({**r, "event": "create"}) or CreateRecord()  # the create's line, typed
+        cid = c.container_id or "-"
         pod = pod_column(r)
-        decision = str(r.get("decision") or "-")
-        error = r.get("error")
+        decision = c.decision or "-"
+        error = c.error
         if decision in not_given:  # the NRI plugin's: the runtime made it without its GPUs, why
-            error = r.get("reason")
+            error = c.reason
         hooks = [h for h in r.get("hook_errors") or [] if isinstance(h, dict)]
         if hooks:  # the create said "injected", but a hook could not do its work
             decision += " (" + ", ".join(f"{h.get('kind')} {h.get('outcome')}" for h in hooks) + ")"
             error = "; ".join(([str(error)] if error else []) + [str(h.get("error")) for h in hooks])
         rows.append(
             (
-                str(r.get("time") or "-"),
+                c.time or "-",
                 cid if wide else _short(cid, 16),
                 pod if wide else _short(pod, 48),
-                front_of(r),
+                c.front,
                 decision,
-                ",".join(map(str, vendors)) if isinstance(vendors, list) and vendors else "-",
-                str(len(nodes)) if isinstance(nodes, list) else "-",
-                str(len(mounts)) if isinstance(mounts, list) else "-",
-                _short(r.get("duration_ms"), 8),
+                ",".join(c.vendors) or "-",
+                str(len(c.nodes)),
+                str(len(c.mounts)),
+                _short(c.duration_ms, 8),
                 _short(error, 200 if wide else 60),
             )
         )

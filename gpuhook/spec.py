@@ -1,13 +1,10 @@
-"""Apply Edits to an OCI runtime spec (a dict), and load/store a bundle's config.json.
+"""Apply Edits to an OCI runtime spec (a dict); check that a spec's fields are of the types runc reads.
 
 apply() is idempotent (applying twice equals applying once), never duplicates a device the
 spec already has, and keeps every field it does not know exactly as it was. Each device node
 gets both a `linux.devices` entry and a `linux.resources.devices` allow rule: runc creates a
 node listed in linux.devices but does not let the container open it without the rule.
 """
-
-import errno
-import os
 
 from .edits import Edits
 
@@ -162,110 +159,3 @@ def _copy(value):
     if isinstance(value, list):
         return [_copy(v) for v in value]
     return value
-
-
-def _write_all(fd: int, data: bytes, mode: int, sync: bool) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-    os.fchmod(fd, mode)
-    if sync:
-        os.fsync(fd)
-
-
-def _unlink(name: str, dfd: int) -> None:
-    try:
-        os.unlink(name, dir_fd=dfd)
-    except FileNotFoundError:
-        pass
-
-
-def _write_named(d: str, path: str, data: bytes, mode: int, sync: bool) -> None:
-    """write_atomic's temp file with a name from the start (no O_TMPFILE there). A random
-    part besides the pid: a temp file left by a killed writer whose pid is now another's (or
-    the same pid in another pid namespace) must not make every write fail."""
-    for attempt in range(8):
-        tmp = os.path.join(d, f".{os.path.basename(path)}.gpuhook-{os.getpid()}-{os.urandom(6).hex()}.tmp")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-            break
-        except FileExistsError:
-            if attempt == 7:
-                raise
-    try:
-        try:
-            _write_all(fd, data, mode, sync)
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def write_atomic(path: str, data: bytes, mode: int | None = None, sync_dir: bool = True, sync: bool = True) -> None:
-    """Write a whole file or nothing: temp file beside it, fsync, rename, and fsync the
-    directory too when the rename itself must survive a crash (node config, not a bundle:
-    a bundle does not outlive a node crash). sync=False: no fsync at all, for a file that
-    never outlives the process reading it (an exec's process file); readers still see the
-    old file or the new one.
-
-    The temp file has no name while it is written (O_TMPFILE): a writer killed then (the
-    fresh interpreter or the runtime server, SIGKILL, OOM) leaves nothing behind. It gets
-    one, .<name>.gpuhook.tmp, only for the rename, and the next write of the same file
-    takes that name over: a writer killed between the two calls leaves a whole new file
-    there, which the next writer (the front's fallback to Python after a server died)
-    removes. Where the filesystem has no O_TMPFILE, or there is no /proc to link it from (a
-    bare chroot), a named temp file as before."""
-    d = os.path.dirname(path) or "."  # as the kernel reads it: never normalised ("link/.." is not ".")
-    if mode is None:
-        try:
-            mode = os.stat(path).st_mode & 0o7777
-        except FileNotFoundError:
-            mode = 0o644
-    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        try:
-            fd = os.open(".", os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, mode, dir_fd=dfd)
-        except OSError as e:
-            if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
-                raise
-            _write_named(d, path, data, mode, sync)
-        else:
-            try:
-                _write_all(fd, data, mode, sync)
-                linked = _link_into_place(fd, dfd, os.path.basename(path))
-            finally:
-                os.close(fd)
-            if not linked:  # no /proc (a bare chroot): the named way
-                _write_named(d, path, data, mode, sync)
-        if sync_dir:
-            os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
-def _link_into_place(fd: int, dfd: int, name: str) -> bool:
-    """The unnamed file fd as <dfd>/name: linked as .<name>.gpuhook.tmp, renamed over name.
-    False when there is no /proc/self/fd to link it from (nothing written then)."""
-    tmp = f".{name}.gpuhook.tmp"
-    for _attempt in range(8):
-        try:  # linkat(AT_SYMLINK_FOLLOW) of /proc/self/fd/N: O_TMPFILE's way to a name
-            os.link(f"/proc/self/fd/{fd}", tmp, dst_dir_fd=dfd, follow_symlinks=True)
-        except FileExistsError:  # a killed writer's (a whole file), or a writer's now: ours wins
-            _unlink(tmp, dfd)
-            continue
-        except FileNotFoundError:
-            return False
-        try:
-            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-            return True
-        except FileNotFoundError:  # another writer took the name over between the two calls
-            continue
-        except BaseException:
-            _unlink(tmp, dfd)
-            raise
-    raise FileExistsError(f"{tmp}: taken over again and again")

@@ -17,6 +17,7 @@ import os
 import time
 from typing import Any, Callable
 
+from ..logline import bounded_warnings
 from . import kube as kube_mod, labels as labels_mod, nri as nri_mod, sinks, summary as summary_mod, watch
 from .options import READY_FILE, Options, default_installer
 
@@ -131,10 +132,10 @@ class Agent:
         change = None if self.summary is None else summary_mod.diff(self.summary, summary)
         changed = change is None or any(change.values())
         self.summary = summary
-        vendors = [v.vendor for v in inv.vendors if v.devices]
-        common = {"vendors": vendors, "devices": sorted(summary["devices"]), "driver_version": summary["drivers"]}
+        common = {"vendors": [v.vendor for v in inv.vendors if v.devices], "devices": sorted(summary["devices"]),
+                  "driver_version": summary["drivers"]}  # fmt: skip
         described = summary_mod.describe(inv)
-        warnings = list(inv.warnings)[:20]
+        warnings = list(bounded_warnings(inv.warnings))
         if change is None:
             ms = round((time.monotonic() - t0) * 1000, 1)
             self.log.info("inventory", reason=reason, message=described, **common, warnings=warnings, duration_ms=ms)
@@ -152,9 +153,8 @@ class Agent:
         else:
             self.log.debug("inventory.same", reason=reason)
         self.links.write(inv)
-        ok = self.cdi.write(inv)
         node_labels = labels_mod.node_labels(inv, self.runtime_ready, self.opts.resolved_vendor_label())
-        ok = self.nfd.write(node_labels) and ok
+        ok = self.cdi.write(inv) & self.nfd.write(node_labels)  # both written, whatever the first did
         self.labels.sync(node_labels)  # the API being away is logged and retried, never "not ready"
         for event, message, type_ in summary_mod.events(inv, summary, change) if changed else ():
             if event == "GPUUnusable":

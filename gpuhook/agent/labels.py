@@ -31,15 +31,14 @@ import os
 import re
 
 from ..config import valid_label_name, valid_vendor_label
-from ..defaults import AGENT_NAME
+from ..defaults import AGENT_NAME, NFD_FEATURES
 
 PREFIX = "gpuhook.dev/"
 ACCELERATOR = PREFIX + "accelerator"
 RUNTIME_READY = PREFIX + "runtime-ready"
 # labels under our prefix that the operator sets and the agent must never remove
 OPERATOR_LABELS = frozenset({PREFIX + "install"})
-NFD_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
-NFD_FILE = "gpuhook"
+NFD_FILE = os.path.basename(NFD_FEATURES)  # the agent's file in its --nfd-dir
 MAX_VALUE = 63
 
 _BAD = re.compile(r"[^A-Za-z0-9._-]+")
@@ -150,7 +149,7 @@ def parse_nfd(text: str) -> dict[str, str]:
 def write_nfd(labels: dict[str, str], directory: str, name: str = NFD_FILE) -> bool:
     """Write the feature file atomically (a dotfile, which NFD skips, then rename); only
     when it changes. Labels gone from `labels` go from the file, and NFD removes them."""
-    from ..spec import write_atomic
+    from ..fsutil import write_atomic
 
     data = nfd_text(labels).encode()
     path = os.path.join(directory, name)

@@ -74,15 +74,16 @@ class Metrics:
         self.address = None
 
     def handle(self, rec: dict) -> None:
-        from ..log import front_of
+        from ..logline import CreateRecord
 
-        decision = str(rec.get("decision") or "unknown")[:32]
-        vendors: list = rec["vendors"] if isinstance(rec.get("vendors"), list) else []
-        vendor = ",".join(str(v)[:16] for v in vendors[:5]) or "none"
-        self.creates.labels(decision, vendor, front_of(rec)).inc()
-        ms = rec.get("duration_ms")
-        if isinstance(ms, (int, float)) and not isinstance(ms, bool) and 0 <= ms < 3.6e6:
-            self.duration.labels(decision).observe(ms / 1000)
+        r = CreateRecord.read(rec)
+        if r is None:
+            return
+        decision = (r.decision or "unknown")[:32]
+        vendor = ",".join(v[:16] for v in r.vendors[:5]) or "none"
+        self.creates.labels(decision, vendor, r.front[:16]).inc()
+        if r.duration_ms is not None and 0 <= r.duration_ms < 3.6e6:
+            self.duration.labels(decision).observe(r.duration_ms / 1000)
 
     def handle_nri(self, rec: dict) -> None:
         """The NRI plugin's own line (event "nri")."""

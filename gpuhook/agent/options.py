@@ -8,7 +8,7 @@ from typing import Callable
 
 from .. import cdi, defaults
 from ..nri.plugin import DEFAULT_SOCKET as NRI_SOCKET, ROOTFS_TEMPLATE
-from . import labels as labels_mod, nri as nri_mod
+from . import nri as nri_mod
 
 READY_FILE = defaults.READY_FILE
 
@@ -65,7 +65,7 @@ class Options:
         return self._under_root(self.cdi_dir, cdi.DEFAULT_DIR)
 
     def resolved_nfd_dir(self) -> str:
-        return self._under_root(self.nfd_dir, labels_mod.NFD_DIR)
+        return self._under_root(self.nfd_dir, defaults.NFD_DIR)
 
     def _under_root(self, given: str | None, default: str) -> str:
         if given is not None:

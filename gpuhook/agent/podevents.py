@@ -74,34 +74,20 @@ def why_of(rec: dict) -> str:
 
 
 def event_for(rec: dict) -> tuple[str, str, str, str | None] | None:
-    """(reason, type, message, accelerator label value: None to leave it) for a create record
-    (or a hook line with its pod, decision HOOK_DECISION); None when it is not about a
-    container of a pod (sandbox, no pod in the line)."""
-    decision = rec.get("decision")
-    if decision in ("sandbox", None) or decision not in (
-        "injected",
-        "no-gpu",
-        "declined",
-        "error",
-        "unchanged",
-        HOOK_DECISION,
-        *NRI_NOT_GIVEN,
-    ):
-        return None
-    ctr = rec.get("container_name")
-    where = f"container {ctr}" if isinstance(ctr, str) and ctr else "a container"
-    if rec.get("front") == "nri":  # the NRI plugin's create (gpuhook nri); the wrapper's say nothing
-        where += " (through NRI)"
-    if decision == HOOK_DECISION:  # the label stays as the create set it
-        from ..hook import DESCRIPTION, LDCACHE
+    """(reason, type, message, accelerator label value: None to leave it) for a create's line
+    (read as the typed logline.CreateRecord) or a hook line with its pod, decision
+    HOOK_DECISION; None when it is not about a container of a pod (sandbox, no pod in the line)."""
+    from ..logline import NRI, CreateRecord
 
-        kind = rec.get("kind")
-        what = DESCRIPTION.get(kind, "a gpuhook hook") if isinstance(kind, str) else "a gpuhook hook"
-        msg = f"{where}: {what} {str(rec.get('outcome') or 'failed')[:16]}: {str(rec.get('error') or '')[:300]}"
-        return ("LdCacheNotUpdated" if kind == LDCACHE else "GPUHookFailed"), "Warning", msg, None
+    if rec.get("decision") == HOOK_DECISION:
+        return _hook_event(rec)
+    r = CreateRecord.read(rec)
+    if r is None or r.decision not in ("injected", "no-gpu", "declined", "error", "unchanged", *NRI_NOT_GIVEN):
+        return None
+    where = _where(r.container_name, r.front == NRI)
+    decision = r.decision
     if decision == "injected":
-        vendors = [str(v) for v in rec.get("vendors") or [] if isinstance(v, str)]
-        ids = [str(d) for d in rec.get("devices") or [] if isinstance(d, str)]
+        vendors, ids = list(r.vendors), list(r.devices)
         if vendors:
             per = ", ".join(f"{v} x{sum(1 for d in ids if d.startswith(v + ':'))}" for v in vendors)
             shown = ", ".join(ids[:MAX_IDS]) + (f" (+{len(ids) - MAX_IDS})" if len(ids) > MAX_IDS else "")
@@ -110,9 +96,8 @@ def event_for(rec: dict) -> tuple[str, str, str, str | None] | None:
                 if ids
                 else f"{where} got GPUs: {', '.join(vendors)}"
             )  # a line of a gpuhook before device ids
-            held = rec.get("held_back") or []
-            if held:
-                msg += f"; {len(held)} held back (allocated by the kubelet to other pods)"
+            if r.held_back:
+                msg += f"; {len(r.held_back)} held back (allocated by the kubelet to other pods)"
             return "GPUsInjected", "Normal", msg, vendors[0]
         return "RanOnCPU", "Normal", f"{where} got GPU driver files but no GPU device", CPU
     if decision == NRI_UNCONFIRMED:  # the plugin answered; the runtime never said what it made: no claim
@@ -123,10 +108,27 @@ def event_for(rec: dict) -> tuple[str, str, str, str | None] | None:
     if decision == "no-gpu":
         why = "CPU-only node"
     elif decision == "error":
-        why = f"gpuhook failed ({str(rec.get('error') or 'unknown error')[:300]}); it started without GPUs"
+        why = f"gpuhook failed ({(r.error or 'unknown error')[:300]}); it started without GPUs"
     else:
-        why = str(rec.get("reason") or "no GPU was given")
+        why = r.reason or "no GPU was given"
     return "RanOnCPU", ("Warning" if decision == "error" else "Normal"), f"{where} runs without a GPU: {why}", CPU
+
+
+def _where(container_name, through_nri: bool) -> str:
+    where = f"container {container_name}" if isinstance(container_name, str) and container_name else "a container"
+    return where + " (through NRI)" if through_nri else where  # the NRI plugin's create; the wrapper's say nothing
+
+
+def _hook_event(rec: dict) -> tuple[str, str, str, str | None]:
+    """A hook line's Event (with its container's pod): the label stays as the create set it."""
+    from ..hook import DESCRIPTION, LDCACHE
+    from ..logline import NRI
+
+    where = _where(rec.get("container_name"), rec.get("front") == NRI)
+    kind = rec.get("kind")
+    what = DESCRIPTION.get(kind, "a gpuhook hook") if isinstance(kind, str) else "a gpuhook hook"
+    msg = f"{where}: {what} {str(rec.get('outcome') or 'failed')[:16]}: {str(rec.get('error') or '')[:300]}"
+    return ("LdCacheNotUpdated" if kind == LDCACHE else "GPUHookFailed"), "Warning", msg, None
 
 
 class _Bucket:

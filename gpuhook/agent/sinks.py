@@ -217,7 +217,7 @@ class ReadyFile:
     def write(self) -> bool:
         """Whether the agent is ready now: False when the file cannot be written."""
         if self.path:
-            from ..spec import write_atomic
+            from ..fsutil import write_atomic
 
             try:
                 os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)

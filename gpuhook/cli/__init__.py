@@ -224,33 +224,43 @@ def _plan(args, root: str) -> int:
 
 
 def cmd_precreate(args) -> int:
-    """podman's precreate hook: OCI spec on stdin, edited spec on stdout."""
-    from ..config import cache_dir, load
-    from ..plan import plan, request_from_spec
-    from ..probe import nodestate, probe
+    """podman's precreate hook, an adapter around the create core (inject.py): OCI spec on
+    stdin, edited spec on stdout, the core's record (front "precreate") in the node log."""
+    import time
+
+    from .. import fastjson, inject
+    from ..config import load
+    from ..logline import PRECREATE, append_line
+    from ..plan import request_from_spec
+    from ..probe import probe
     from ..spec import apply, check
 
+    started = time.monotonic()
     data = sys.stdin.buffer.read(64 << 20)
     spec = _parse_spec(data, "stdin")
     config, errors = load()
     root = args.root if args.root_given else config.host_root
-    warnings = list(errors)
+    decision = None
     try:
         check(spec)  # read the spec only as the runtime will (the same rule as gpuhook-runtime)
-        inv = probe(root, nvidia_driver_root=config.nvidia_driver_root)
-        warnings += inv.warnings
-        planned = plan(inv, nodestate.read(inv, config, cache_dir()), request_from_spec(spec), config)
-        warnings += planned.warnings
-        edits = planned.edits
-        spec = apply(spec, edits) if edits else spec
+        request = request_from_spec(spec)
+        decision = inject.decide(
+            request, config, errors, probe=lambda: probe(root, nvidia_driver_root=config.nvidia_driver_root)
+        )
+        if decision.edits:
+            spec = apply(spec, decision.edits)
     except Exception as e:  # fail open: podman gets the spec it gave us
-        if config.fail_mode == "closed":
-            raise UsageError(f"GPU injection failed ({e}); fail_mode is closed") from None
-        print(f"gpuhook: GPU injection failed, spec left unchanged: {e}", file=sys.stderr)
-        edits = None
-    for w in warnings:
+        decision = inject.failed(e, decision, errors)
+    if config.log_file:
+        record = inject.record(decision, PRECREATE, None, (time.monotonic() - started) * 1000)
+        append_line(config.log_file, fastjson.dumps(record.to_line()))
+    if decision.error and config.fail_mode == "closed":
+        raise UsageError(f"GPU injection failed ({decision.error}); fail_mode is closed")
+    if decision.error:
+        print(f"gpuhook: GPU injection failed, spec left unchanged: {decision.error}", file=sys.stderr)
+    for w in decision.warnings:
         print(f"gpuhook: {w}", file=sys.stderr)
-    if not edits:
+    if not decision.edits:
         sys.stdout.buffer.write(data)
         return 0
     json.dump(spec, sys.stdout)

@@ -198,7 +198,7 @@ def _options(args):
     """The agent's Options from the command line, checked: a UsageError for what cannot be used."""
     from ..agent.core import Options
     from ..cdi import KNOWN_VERSIONS
-    from ..nri.plugin import ROOTFS_TEMPLATE_RULE, rootfs_template_ok
+    from .nri import ROOTFS_TEMPLATE_RULE, rootfs_template_ok
     from .args import driver_root
 
     if not os.path.isdir(args.root):

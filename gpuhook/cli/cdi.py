@@ -104,7 +104,7 @@ def _to_stdout(args, specs: list) -> None:
 def _to_file(args, specs: list) -> None:
     """--output FILE: the one spec, written atomically."""
     from .. import cdi
-    from ..spec import write_atomic
+    from ..fsutil import write_atomic
 
     if len(specs) != 1:
         kinds = ", ".join(s["kind"] for s in specs) or "none"

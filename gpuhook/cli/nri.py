@@ -1,5 +1,5 @@
-"""`gpuhook nri`: run gpuhook as an NRI plugin (nri/plugin.py), here or, with --root, the node's
-installed one in its root (the DaemonSet's)."""
+"""`gpuhook nri`: the NRI plugin's command (gpuhook/nri/plugin.py is the plugin): its options,
+checked, and with --root the node's own installed gpuhook run in the node's root."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import sys
 
 from .. import defaults
 from ..hook import ROOTFS_FROM_STATE
-from ..nri.plugin import DEFAULT_INDEX, DEFAULT_NAME, DEFAULT_SOCKET, ROOTFS_TEMPLATE, ROOTFS_TEMPLATE_RULE
-from ..nri.plugin import rootfs_template_ok
+from ..nri.plugin import DEFAULT_INDEX, DEFAULT_NAME, DEFAULT_SOCKET, ROOTFS_TEMPLATE, Plugin
 from .args import UsageError
 
 
@@ -36,12 +35,20 @@ def add_commands(sub) -> None:
     sp.set_defaults(func=cmd_nri)
 
 
+# what a --rootfs-template may be, as its error line says it
+ROOTFS_TEMPLATE_RULE = f"must be {ROOTFS_FROM_STATE}, an absolute path with {{id}} in it, or ''"
+
+
+def rootfs_template_ok(template: str) -> bool:
+    return template in ("", ROOTFS_FROM_STATE) or ("{id}" in template and template.startswith("/"))
+
+
 def run_in_root(args: argparse.Namespace) -> int:
     """chroot into --root and exec the node's bundle's `gpuhook nri` with the same options, its
     interpreter started by the bundle's own loader as the C front does (the node needs no shell)."""
     import glob
 
-    from ..install.build import LIB, PYTHON_DIRS, SITE_PACKAGES, launch
+    from ..layout import LIB, PYTHON_DIRS, SITE_PACKAGES, launch
 
     if not os.path.isdir(args.root):
         raise UsageError(f"--root {args.root}: not a directory")
@@ -74,8 +81,6 @@ def cmd_nri(args: argparse.Namespace) -> int:
         raise UsageError(f"--rootfs-template {ROOTFS_TEMPLATE_RULE}")
     if args.root != "/":
         return run_in_root(args)
-    from ..nri.plugin import Plugin
-
     plugin = Plugin(args.socket, args.name, args.index, args.rootfs_template)
     try:
         plugin.run_forever()

@@ -5,7 +5,7 @@ makes a new version directory beside the running one (unchanged files hard-linke
 changed written) and switches the node to it with one rename of a symlink: a container
 create that runs during an upgrade sees the old bundle or the new one as a whole, never a mix
 (the layout: VERSIONS below). A second install with the same bundle writes nothing. Every
-other file (configs, backup, state) goes through gpuhook.spec.write_atomic.
+other file (configs, backup, state) goes through gpuhook.fsutil.write_atomic.
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ import time
 from typing import Iterator
 
 from .. import defaults
-from ..fslock import flock_within
-from ..spec import write_atomic
+from ..fsutil import flock_within, write_atomic
 from . import InstallError
 
 MANIFEST = "gpuhook-bundle.json"

@@ -5,9 +5,10 @@ CreateContainer and PostCreateContainer (Configure), answers Synchronize with no
 and for each container of a pod whose runtime handler is the node config's
 `nri_runtime_handler` returns the adjustment of exactly the edits the wrapper would write
 into config.json: the same request (request_from_nri, as request_from_spec reads a spec),
-the same planner, one conversion (adjustment). Other pods get an empty adjustment. It never
-answers a CreateContainer with an error (an error reply fails the create): any fault is an
-empty adjustment and one node log line with "front": "nri".
+the same create core (inject.py: the Decision and the log record the wrapper's are), one
+conversion (adjustment). Other pods get an empty adjustment. It never answers a
+CreateContainer with an error (an error reply fails the create): any fault is an empty
+adjustment and one node log line with "front": "nri". Its command line is cli/nri.py's.
 
 The node log says what the container got, in the runtime's word, never the plugin's memory
 of what it sent (confirm): an "injected" decision waits for the container as the runtime
@@ -40,6 +41,7 @@ from collections import OrderedDict
 from typing import Any
 
 from ..hook import ROOTFS_FROM_STATE
+from ..logline import LATE, MISSED, NRI, UNCONFIRMED, bounded_warnings
 from . import wire
 
 DEFAULT_SOCKET = "/var/run/nri/nri.sock"  # NRI's api.DefaultSocketPath
@@ -55,10 +57,9 @@ RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
 CREATE_CONTAINER = 4  # api.Event CREATE_CONTAINER
 POST_CREATE_CONTAINER = 5  # api.Event POST_CREATE_CONTAINER: the container as the runtime made it
 UNIMPLEMENTED = 12  # gRPC code
-FRONT = "nri"  # the node log's "front" of a create made here
+FRONT = NRI  # the node log's "front" of a create made here
 NRI_EVENT = "nri"  # the node log's event of the plugin's own state (a Synchronize that failed...)
-# decisions of create lines that only the runtime's word makes (the agent claims no GPU for them)
-LATE, MISSED, UNCONFIRMED = "late", "missed", "unconfirmed"
+# decisions of create lines that only the runtime's word makes (logline's LATE, MISSED, UNCONFIRMED)
 WHY_LATE = (
     "the runtime created it without gpuhook's adjustment (the plugin's answer came after NRI's "
     "request timeout, or never)"
@@ -196,10 +197,9 @@ class Plugin:
         a full collection over the interpreter's own objects."""
         import gc
 
-        from .. import config, fastjson, plan  # noqa: F401
+        from .. import config, fastjson, inject, logline, plan  # noqa: F401
         from ..plan import policy  # noqa: F401
         from ..probe import cache  # noqa: F401
-        from ..runtime import logline  # noqa: F401
 
         gc.collect()
         gc.freeze()
@@ -371,24 +371,21 @@ class Plugin:
     def check_missed(self, config, pod, container) -> None:
         """A "missed" line for a gpu-optional container that has none of the device nodes the
         planner would give it now (it was created with no adjustment of gpuhook's). The plan
-        is made with no round-robin memory (state_dir None): a check gives out no GPU."""
-        from ..config import cache_dir
-        from ..plan import plan
-        from ..plan.policy import pod_of
-        from ..probe import nodestate
-        from ..probe.cache import probe_cached
+        is made with no round-robin memory (the create core's remember=False): a check gives out
+        no GPU."""
+        from .. import inject
 
-        try:
-            request = request_from_nri(container, None)
-            inventory = probe_cached(config.host_root, cache_dir(), config.probe_cache_ttl, config.nvidia_driver_root)
-            planned = plan(inventory, nodestate.read(inventory, config, None), request, config)
-        except Exception as e:
-            self.say(f"cannot check container {container.id}: {type(e).__name__}: {e}")
+        decision = inject.decide(request_from_nri(container, None), config, remember=False)
+        if decision.decision == inject.ERROR:
+            self.say(f"cannot check container {container.id}: {decision.error}")
+            return
+        planned = decision.plan
+        if planned is None:
             return
         nodes = {n.path for n in planned.edits.device_nodes}
         if not planned.devices or nodes.intersection(d.path for d in container.linux.devices):
             return
-        line = {"front": FRONT, "container_id": container.id, **pod_of(request.annotations)}
+        line = {"front": FRONT, "container_id": container.id, **decision.pod}
         line.update(decision=MISSED, reason=WHY_MISSED)
         self.lines.append((config, "create", line, None))
 
@@ -410,10 +407,11 @@ class Plugin:
         missing = [*(n for n in sent_nodes if n not in have_dev), *(e for e in sent_env if e not in have_env)]
         if missing:
             record = {**record, "nodes": got_nodes, "env": got_env}
-            record["warnings"] = [
-                *record.get("warnings", []),
-                f"not in the container as the runtime made it: {', '.join(missing)[:400]}",
-            ][:20]
+            record["warnings"] = list(
+                bounded_warnings(
+                    [*record.get("warnings", []), f"not in the container as the runtime made it: {', '.join(missing)}"]
+                )
+            )
         self.lines.append((config, "create", record, own_ms))
 
     def unconfirmed(self, cid: str, why: str) -> None:
@@ -480,78 +478,60 @@ class Plugin:
     # -- CreateContainer -----------------------------------------------------------------------
     def create_container(self, payload: bytes):
         """The CreateContainerResponse: never an error, whatever happens."""
+        from .. import inject
+
         pb = self.pb
         started = time.monotonic()
-        record: dict = {"front": FRONT}
-        config = None
+        config = decision = container_id = None
+        errors: list[str] = []
+        sent_env: list[str] = []
         try:
             from ..config import load
 
-            config, _errors = load()
+            config, errors = load()
             req = pb.CreateContainerRequest.FromString(payload)
-            record["container_id"] = req.container.id
+            container_id = req.container.id
             if req.pod.runtime_handler != config.nri_runtime_handler:
                 return pb.CreateContainerResponse()  # another handler's pod: no line, as no wrapper ran
-            adj = self.adjust(req, config, record)
+            decision, adj = self.adjust(req, config, errors)
+            if decision.decision == inject.ERROR:
+                return pb.CreateContainerResponse()  # as after a fault of its own
+            sent_env = [f"{kv.key}={kv.value}" for kv in adj.env]
             return pb.CreateContainerResponse(adjust=adj)
         except Exception as e:  # fail open, always: an error reply would fail the create
-            record["decision"] = "error"
-            from ..runtime.logline import MAX_ERROR
-
-            record["error"] = f"{type(e).__name__}: {e}"[:MAX_ERROR]
+            decision = inject.failed(e, decision, errors)
             return pb.CreateContainerResponse()
         finally:
-            if "decision" in record:
-                self.unlogged.append((config, record, round((time.monotonic() - started) * 1000, 2)))
+            if decision is not None:
+                ms = (time.monotonic() - started) * 1000
+                record = inject.record(decision, FRONT, container_id, ms).to_line()
+                del record["time"], record["event"]  # the line's, when it is written (write_log)
+                own_ms = record.pop("duration_ms")
+                if sent_env:  # what the adjustment sent, for the runtime's word on it (confirm)
+                    record["env"] = sent_env
+                self.unlogged.append((config, record, own_ms))
 
-    def adjust(self, req, config, record: dict):
-        from ..config import cache_dir
-        from ..plan import plan
-        from ..probe import nodestate
-        from ..plan.policy import pod_of
-        from ..probe.cache import probe_cached
-
-        pb = self.pb
+    def rootfs(self, container_id: str) -> str | None:
+        """The container's rootfs as the ld-cache hook is told it (rootfs_template)."""
         template = self.rootfs_template
         if not template or template == ROOTFS_FROM_STATE:
-            rootfs = template or None  # no hook, or the hook reads the root from the runtime's files
-        else:
-            rootfs = template.format(id=req.container.id)
-        request = request_from_nri(req.container, rootfs)
-        record.update(pod_of(request.annotations))
-        if request.is_sandbox:
-            record["decision"] = "sandbox"
-            return pb.ContainerAdjustment()
-        inventory = probe_cached(config.host_root, cache_dir(), config.probe_cache_ttl, config.nvidia_driver_root)
-        planned = plan(inventory, nodestate.read(inventory, config, cache_dir()), request, config)
-        warnings = [*inventory.warnings, *planned.warnings]
-        edits = planned.edits
+            return template or None  # no hook, or the hook reads the root from the runtime's files
+        return template.format(id=container_id)
+
+    def adjust(self, req, config, config_errors):
+        """(the create core's Decision for req's container, its ContainerAdjustment)."""
+        from .. import inject
+
+        decision = inject.decide(request_from_nri(req.container, self.rootfs(req.container.id)), config, config_errors)
+        edits = decision.edits
         if not edits:
-            record["decision"] = "no-gpu" if not inventory.vendors else "declined"
-            if planned.reason:
-                record["reason"] = planned.reason
-            if warnings:
-                record["warnings"] = [str(w)[:500] for w in warnings[:20]]
-            return pb.ContainerAdjustment()
-        adj, left_out = adjustment(edits, req.container, pb)
-        warnings += [f"not adjustable through NRI: {x}" for x in left_out]
-        record.update(
-            decision="injected",
-            vendors=list(planned.vendors),
-            nodes=[d.path for d in adj.linux.devices],
-            mounts=[m.destination for m in adj.mounts],
-            hooks=len(adj.hooks.create_container),
-            env=[f"{kv.key}={kv.value}" for kv in adj.env],
-        )
-        if planned.devices:
-            record["devices"] = list(planned.devices[:256])
-        if warnings:
-            record["warnings"] = [str(w)[:500] for w in warnings[:20]]
-        return adj
+            return decision, self.pb.ContainerAdjustment()
+        adj, left_out = adjustment(edits, req.container, self.pb)
+        return decision.warned(*(f"not adjustable through NRI: {x}" for x in left_out)), adj
 
     def write_log(self) -> None:
-        """The node log's line for each create decided on since the last call (the wrapper's
-        line, with "front"), but an "injected" one, which waits for the runtime's word
+        """The node log's line for each create decided on since the last call (the create
+        core's record, naming this front), but an "injected" one, which waits for the runtime's word
         (confirm); then every line made since (self.lines): best effort, never raises."""
         now = time.monotonic()
         while self.unlogged:
@@ -570,7 +550,7 @@ class Plugin:
                 self.mark_logged(record["container_id"])
             try:
                 from .. import fastjson
-                from ..runtime.logline import append_node_log, utc_now
+                from ..logline import append_node_log, utc_now
 
                 log_file = config.log_file if config is not None else None
                 if config is None:
@@ -631,11 +611,3 @@ def sd_notify(state: bytes, say) -> None:
             s.sendto(state, target)
     except OSError as e:
         say(f"cannot notify systemd at {addr}: {e.strerror or e}")
-
-
-# what a --rootfs-template may be, as its error line says it
-ROOTFS_TEMPLATE_RULE = f"must be {ROOTFS_FROM_STATE}, an absolute path with {{id}} in it, or ''"
-
-
-def rootfs_template_ok(template: str) -> bool:
-    return template in ("", ROOTFS_FROM_STATE) or ("{id}" in template and template.startswith("/"))

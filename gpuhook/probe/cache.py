@@ -169,7 +169,7 @@ def store(root: str, cache_dir: str, inv: Inventory, key: list, valid_for: float
         except OSError:
             return
     try:
-        from ..spec import write_atomic
+        from ..fsutil import write_atomic
 
         os.makedirs(cache_dir, mode=0o700, exist_ok=True)
         record = {

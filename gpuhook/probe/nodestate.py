@@ -157,8 +157,8 @@ def least_used(keys: "list[str]", n: int, state_dir: "str | None", warn) -> "lis
     if state_dir is None:
         return list(keys[:n])
     from .. import fastjson
-    from ..fslock import flock_within
-    from ..spec import write_atomic
+    from ..fsutil import flock_within
+    from ..fsutil import write_atomic
 
     path = os.path.join(state_dir, STATE_FILE)
     try:

@@ -169,27 +169,13 @@ def write_record(
         record["created"] = created
     data = fastjson.dumps(record).encode()
     d = _record_dir(path, create=True)
-    name = os.path.basename(path)
-    tmp = f".{name}.gpuhook-{os.getpid()}-{os.urandom(6).hex()}.tmp"
     try:
         import fcntl
 
+        from ..fsutil import write_named
+
         fcntl.flock(d, fcntl.LOCK_SH)  # no sweep() meanwhile: it never removes a record it did not judge
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=d)
-        try:
-            os.fchmod(fd, 0o600)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        finally:
-            os.close(fd)
-        os.rename(tmp, name, src_dir_fd=d, dst_dir_fd=d)
-    except BaseException:
-        try:
-            os.unlink(tmp, dir_fd=d)
-        except OSError:
-            pass
-        raise
+        write_named(d, os.path.basename(path), data, 0o600, sync=False)
     finally:
         os.close(d)
 
@@ -318,7 +304,7 @@ def edit_process_file(path: str, added: list[str]) -> str | None:
     """Add the env to runc's --process file, atomically. None when done (or nothing to do);
     else why the file was left alone."""
     from .. import fastjson
-    from ..spec import write_atomic
+    from ..fsutil import write_atomic
 
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -471,7 +457,7 @@ def exec_call(inv, argv: list[str], real: str, config, call):
     if not why or not config.log_file:
         return Answer([real] + argv)
     from .. import fastjson
-    from .logline import MAX_ERROR, line_bytes, utc_now
+    from ..logline import MAX_ERROR, line_bytes, utc_now
 
     record = {"time": utc_now(), "event": "exec", "container_id": inv.container_id, "decision": "unchanged"}
     record["error"] = why[:MAX_ERROR]

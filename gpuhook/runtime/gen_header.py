@@ -31,12 +31,14 @@ def _no_gpu_line() -> str:
     import re
 
     from ..config import Config
+    from ..inject import NO_GPU, Decision
     from .args import Call, Invocation
-    from .create import Outcome, log_line
+    from .create import log_line
 
-    out = Outcome()
-    out.decision = "no-gpu"
-    logged = log_line(Config(log_file="/log"), Invocation("create", "@BUNDLE@", "@ID@", None, None), out, Call({}, "/"))
+    no_gpu = Decision(NO_GPU)
+    logged = log_line(
+        Config(log_file="/log"), Invocation("create", "@BUNDLE@", "@ID@", None, None), no_gpu, Call({}, "/")
+    )
     assert logged is not None
     line = logged[1].decode().replace("%", "%%")
     line, times = re.subn(r'"time":"[^"]*"', '"time":"%1$s"', line)
@@ -70,13 +72,13 @@ def _define(name: str, value: "str | int", why: str, octal: bool = False) -> str
 
 
 def _launch() -> str:
-    """install.build.LAUNCH: the bundled interpreter's command line, each word with its kind."""
-    from ..install import build
+    """layout.LAUNCH: the bundled interpreter's command line, each word with its kind."""
+    from .. import layout
 
-    kinds = {build.WORD: "LAUNCH_WORD", build.PATH: "LAUNCH_PATH", build.PROGRAM: "LAUNCH_PROGRAM"}
-    items = ", ".join(f"{{{kinds[w.kind]}, {_c(w.text)}}}" for w in build.LAUNCH)
+    kinds = {layout.WORD: "LAUNCH_WORD", layout.PATH: "LAUNCH_PATH", layout.PROGRAM: "LAUNCH_PROGRAM"}
+    items = ", ".join(f"{{{kinds[w.kind]}, {_c(w.text)}}}" for w in layout.LAUNCH)
     return (
-        "/* install.build.LAUNCH: the bundled interpreter's command line before its own arguments; a PATH or\n"
+        "/* layout.LAUNCH: the bundled interpreter's command line before its own arguments; a PATH or\n"
         " * PROGRAM word is under the bundle's root (the front's dir/..), a PROGRAM must be executable */\n"
         "enum launch_kind { LAUNCH_WORD, LAUNCH_PATH, LAUNCH_PROGRAM };\n"
         f"static const struct launch_word {{ enum launch_kind kind; const char *text; }} LAUNCH[] = {{{items}}};\n"
@@ -191,7 +193,7 @@ def _one_of(value: str, choices) -> str:
 
 def _log_write() -> list[str]:
     """What logline.h needs (both headers have it), and the line that says a line was lost."""
-    from . import logline
+    from .. import logline
 
     return [
         _define("CANNOT_WRITE_LOG", _printf(logline.CANNOT_WRITE_LOG, 2), "logline.CANNOT_WRITE_LOG: file, why"),
@@ -200,8 +202,8 @@ def _log_write() -> list[str]:
 
 
 def render() -> str:
-    from .. import config, defaults, runtime
-    from ..install import build
+    from .. import config, defaults, layout, runtime
+    from .. import logline as nodelog
     from . import args, logline, server
     from . import exec as execenv
 
@@ -229,8 +231,8 @@ def render() -> str:
         _define("FRONT_NAME", os.path.basename(config.FRONT_BINARY), "config.is_front: the wrapper's own name"),
         _front_file(),
         _define("NO_GPU_LINE", _no_gpu_line(), "create.log_line's, for a create with no GPU"),
-        _define("TIME_FORMAT", logline.TIME_FORMAT, "logline.TIME_FORMAT: year, month, day, hour, minute, second, ms"),
-        _define("LOG_MODE", logline.LOG_MODE, "logline.LOG_MODE: a log file's, when a line creates it", octal=True),
+        _define("TIME_FORMAT", nodelog.TIME_FORMAT, "logline.TIME_FORMAT: year, month, day, hour, minute, second, ms"),
+        _define("LOG_MODE", nodelog.LOG_MODE, "logline.LOG_MODE: a log file's, when a line creates it", octal=True),
         _define("PREFIX", logline.PREFIX, "logline.PREFIX: the runtime's error lines"),
         _define("NO_RUNTIME", _printf(logline.NO_RUNTIME, 2), "logline.NO_RUNTIME: the runtime, the config file"),
         _define("RUNTIME_IS_FRONT", _printf(logline.RUNTIME_IS_FRONT, 2), "logline.RUNTIME_IS_FRONT"),
@@ -250,10 +252,10 @@ def render() -> str:
         _define("MAX_REPLY_TEXT", server.MAX_REPLY_TEXT, "server.MAX_REPLY_TEXT: an answer's stderr text"),
         _define("MAX_REPLY_LOG_LINE", server.MAX_REPLY_LOG_LINE, "server.MAX_REPLY_LOG_LINE"),
         _launch(),
-        _define("LIB", build.LIB, "install.build.LIB: the bundle's libraries, its python3.X dirs"),
-        _define("PYTHON_DIRS", build.PYTHON_DIRS, "install.build.PYTHON_DIRS: how lib/python3.X starts"),
-        _define("SITE_PACKAGES", build.SITE_PACKAGES, "install.build.SITE_PACKAGES"),
-        _define("DIST_PACKAGES", build.DIST_PACKAGES, "install.build.DIST_PACKAGES: Debian's"),
+        _define("LIB", layout.LIB, "layout.LIB: the bundle's libraries, its python3.X dirs"),
+        _define("PYTHON_DIRS", layout.PYTHON_DIRS, "layout.PYTHON_DIRS: how lib/python3.X starts"),
+        _define("SITE_PACKAGES", layout.SITE_PACKAGES, "layout.SITE_PACKAGES"),
+        _define("DIST_PACKAGES", layout.DIST_PACKAGES, "layout.DIST_PACKAGES: Debian's"),
         _words("RUNTIME_FLAGS", defaults.RUNTIME_FLAGS, "defaults.RUNTIME_FLAGS: then RUNTIME_MAIN"),
         _words("MODULE_FLAGS", defaults.MODULE_FLAGS, "defaults.MODULE_FLAGS: then RUNTIME_MODULE"),
         _strings("PYTHONS", defaults.FRONT_PYTHONS, "defaults.FRONT_PYTHONS: a name is beside the front"),
@@ -266,8 +268,7 @@ def render() -> str:
 def render_hook() -> str:
     """gpuhook-hook.h: the helper's subcommands, its @state root, its log's variable and event,
     its ldconfig deadline, from gpuhook/hook/__init__.py."""
-    from .. import hook
-    from . import logline
+    from .. import hook, logline
 
     if not 0 < hook.LDCONFIG_DEADLINE < hook.TIMEOUT[hook.LDCACHE]:
         raise ValueError("hook.LDCONFIG_DEADLINE must end before the ld-cache hook's TIMEOUT")
@@ -304,7 +305,7 @@ def main(argv: "list[str] | None" = None) -> int:
             continue
         stale.append(path)
         if "--check" not in args:
-            from ..spec import write_atomic
+            from ..fsutil import write_atomic
 
             write_atomic(path, text.encode(), 0o644)
     if "--check" in args:

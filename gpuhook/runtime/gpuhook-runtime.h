@@ -97,7 +97,7 @@ static const char *const FRONT_DEFAULTS[FRONT_NKEYS] = {
     [FRONT_ERRORS] = "0",
 };
 
-#define NO_GPU_LINE "{\"time\":\"%1$s\",\"event\":\"create\",\"container_id\":%2$s,\"bundle\":\"%3$s\",\"decision\":\"no-gpu\",\"vendors\":[],\"nodes\":[],\"mounts\":[],\"hooks\":0,\"duration_ms\":%4$.2f}\n" /* create.log_line's, for a create with no GPU */
+#define NO_GPU_LINE "{\"time\":\"%1$s\",\"event\":\"create\",\"front\":\"wrapper\",\"container_id\":%2$s,\"bundle\":\"%3$s\",\"decision\":\"no-gpu\",\"vendors\":[],\"nodes\":[],\"mounts\":[],\"hooks\":0,\"duration_ms\":%4$.2f}\n" /* create.log_line's, for a create with no GPU */
 
 #define TIME_FORMAT "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ" /* logline.TIME_FORMAT: year, month, day, hour, minute, second, ms */
 
@@ -155,19 +155,19 @@ enum reply_exit { REPLY_EXIT_STATUS = 1, REPLY_EXIT_SAID, REPLY_EXIT_LOG_FILE, R
 
 #define MAX_REPLY_LOG_LINE 262144 /* server.MAX_REPLY_LOG_LINE */
 
-/* install.build.LAUNCH: the bundled interpreter's command line before its own arguments; a PATH or
+/* layout.LAUNCH: the bundled interpreter's command line before its own arguments; a PATH or
  * PROGRAM word is under the bundle's root (the front's dir/..), a PROGRAM must be executable */
 enum launch_kind { LAUNCH_WORD, LAUNCH_PATH, LAUNCH_PROGRAM };
 static const struct launch_word { enum launch_kind kind; const char *text; } LAUNCH[] = {{LAUNCH_PROGRAM, "libexec/ld.so"}, {LAUNCH_WORD, "--library-path"}, {LAUNCH_PATH, "lib"}, {LAUNCH_PROGRAM, "libexec/python3"}};
 #define LAUNCH_WORDS (sizeof LAUNCH / sizeof *LAUNCH)
 
-#define LIB "lib" /* install.build.LIB: the bundle's libraries, its python3.X dirs */
+#define LIB "lib" /* layout.LIB: the bundle's libraries, its python3.X dirs */
 
-#define PYTHON_DIRS "python3" /* install.build.PYTHON_DIRS: how lib/python3.X starts */
+#define PYTHON_DIRS "python3" /* layout.PYTHON_DIRS: how lib/python3.X starts */
 
-#define SITE_PACKAGES "site-packages" /* install.build.SITE_PACKAGES */
+#define SITE_PACKAGES "site-packages" /* layout.SITE_PACKAGES */
 
-#define DIST_PACKAGES "dist-packages" /* install.build.DIST_PACKAGES: Debian's */
+#define DIST_PACKAGES "dist-packages" /* layout.DIST_PACKAGES: Debian's */
 
 #define RUNTIME_FLAGS "-I", "-S", "-c" /* defaults.RUNTIME_FLAGS: then RUNTIME_MAIN */
 

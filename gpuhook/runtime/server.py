@@ -117,6 +117,8 @@ WARM = (
     "gpuhook.runtime.create",
     "gpuhook.runtime.exec",
     "gpuhook.runtime.logline",
+    "gpuhook.logline",
+    "gpuhook.inject",
 )
 
 

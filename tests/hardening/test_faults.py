@@ -17,7 +17,7 @@ import pytest
 from conftest import is_root, needs_runc, nodes_of, requires, wrapper_path
 from fakes.front import parse_cache_file, prime
 from fakes import bundle
-from gpuhook.spec import write_atomic
+from gpuhook.fsutil import write_atomic
 
 SHOW = ("echo started; echo accel=${GPUHOOK_ACCELERATOR:-none}; "
         "for n in /dev/nvidia*; do [ -e $n ] && stat -c 'node %n %t:%T' $n; done; true")

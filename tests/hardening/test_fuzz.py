@@ -123,8 +123,17 @@ def fake_node():
 def test_whole_config_json_read_on_hostile_specs(fake_node, muts, monkeypatch):
     """The create path's own reading (runtime/create.py edit_bundle: JSON, checks, planner, editor,
     write) on hostile specs on an 8-GPU node: it either writes a spec that passes check()
-    or raises ValueError/OSError (fail open) with config.json untouched; no other exception
-    (a TypeError in some reader) escapes."""
+    or fails on a ValueError/OSError (fail open) with config.json untouched; no other exception
+    (a TypeError in some reader) is what it failed on."""
+    from gpuhook import inject
+
+    raised: list[BaseException] = []
+    real_text = inject.error_text
+
+    def error_text(e):
+        raised.append(e)
+        return real_text(e)
+
     monkeypatch.setenv("GPUHOOK_CACHE_DIR", os.path.join(fake_node, "cache"))
     b = os.path.join(fake_node, "b")
     os.makedirs(os.path.join(b, "rootfs"), exist_ok=True)
@@ -133,9 +142,11 @@ def test_whole_config_json_read_on_hostile_specs(fake_node, muts, monkeypatch):
     with open(path, "wb") as f:
         f.write(raw)
     conf = gconfig.Config(host_root=os.path.join(fake_node, "host"), log_file="")
-    try:
-        create.edit_bundle(b, conf, create.Outcome(), runtime_args.Call(os.environ, b))
-    except (ValueError, OSError):
+    with pytest.MonkeyPatch.context() as m:  # each example's own: hypothesis runs many in one test
+        m.setattr(inject, "error_text", error_text)
+        decision = create.edit_bundle(b, conf, [], runtime_args.Call(os.environ, b))
+    if decision.decision == inject.ERROR:
+        assert len(raised) == 1 and isinstance(raised[0], (ValueError, OSError)), raised
         with open(path, "rb") as f:
             assert f.read() == raw
         return

@@ -31,7 +31,7 @@ from conftest import plan_on
 from gpuhook.probe.nodestate import find_ldconfig
 from fakes import bundle as oci_bundle
 from gpuhook import hook, spec as ocispec
-from gpuhook.runtime import logline
+from gpuhook import logline
 from gpuhook.plan import request_from_spec
 from gpuhook.probe import ldcache, probe
 from fakes.hostwatch import Watch, snapshot, tree

@@ -655,7 +655,7 @@ def where_time_goes(opt: str, b: str, original: bytes, e: dict, log: str) -> dic
 
     site = glob.glob(os.path.join(opt, "lib", "python3*", "site-packages"))[0]
     from gpuhook.defaults import RUNTIME_MAIN
-    from gpuhook.install.build import launch
+    from gpuhook.layout import launch
 
     # the front's own entry
     cmd = [*launch(opt), "-X", "importtime", "-I", "-S", "-c", RUNTIME_MAIN, site, "create", "--bundle", b, "w"]

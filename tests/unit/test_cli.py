@@ -31,10 +31,20 @@ def test_probe_json_follows_the_schema(make_host):
     assert len(inv.vendors[0].devices) == 8
 
 
-def test_precreate_on_an_8_gpu_host(make_host):
+def node_log(tmp_path) -> tuple[str, object]:
+    """(GPUHOOK_CONFIG, the log file) of a node config that logs in tmp_path, defaults otherwise."""
+    conf = tmp_path / "gpuhook.toml"
+    conf.write_text(f'log_file = "{tmp_path}/gpuhook.log"\n')
+    return str(conf), tmp_path / "gpuhook.log"
+
+
+def test_precreate_on_an_8_gpu_host(make_host, tmp_path):
     root = make_host("nvidia", mknod=False)
-    r = gpuhook("precreate", "--root", root, stdin=SPEC, config=NO_CONFIG)
+    conf, log = node_log(tmp_path)
+    r = gpuhook("precreate", "--root", root, stdin=SPEC, config=conf)
     assert r.returncode == 0, r.stderr
+    (line,) = [json.loads(x) for x in log.read_text().splitlines()]  # the create core's record, this front's
+    assert (line["front"], line["decision"], len(line["devices"])) == ("precreate", "injected", 8)
     spec = json.loads(r.stdout)
     devices = {d["path"]: (d["major"], d["minor"]) for d in spec["linux"]["devices"]}
     for minor in range(8):
@@ -51,10 +61,12 @@ def test_precreate_on_an_8_gpu_host(make_host):
     assert spec["x-unknown"] == {"kept": [1, 2]}
 
 
-def test_precreate_on_a_cpu_only_host_is_byte_for_byte(make_host):
+def test_precreate_on_a_cpu_only_host_is_byte_for_byte(make_host, tmp_path):
     root = make_host("cpu")
-    r = gpuhook("precreate", "--root", root, stdin=SPEC.encode(), text=False, config=NO_CONFIG)
+    conf, log = node_log(tmp_path)
+    r = gpuhook("precreate", "--root", root, stdin=SPEC.encode(), text=False, config=conf)
     assert r.returncode == 0 and r.stdout == SPEC.encode()
+    assert [json.loads(x)["decision"] for x in log.read_text().splitlines()] == ["no-gpu"]
 
 
 def test_plan_dry_run(make_host):

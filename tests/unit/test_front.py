@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 from conftest import FRONT, REPO, TESTS, is_root, log_records
 from fakes import fakehost
 from fakes.front import prime
-from gpuhook import config, defaults, probe
+from gpuhook import config, defaults, inject, probe
+from gpuhook import logline as nodelog
 from gpuhook.install import build
 from gpuhook.probe import cache
 from gpuhook.probe.host import Host
@@ -194,13 +195,12 @@ def test_the_no_gpu_line(tmp_path):
     assert 0 <= rec.pop("duration_ms") < 1000
     # what Python's create path logs for the same create finding no GPU (no pod: the front reads
     # no config.json), time and duration aside
-    out = create.Outcome()
-    out.decision = "no-gpu"
+    out = inject.Decision(inject.NO_GPU)
     inv = runtime_args.parse_args(["--root", str(tmp_path / "st"), "create", "-b", str(tmp_path), "c2"])
     _, line = create.log_line(config.Config(log_file="/log"), inv, out, runtime_args.Call({}, "/"))
     python = json.loads(line)
     del python["time"], python["duration_ms"]
-    assert rec == python == {"event": "create", "container_id": "c2", "bundle": str(tmp_path), "decision": "no-gpu",
+    assert rec == python == {"event": "create", "front": "wrapper", "container_id": "c2", "bundle": str(tmp_path), "decision": "no-gpu",
                              "vendors": [], "nodes": [], "mounts": [], "hooks": 0}
     assert oct((tmp_path / "gpuhook.log").stat().st_mode & 0o777) == oct(0o640)  # as Python creates it
     # a name the line cannot hold as it is: "?" for both; no id at all: null
@@ -332,7 +332,7 @@ def test_a_no_gpu_line_that_does_not_fit_leaves_nothing_for_the_next_to_join(tmp
     with open(log, "rb") as f:
         assert f.read()[before:] == b" " * 29 + b"\n"
     (said,) = r.stderr.splitlines()
-    said_as = re.escape(logline.PREFIX + logline.CANNOT_WRITE_LOG % (log, logline.SHORT_WRITE % (30, 999)))
+    said_as = re.escape(logline.PREFIX + nodelog.CANNOT_WRITE_LOG % (log, nodelog.SHORT_WRITE % (30, 999)))
     assert re.fullmatch(said_as.replace("999", r"\d+"), said), said  # (the line's length: its timing's digits)
     full_disk.free()
     r, _ = front(tmp_path, root, "create", "--bundle", str(tmp_path), "c2", log_file=log)

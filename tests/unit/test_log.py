@@ -9,7 +9,7 @@ import re
 import pytest
 
 from conftest import NO_CONFIG, gpuhook
-from gpuhook import log
+from gpuhook import inject, log
 from gpuhook.runtime import create
 from gpuhook.runtime.args import Call, Invocation
 from gpuhook.runtime.logline import write_log
@@ -40,8 +40,11 @@ def test_same_shape_as_the_runtimes_create_line(tmp_path):
     class Config:
         log_file = str(tmp_path / "gpuhook.log")
 
-    out = create.Outcome()
-    out.decision, out.vendors, out.nodes = "injected", ["nvidia"], ["/dev/nvidia0"]
+    from gpuhook.edits import DeviceNode, Edits
+    from gpuhook.plan import Plan
+
+    edits = Edits(device_nodes=(DeviceNode("/dev/nvidia0", "c", 195, 0),))
+    out = inject.Decision(inject.INJECTED, plan=Plan(edits, vendors=("nvidia",)))
     write_log(create.log_line(Config, Invocation("create", "/b", "c1", None, None), out, Call({}, "/")))
     rt = json.loads(open(Config.log_file).read())
     buf = io.StringIO()
@@ -178,15 +181,12 @@ def test_the_create_line_names_the_pod(tmp_path):
     class Config:
         log_file = str(tmp_path / "gpuhook.log")
 
-    out = create.Outcome()
-    out.pod = want
-    out.decision = "declined"
     from gpuhook.edits import Edits
     from gpuhook.plan import ALLOCATED, Held, Plan
     from gpuhook.plan.policy import Allocation
 
     held = Held("nvidia:GPU-1", ALLOCATED, Allocation("nvidia.com/gpu", "GPU-1", "pod-2"))
-    out.plan = Plan(Edits(), held_back=(held,), reason="all 1 GPU(s) held back")
+    out = inject.Decision(inject.DECLINED, want, Plan(Edits(), held_back=(held,), reason="all 1 GPU(s) held back"))
     write_log(create.log_line(Config, Invocation("create", "/b", "c1", None, None), out, Call({}, "/")))
     line = json.loads(open(Config.log_file).read())
     assert {k: line[k] for k in want} == want
@@ -200,10 +200,8 @@ def test_a_pod_cannot_bloat_the_node_log(tmp_path):
     class Config:
         log_file = str(tmp_path / "gpuhook.log")
 
-    out = create.Outcome()
-    out.decision = "error"
-    out.error = "E" * 100_000
-    out.warnings = [f"w{i}:" + "x" * 10_000 for i in range(300)]
+    out = inject.Decision(inject.ERROR, error="E" * 100_000,
+                          warnings=tuple(f"w{i}:" + "x" * 10_000 for i in range(300)))
     write_log(create.log_line(Config, Invocation("create", "/b", "c1", None, None), out, Call({}, "/")))
     with open(Config.log_file) as f:
         lines = f.read().splitlines()

@@ -14,7 +14,8 @@ from conftest import gpuhook
 from gpuhook import fastjson, log
 from gpuhook.agent import podevents
 from gpuhook.nri import plugin as nri
-from gpuhook.runtime import logline
+from gpuhook import logline
+from gpuhook.runtime.logline import PREFIX, write_log
 
 
 def create(n: int, extra: str = "") -> bytes:
@@ -57,21 +58,21 @@ def test_a_line_that_does_not_fit_leaves_nothing_for_the_next_to_join(full_disk,
     monkeypatch.setattr(logline, "LOST", 0, raising=False)
     path = os.path.join(full_disk.path, "gpuhook.log")
     for n in range(3):
-        logline.write_log((path, create(n)))
+        write_log((path, create(n)))
     full_disk.pad(path, slack=40)
     full_disk.fill()
     before = os.path.getsize(path)
-    logline.write_log((path, create(3, "x" * 300)))  # 40 bytes of it fit
-    logline.write_log((path, create(4, "y" * 300)))  # nothing of it fits
+    write_log((path, create(3, "x" * 300)))  # 40 bytes of it fit
+    write_log((path, create(4, "y" * 300)))  # nothing of it fits
     whole_or_blank(path)
     assert os.path.getsize(path) == before + 40  # the 40 bytes: a blank line now
     said = capsys.readouterr().err.splitlines()
     assert len(said) == 1 and "cannot write the node log" in said[0], said
     why = logline.SHORT_WRITE % (40, len(create(3, "x" * 300)))
-    assert said == [logline.PREFIX + logline.CANNOT_WRITE_LOG % (path, why)]
+    assert said == [PREFIX + logline.CANNOT_WRITE_LOG % (path, why)]
     assert logline.LOST == 2
     full_disk.free()
-    logline.write_log((path, create(5)))
+    write_log((path, create(5)))
     assert capsys.readouterr().err == ""
     whole_or_blank(path)
     records, skipped = log.tail_records(path, 100)

@@ -302,7 +302,7 @@ def test_any_fault_is_an_empty_adjustment_and_one_log_line_never_an_error_reply(
 def test_the_reply_goes_before_the_log_line_is_written(connected, node, monkeypatch):
     """The create waits for the plugin's answer, never for its log line: with the line's write
     held, the answer still comes; let go, the line is written."""
-    from gpuhook.runtime import logline
+    from gpuhook import logline
 
     rt, _t, _said = connected
     _conf, log = node

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from gpuhook import fastjson
 from gpuhook.edits import BIND_RO, DeviceNode, Edits, Hook, Mount
-from gpuhook.spec import SpecError, apply, write_atomic
+from gpuhook.spec import SpecError, apply
 
 EDITS = Edits(
     env=("GPUHOOK_ACCELERATOR=nvidia", "GPUHOOK_DEVICES=nvidia:GPU-1"),
@@ -80,15 +80,6 @@ def test_wrong_types_are_refused(path, value):
     with pytest.raises(SpecError):
         apply(spec, EDITS)
     assert spec == before
-
-
-def test_write_atomic_keeps_mode_and_leaves_no_temp(tmp_path):
-    p = tmp_path / "config.json"
-    p.write_text("{}")
-    p.chmod(0o600)
-    write_atomic(str(p), b'{"a":1}')
-    assert p.read_text() == '{"a":1}' and (p.stat().st_mode & 0o777) == 0o600
-    assert sorted(x.name for x in tmp_path.iterdir()) == ["config.json"]
 
 
 # -- properties -------------------------------------------------------------------------
@@ -306,19 +297,6 @@ def test_fields_of_the_right_shape_are_accepted(spec):
     assert out["process"]["env"] == ["A=1"]
 
 
-def test_write_atomic_new_file_mode_and_failure_leave_nothing_half_written(tmp_path):
-    p = tmp_path / "new.json"
-    write_atomic(str(p), b"x" * 100_000, sync_dir=False)
-    assert p.read_bytes() == b"x" * 100_000 and (p.stat().st_mode & 0o7777) == 0o644
-    write_atomic(str(p), b"y", 0o600, sync=False)
-    assert p.read_bytes() == b"y" and (p.stat().st_mode & 0o7777) == 0o600
-    (tmp_path / "dir").mkdir()
-    (tmp_path / "dir" / "keep").write_text("k")
-    with pytest.raises(OSError):
-        write_atomic(str(tmp_path / "dir"), b"z")  # rename over a non-empty directory fails
-    assert sorted(x.name for x in tmp_path.iterdir()) == ["dir", "new.json"]
-
-
 def _as_a_cdi_runtime_applies(cdi: dict, spec: dict) -> dict:
     """What a CDI-aware runtime (containerd, podman) makes of containerEdits, by the CDI spec's
     field names: the other way into a container, which must come out as apply() does."""
@@ -401,92 +379,3 @@ def test_the_same_node_twice_in_the_edits_is_one_device_and_one_rule():
     assert out["linux"]["devices"] == [{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}]
     assert out["linux"]["resources"]["devices"] == [
         {"allow": True, "type": "c", "major": 195, "minor": 0, "access": "rwm"}]
-
-
-def _predictable_temp_names(monkeypatch, first: bytes):
-    """os.urandom as write_atomic's temp names see it: `first`, then fresh bytes."""
-    import os as _os
-
-    real = _os.urandom
-    calls = []
-
-    def urandom(n):
-        calls.append(n)
-        return first[:n] if len(calls) == 1 else real(n)
-
-    monkeypatch.setattr("gpuhook.spec.os.urandom", urandom)
-    return calls
-
-
-def test_write_atomic_never_writes_through_a_link_planted_at_its_temp_name(tmp_path, monkeypatch):
-    """Someone who can write the directory plants a symlink where the temp file will be: the
-    link's target is untouched, and the file is written anyway (under another temp name)."""
-    import os as _os
-
-    victim = tmp_path / "victim"
-    victim.write_text("precious")
-    target = tmp_path / "config.json"
-    _predictable_temp_names(monkeypatch, b"\0" * 6)
-    (tmp_path / f".config.json.gpuhook-{_os.getpid()}-{'00' * 6}.tmp").symlink_to(victim)
-    write_atomic(str(target), b'{"a":1}')
-    assert victim.read_text() == "precious"
-    assert target.read_bytes() == b'{"a":1}' and not target.is_symlink()
-
-
-def test_write_atomic_gets_past_a_temp_file_left_by_a_killed_writer(tmp_path, monkeypatch):
-    """A writer killed mid-write left its temp file, and its pid is ours now: the write goes on."""
-    import os as _os
-
-    left = tmp_path / f".state.json.gpuhook-{_os.getpid()}-{'11' * 6}.tmp"
-    left.write_text("half")
-    _predictable_temp_names(monkeypatch, b"\x11" * 6)
-    write_atomic(str(tmp_path / "state.json"), b"whole", 0o600)
-    assert (tmp_path / "state.json").read_bytes() == b"whole"
-
-
-def test_write_atomic_file_is_never_more_open_than_its_mode_while_written(tmp_path, monkeypatch):
-    """A 0600 file (the round robin's state, the config cache) is not readable by others at
-    any moment, not even while its temp file is being written."""
-    import os as _os
-
-    seen = []
-    real_write = _os.write
-
-    def write(fd, data):
-        seen.append(_os.fstat(fd).st_mode & 0o777)
-        return real_write(fd, data)
-
-    monkeypatch.setattr("gpuhook.spec.os.write", write)
-    write_atomic(str(tmp_path / "private"), b"secret", 0o600)
-    assert seen and all(m & 0o077 == 0 for m in seen)
-
-
-def test_write_atomic_puts_its_temp_file_beside_the_target(tmp_path, monkeypatch):
-    """The rename is atomic only within one filesystem: the temp file is in the target's
-    directory, wherever the process's working directory is (here: another filesystem)."""
-    if os.stat("/dev/shm").st_dev == os.stat(tmp_path).st_dev:
-        pytest.skip("/dev/shm is on the same filesystem as the test's directory")
-    import tempfile
-
-    with tempfile.TemporaryDirectory(dir="/dev/shm") as elsewhere:
-        monkeypatch.chdir(elsewhere)
-        write_atomic(str(tmp_path / "config.json"), b"{}")
-        assert os.listdir(elsewhere) == []
-    assert (tmp_path / "config.json").read_bytes() == b"{}"
-
-
-def test_write_atomic_writes_the_file_its_path_names_through_a_link_and_dotdot(tmp_path):
-    """A path through a link then ".." (a bundle given as `link/..`) names, as runc and the
-    read before the write see it, the link target's parent, not the directory of the link:
-    the new file goes there, and the other directory's file of that name is left alone."""
-    (tmp_path / "real" / "sub").mkdir(parents=True)
-    (tmp_path / "other").mkdir()
-    (tmp_path / "other" / "link").symlink_to(tmp_path / "real" / "sub")
-    (tmp_path / "real" / "config.json").write_text("old")
-    (tmp_path / "other" / "config.json").write_text("someone else's")
-    path = str(tmp_path / "other" / "link" / ".." / "config.json")
-    with open(path) as f:
-        assert f.read() == "old"  # the file the kernel names by that path
-    write_atomic(path, b"new", sync_dir=False)
-    assert (tmp_path / "real" / "config.json").read_text() == "new"
-    assert (tmp_path / "other" / "config.json").read_text() == "someone else's"
