@@ -22,6 +22,10 @@ On the per-container path: stdlib and record.py only.
 
 from .record import Record
 
+# what stands for "no vendor" where one is named: a CPU-only node's gpuhook.dev/accelerator
+# label, and GPUHOOK_ACCELERATOR of a container given DRA's `none` device (gpuhook.dev/none=none)
+NO_ACCELERATOR = "none"
+
 
 class Vendor(Record):
     name: str
