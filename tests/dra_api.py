@@ -1,0 +1,79 @@
+"""The fake API server (gpuhook.testing.kubeapi.FakeAPI) with the resource.k8s.io/v1 calls the
+DRA driver makes: ResourceSlices (list by field selector, server-side apply, delete) and
+ResourceClaims (get), as the API server answers them."""
+
+from __future__ import annotations
+
+import copy
+import urllib.parse
+from typing import Any
+
+from gpuhook.testing.kubeapi import FakeAPI
+
+GROUP = "/apis/resource.k8s.io/v1"
+
+
+class DRAFakeAPI(FakeAPI):
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.slices: dict[str, dict] = {}
+        self.claims: dict[tuple[str, str], dict] = {}
+        handler = self.server.RequestHandlerClass  # this server's own subclass: DELETE too
+        handler.do_DELETE = lambda h: h._handle("DELETE")  # type: ignore[attr-defined]
+
+    def add_claim(self, namespace: str, name: str, uid: str, results: list[dict] | None) -> dict:
+        """A ResourceClaim; results: its status.allocation.devices.results (None: not allocated)."""
+        claim: dict[str, Any] = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"namespace": namespace, "name": name, "uid": uid},
+            "spec": {"devices": {"requests": []}},
+        }
+        if results is not None:
+            claim["status"] = {"allocation": {"devices": {"results": results}}}
+        with self.lock:
+            self.claims[(namespace, name)] = claim
+        return claim
+
+    def edit_slice(self, name: str, change) -> None:
+        """Somebody else changes a ResourceSlice (change(obj) edits it in place)."""
+        with self.lock:
+            change(self.slices[name])
+
+    def answer(self, method: str, path: str, query: str, body: Any, content_type: str | None) -> tuple[int, dict]:
+        if not path.startswith(GROUP + "/"):
+            return super().answer(method, path, query, body, content_type)
+        parts = path[len(GROUP) + 1 :].split("/")
+        if parts[0] == "resourceslices":
+            return self._slices(method, parts[1] if len(parts) > 1 else None, query, body, content_type)
+        if len(parts) == 4 and parts[0] == "namespaces" and parts[2] == "resourceclaims" and method == "GET":
+            claim = self.claims.get((parts[1], parts[3]))
+            if claim is None:
+                return 404, {"kind": "Status", "message": f"resourceclaims {parts[3]!r} not found", "code": 404}
+            return 200, claim
+        return 404, {"kind": "Status", "message": f"{method} {path}: not found", "code": 404}
+
+    def _slices(self, method: str, name: str | None, query: str, body: Any, content_type: str | None):
+        q = dict(urllib.parse.parse_qsl(query))
+        if name is None and method == "GET":
+            want = dict(f.split("=", 1) for f in q.get("fieldSelector", "").split(",") if f)
+            items = [
+                s
+                for s in self.slices.values()
+                if all(str(s["spec"].get(k.removeprefix("spec."))) == v for k, v in want.items())
+            ]
+            return 200, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList", "metadata": {}, "items": items}
+        if name is not None and method == "PATCH":
+            if content_type != "application/apply-patch+yaml" or q.get("force") != "true" or not q.get("fieldManager"):
+                return 415, {"kind": "Status", "message": "a forced server-side apply with a field manager only"}
+            obj = copy.deepcopy(body)
+            obj["metadata"].setdefault("uid", f"slice-uid-{name}")
+            self.slices[name] = obj
+            return 200, obj
+        if name is not None and method == "DELETE":
+            if self.slices.pop(name, None) is None:
+                return 404, {"kind": "Status", "message": "not found", "code": 404}
+            return 200, {"kind": "Status", "status": "Success"}
+        if name is not None and method == "GET" and name in self.slices:
+            return 200, self.slices[name]
+        return 404, {"kind": "Status", "message": "not found", "code": 404}
