@@ -62,7 +62,12 @@ class DRAFakeAPI(FakeAPI):
                 for s in self.slices.values()
                 if all(str(s["spec"].get(k.removeprefix("spec."))) == v for k, v in want.items())
             ]
-            return 200, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList", "metadata": {}, "items": items}
+            return 200, {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSliceList",
+                "metadata": {},
+                "items": items,
+            }
         if name is not None and method == "PATCH":
             if content_type != "application/apply-patch+yaml" or q.get("force") != "true" or not q.get("fieldManager"):
                 return 415, {"kind": "Status", "message": "a forced server-side apply with a field manager only"}

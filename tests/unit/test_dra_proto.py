@@ -33,4 +33,7 @@ def test_the_services_are_the_kubelets_names():
     from gpuhook.dra import dra_pb2, pluginregistration_pb2
 
     assert dra_pb2.DESCRIPTOR.services_by_name["DRAPlugin"].full_name == "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
-    assert pluginregistration_pb2.DESCRIPTOR.services_by_name["Registration"].full_name == "pluginregistration.Registration"
+    assert (
+        pluginregistration_pb2.DESCRIPTOR.services_by_name["Registration"].full_name
+        == "pluginregistration.Registration"
+    )

@@ -10,7 +10,7 @@ import pytest
 from dra_api import DRAFakeAPI
 from gpuhook import cdi
 from gpuhook.dra import DRIVER, publish, slices
-from gpuhook.inventory import Device, Inventory, Node, VendorInventory
+from gpuhook.inventory import Device, Node, VendorInventory
 from gpuhook.probe import probe
 from gpuhook.testing import fakehost
 
@@ -37,7 +37,10 @@ CASES = {
     "nvidia 8 GPUs": (fakehost.nvidia, [("gpu", "nvidia")] * 8),
     "amd": (fakehost.amd, [("gpu", "amd")] * 2),
     "intel": (fakehost.intel, [("gpu", "intel")] * 2),
-    "nvidia and intel": (lambda fh: (fakehost.nvidia(fh, gpus=2), fakehost.intel(fh, dgpu=False)), [("gpu", "nvidia")] * 2 + [("gpu", "intel")]),
+    "nvidia and intel": (
+        lambda fh: (fakehost.nvidia(fh, gpus=2), fakehost.intel(fh, dgpu=False)),
+        [("gpu", "nvidia")] * 2 + [("gpu", "intel")],
+    ),
     "amd MI300X partitions": (fakehost.amd_mi300, [("partition", "amd")] * 8),
     "cpu only": (fakehost.cpu_only, []),
     # a driver with no userspace on the node has no CDI spec: its GPUs cannot be prepared
@@ -89,7 +92,14 @@ def test_a_partition_names_its_gpu(tmp_path):
 
 @pytest.mark.parametrize(
     "given, published",
-    [("550.54.14", "550.54.14"), ("550.54", "550.54.0"), ("7", "7.0.0"), ("550.54.14-rc1", None), ("01.2", None), (None, None)],
+    [
+        ("550.54.14", "550.54.14"),
+        ("550.54", "550.54.0"),
+        ("7", "7.0.0"),
+        ("550.54.14-rc1", None),
+        ("01.2", None),
+        (None, None),
+    ],
 )
 def test_driver_version_is_a_semantic_version_or_absent(given, published):
     node = Node("/dev/x", "c", 1, 1)
@@ -109,8 +119,15 @@ def test_a_pool_of_more_than_128_devices_is_cut_in_slices():
     devices = tuple(slices.Published(f"d{i}", f"k/x={i}", {"name": f"d{i}"}) for i in range(300))
     out = slices.resource_slices("node-1", devices, 4)
     assert [len(s["spec"]["devices"]) for s in out] == [128, 128, 44]
-    assert {(s["spec"]["pool"]["name"], s["spec"]["pool"]["generation"], s["spec"]["pool"]["resourceSliceCount"]) for s in out} == {("node-1", 4, 3)}
-    assert [s["metadata"]["name"] for s in out] == ["node-1-gpuhook.dev-0", "node-1-gpuhook.dev-1", "node-1-gpuhook.dev-2"]
+    assert {
+        (s["spec"]["pool"]["name"], s["spec"]["pool"]["generation"], s["spec"]["pool"]["resourceSliceCount"])
+        for s in out
+    } == {("node-1", 4, 3)}
+    assert [s["metadata"]["name"] for s in out] == [
+        "node-1-gpuhook.dev-0",
+        "node-1-gpuhook.dev-1",
+        "node-1-gpuhook.dev-2",
+    ]
     assert all(s["spec"]["driver"] == DRIVER and s["spec"]["nodeName"] == "node-1" for s in out)
 
 
@@ -146,8 +163,13 @@ def test_slices_written_kept_and_put_back(tmp_path, api):
     s = api.slices["node-1-gpuhook.dev-0"]["spec"]
     assert [d["name"] for d in s["devices"]] == [p.name for p in fewer] and s["pool"]["generation"] == 3
     # a slice of this node and driver that is not the driver's any more: deleted
-    api.slices["node-1-gpuhook.dev-7"] = dict(api.slices["node-1-gpuhook.dev-0"], metadata={"name": "node-1-gpuhook.dev-7"})
-    api.slices["node-2-gpuhook.dev-0"] = {"metadata": {"name": "node-2-gpuhook.dev-0"}, "spec": {"nodeName": "node-2", "driver": DRIVER}}
+    api.slices["node-1-gpuhook.dev-7"] = dict(
+        api.slices["node-1-gpuhook.dev-0"], metadata={"name": "node-1-gpuhook.dev-7"}
+    )
+    api.slices["node-2-gpuhook.dev-0"] = {
+        "metadata": {"name": "node-2-gpuhook.dev-0"},
+        "spec": {"nodeName": "node-2", "driver": DRIVER},
+    }
     assert publish.sync_slices(kube, "node-1", fewer) == ["deleted node-1-gpuhook.dev-7"]
     assert sorted(api.slices) == ["node-1-gpuhook.dev-0", "node-2-gpuhook.dev-0"]  # another node's left alone
 
