@@ -21,8 +21,11 @@ class DRAFakeAPI(FakeAPI):
         handler = self.server.RequestHandlerClass  # this server's own subclass: DELETE too
         handler.do_DELETE = lambda h: h._handle("DELETE")  # type: ignore[attr-defined]
 
-    def add_claim(self, namespace: str, name: str, uid: str, results: list[dict] | None) -> dict:
-        """A ResourceClaim; results: its status.allocation.devices.results (None: not allocated)."""
+    def add_claim(
+        self, namespace: str, name: str, uid: str, results: list[dict] | None, pods: tuple[dict, ...] = ()
+    ) -> dict:
+        """A ResourceClaim; results: its status.allocation.devices.results (None: not allocated);
+        pods: those it is reserved for (status.reservedFor)."""
         claim: dict[str, Any] = {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
@@ -31,6 +34,10 @@ class DRAFakeAPI(FakeAPI):
         }
         if results is not None:
             claim["status"] = {"allocation": {"devices": {"results": results}}}
+        if pods:
+            claim.setdefault("status", {})["reservedFor"] = [
+                {"resource": "pods", "name": p["metadata"]["name"], "uid": p["metadata"]["uid"]} for p in pods
+            ]
         with self.lock:
             self.claims[(namespace, name)] = claim
         return claim

@@ -38,7 +38,7 @@ NODE_EVENTS_NAMESPACE = "default"  # where Node events go (the kubelet's are the
 # _create_event posts no other; daemonset/gpu-optional-admission.yaml admits no other (its
 # lists are checked against these by tests/unit/test_admission.py).
 EVENT_REASONS = {
-    "Pod": ("GPUsInjected", "RanOnCPU", "LdCacheNotUpdated", "GPUHookFailed", "GPUsUnconfirmed"),
+    "Pod": ("GPUsInjected", "RanOnCPU", "LdCacheNotUpdated", "GPUHookFailed", "GPUsUnconfirmed", "GPULost"),
     "Node": ("GPUInventory", "GPUInventoryChanged", "GPUUnusable", "RuntimeInstallFailed", "NRIPluginNotSynchronized"),
 }
 REPORTING_COMPONENT = "gpuhook.dev/agent"

@@ -317,9 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.set_defaults(func=cmd_runtime_server)
     # One module per command group adds its subcommands (module-level imports kept light).
-    from . import agent, cdi, config, install, log
+    from . import agent, cdi, config, dra, install, log
 
-    for group in (install, config, cdi, agent, log):
+    for group in (install, config, cdi, agent, log, dra):
         group.add_commands(sub)
     from ..nri import plugin as nri_plugin
 

@@ -22,8 +22,17 @@ MANAGER = "gpuhook-dra"  # the field manager of the driver's ResourceSlices
 class NodeDevices:
     """What the node has now, as published; refresh() probes again."""
 
-    def __init__(self, root: str, cdi_dir: str | None, spec_root: str = "/", ldconfig=None, helper=None):
+    def __init__(
+        self,
+        root: str,
+        cdi_dir: str | None,
+        spec_root: str = "/",
+        ldconfig=None,
+        helper=None,
+        nvidia_driver_root: str = "auto",
+    ):
         self.root = root
+        self.nvidia_driver_root = nvidia_driver_root
         self.cdi_dir = cdi_dir
         self.spec_root = spec_root
         self.ldconfig = ldconfig
@@ -35,7 +44,7 @@ class NodeDevices:
     def refresh(self) -> tuple[slices.Published, ...]:
         from ..probe import probe
 
-        inv = probe(self.root)
+        inv = probe(self.root, nvidia_driver_root=self.nvidia_driver_root)
         all_specs = cdi.specs(inv, self.spec_root, self.ldconfig, helper=self.helper) + [cdi.none_spec()]
         if self.cdi_dir:
             cdi.write_dir(all_specs, self.cdi_dir)
