@@ -12,8 +12,8 @@ Kinds (one kind per spec file, as CDI requires):
                          nodes, libraries, hooks and GIDs are the spec-wide containerEdits.
   gpuhook.dev/gpu        one device, "all": every GPU of every vendor, exactly what the
                          gpu-optional runtime class would inject (vendor-agnostic).
-  gpuhook.dev/none       one device, "none": no device at all, only GPUHOOK_ACCELERATOR=none
-                         (vendors.NO_ACCELERATOR): what `gpuhook dra` gives a claim that got
+  gpuhook.dev/none       one device, "none": no device at all, only GPUHOOK_ACCELERATOR=cpu
+                         (vendors.CPU): what `gpuhook dra` gives a claim that got
                          its `none` device. Written by the DRA driver on every node (none_spec),
                          and left alone when the agent prunes the kinds a node no longer has.
 
@@ -47,7 +47,7 @@ import re
 from . import defaults, hook
 from .edits import Edits
 from .inventory import Device, Inventory, VendorInventory
-from .vendors import NO_ACCELERATOR
+from .vendors import CPU
 
 KIND_VENDOR = "gpuhook.dev"
 GENERIC_CLASS = "gpu"
@@ -107,7 +107,7 @@ def none_spec() -> dict:
     spec = {
         "cdiVersion": "",
         "kind": kind_of(NONE_CLASS),
-        "devices": [{"name": NONE, "containerEdits": {"env": [f"GPUHOOK_ACCELERATOR={NO_ACCELERATOR}"]}}],
+        "devices": [{"name": NONE, "containerEdits": {"env": [f"GPUHOOK_ACCELERATOR={CPU}"]}}],
     }
     spec["cdiVersion"] = required_version(spec)
     validate(spec)

@@ -32,7 +32,6 @@ import re
 
 from ..config import valid_label_name, valid_vendor_label
 from ..defaults import AGENT_NAME
-from ..vendors import NO_ACCELERATOR
 
 PREFIX = "gpuhook.dev/"
 ACCELERATOR = PREFIX + "accelerator"
@@ -100,7 +99,7 @@ def node_labels(inv, runtime_ready: bool = False, vendor_label: str = "") -> dic
     vendors, refused = usable_vendors(inv)
     primary = vendors[0].vendor if vendors else None
     labels = {
-        ACCELERATOR: primary or NO_ACCELERATOR,
+        ACCELERATOR: primary or "none",
         PREFIX + "gpu.count": str(sum(len(v.devices) for v in vendors)),
     }
     for vendor, code in refused:

@@ -23,7 +23,6 @@ import re
 from .. import cdi
 from ..inventory import Device, Inventory, VendorInventory
 from ..record import Record
-from ..vendors import NO_ACCELERATOR
 from . import DRIVER
 
 NONE = "none"  # the `none` device's name and its kind attribute
@@ -89,7 +88,7 @@ def attributes(v: VendorInventory, d: Device) -> dict:
 def none_device() -> Published:
     device = {
         "name": NONE,
-        "attributes": {"kind": _string(NONE), "vendor": _string(NO_ACCELERATOR)},
+        "attributes": {"kind": _string(NONE), "vendor": _string(NONE)},
         "allowMultipleAllocations": True,
     }
     return Published(NONE, cdi.qualified(cdi.kind_of(cdi.NONE_CLASS), cdi.NONE), device)

@@ -181,7 +181,7 @@ def test_prepare_a_gpu_and_none_then_unprepare_twice(plugin, kubelet, api, base)
     assert [n["path"] for n in own["deviceNodes"]] == ["/dev/nvidia1"]  # that GPU exactly (minor 1: the fake's order)
     assert "GPUHOOK_ACCELERATOR=nvidia" in top["env"] and "/dev/nvidiactl" in [n["path"] for n in top["deviceNodes"]]
     assert any(m["containerPath"].endswith("libcuda.so.1") or "libcuda" in m["containerPath"] for m in top["mounts"])
-    assert specs["gpuhook.dev/none=none"] == ({}, {"env": ["GPUHOOK_ACCELERATOR=none"]})
+    assert specs["gpuhook.dev/none=none"] == ({}, {"env": ["GPUHOOK_ACCELERATOR=cpu"]})
 
     assert set(plugin.driver.prepared()) == {"uid-gpu", "uid-none"}
     for _ in range(2):  # the second: already unprepared, not an error

@@ -194,5 +194,5 @@ def test_the_agents_prune_leaves_the_none_spec(tmp_path):
     assert cdi.none_spec() == {
         "cdiVersion": "0.3.0",
         "kind": "gpuhook.dev/none",
-        "devices": [{"name": "none", "containerEdits": {"env": ["GPUHOOK_ACCELERATOR=none"]}}],
+        "devices": [{"name": "none", "containerEdits": {"env": ["GPUHOOK_ACCELERATOR=cpu"]}}],
     }
