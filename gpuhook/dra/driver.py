@@ -46,6 +46,12 @@ def registration_socket(driver: str = DRIVER, registry: str = PLUGINS_REGISTRY) 
     return os.path.join(registry, f"{driver}-reg.sock")
 
 
+def base_request(request: str) -> str:
+    """The claim's request a result belongs to: "gpu" of a firstAvailable subrequest "gpu/none".
+    The kubelet matches a container's claim request against these (resourceclaim.BaseRequestRef)."""
+    return request.partition("/")[0]
+
+
 class ClaimError(Exception):
     """Why one claim cannot be prepared: its answer's error, one line."""
 
@@ -190,7 +196,7 @@ def _services(driver: Driver, endpoint: str, name: str = DRIVER, on_status: Call
                 try:
                     for d in driver.prepare(c.namespace, c.name, c.uid):
                         dev = answer.devices.add(
-                            request_names=[d["request"]],
+                            request_names=[base_request(d["request"])],
                             pool_name=d["pool"],
                             device_name=d["device"],
                             cdi_device_ids=d["cdi_ids"],

@@ -168,13 +168,17 @@ def test_prepare_a_gpu_and_none_then_unprepare_twice(plugin, kubelet, api, base)
         list(gpu.cdi_device_ids),
     ) == (
         "",
-        ["gpu/gpu"],
+        ["gpu"],  # the claim's request, not its subrequest "gpu/gpu": what the kubelet matches containers on
         NODE,
         GPU0,
         [GPU0_CDI],
     )
     (none,) = got["uid-none"].devices
-    assert (list(none.cdi_device_ids), none.share_id) == (["gpuhook.dev/none=none"], "share-1")
+    assert (list(none.request_names), list(none.cdi_device_ids), none.share_id) == (
+        ["gpu"],
+        ["gpuhook.dev/none=none"],
+        "share-1",
+    )
 
     specs = _cdi(base)
     top, own = specs[GPU0_CDI]
