@@ -18,6 +18,7 @@ class DRAFakeAPI(FakeAPI):
         super().__init__(**kw)
         self.slices: dict[str, dict] = {}
         self.claims: dict[tuple[str, str], dict] = {}
+        self.drop_on_write = lambda obj: None  # what the server leaves out of a slice written (a gate that is off)
         handler = self.server.RequestHandlerClass  # this server's own subclass: DELETE too
         handler.do_DELETE = lambda h: h._handle("DELETE")  # type: ignore[attr-defined]
 
@@ -80,6 +81,7 @@ class DRAFakeAPI(FakeAPI):
                 return 415, {"kind": "Status", "message": "a forced server-side apply with a field manager only"}
             obj = copy.deepcopy(body)
             obj["metadata"].setdefault("uid", f"slice-uid-{name}")
+            self.drop_on_write(obj)
             self.slices[name] = obj
             return 200, obj
         if name is not None and method == "DELETE":

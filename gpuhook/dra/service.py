@@ -35,6 +35,7 @@ class Service:
         self.api = api
         self.log = log
         self.interval = interval
+        self.slices = publish.SlicePublisher(api, node, DRIVER)
         self.reported: set[tuple[str, str]] = set()  # (claim UID, device) told once per process
         self.stop = threading.Event()
 
@@ -46,7 +47,7 @@ class Service:
             self.log.error("dra.probe.error", error=f"{type(e).__name__}: {e}")
             return
         try:
-            for line in publish.sync_slices(self.api, self.node, published, DRIVER):
+            for line in self.slices.sync(published):
                 self.log.info("dra.slices", change=line, devices=len(published))
         except Exception as e:  # KubeError: unreachable, forbidden...
             self.log.error("dra.slices.error", error=str(e))

@@ -142,26 +142,26 @@ def api():
 
 
 def test_slices_written_kept_and_put_back(tmp_path, api):
-    kube = api.client()
+    pub = publish.SlicePublisher(api.client(), "node-1")
     root = _host(tmp_path, lambda fh: fakehost.nvidia(fh, gpus=2))
     devices = _published(root)
-    assert publish.sync_slices(kube, "node-1", devices) == ["applied node-1-gpuhook.dev-0"]
+    assert pub.sync(devices) == ["applied node-1-gpuhook.dev-0"]
     (only,) = api.slices.values()
     assert only["spec"]["pool"] == {"name": "node-1", "generation": 1, "resourceSliceCount": 1}
     assert [d["name"] for d in only["spec"]["devices"]] == [p.name for p in devices]
-    assert publish.sync_slices(kube, "node-1", devices) == []  # nothing changed: no write
+    assert pub.sync(devices) == []  # nothing changed: no write
 
-    # someone else removes a device from it: put back, in a new generation (consumers saw the edited one)
+    # someone else removes a device from it: put back, at the same generation (the driver's devices did not change)
     api.edit_slice("node-1-gpuhook.dev-0", lambda s: s["spec"]["devices"].pop(0))
-    assert publish.sync_slices(kube, "node-1", devices) == ["applied node-1-gpuhook.dev-0"]
+    assert pub.sync(devices) == ["applied node-1-gpuhook.dev-0"]
     assert api.slices["node-1-gpuhook.dev-0"]["spec"]["devices"] == [p.device for p in devices]
-    assert api.slices["node-1-gpuhook.dev-0"]["spec"]["pool"]["generation"] == 2
+    assert api.slices["node-1-gpuhook.dev-0"]["spec"]["pool"]["generation"] == 1
 
     # a GPU disappears: the slice drops it, in a new generation
     fewer = devices[1:]
-    assert publish.sync_slices(kube, "node-1", fewer) == ["applied node-1-gpuhook.dev-0"]
+    assert pub.sync(fewer) == ["applied node-1-gpuhook.dev-0"]
     s = api.slices["node-1-gpuhook.dev-0"]["spec"]
-    assert [d["name"] for d in s["devices"]] == [p.name for p in fewer] and s["pool"]["generation"] == 3
+    assert [d["name"] for d in s["devices"]] == [p.name for p in fewer] and s["pool"]["generation"] == 2
     # a slice of this node and driver that is not the driver's any more: deleted
     api.slices["node-1-gpuhook.dev-7"] = dict(
         api.slices["node-1-gpuhook.dev-0"], metadata={"name": "node-1-gpuhook.dev-7"}
@@ -170,8 +170,26 @@ def test_slices_written_kept_and_put_back(tmp_path, api):
         "metadata": {"name": "node-2-gpuhook.dev-0"},
         "spec": {"nodeName": "node-2", "driver": DRIVER},
     }
-    assert publish.sync_slices(kube, "node-1", fewer) == ["deleted node-1-gpuhook.dev-7"]
+    assert pub.sync(fewer) == ["deleted node-1-gpuhook.dev-7"]
     assert sorted(api.slices) == ["node-1-gpuhook.dev-0", "node-2-gpuhook.dev-0"]  # another node's left alone
+
+    # the driver restarted: the pool in the API is taken as its own, no new generation for the same devices
+    again = publish.SlicePublisher(api.client(), "node-1")
+    assert again.sync(fewer) == [] and api.slices["node-1-gpuhook.dev-0"]["spec"]["pool"]["generation"] == 2
+    assert again.sync(devices) == ["applied node-1-gpuhook.dev-0"]
+    assert api.slices["node-1-gpuhook.dev-0"]["spec"]["pool"]["generation"] == 3
+
+
+def test_a_field_the_api_drops_is_written_again_but_the_generation_holds(tmp_path, api):
+    """Where the DRAConsumableCapacity gate is off the API server drops allowMultipleAllocations
+    from `none`: the slice never equals what was applied. Each round writes it again; the
+    pool's generation must not climb with it (consumers would see a new pool every round)."""
+    api.drop_on_write = lambda obj: [d.pop("allowMultipleAllocations", None) for d in obj["spec"]["devices"]]
+    pub = publish.SlicePublisher(api.client(), "node-1")
+    devices = _published(_host(tmp_path, fakehost.cpu_only))
+    for _ in range(3):
+        assert pub.sync(devices) == ["applied node-1-gpuhook.dev-0"]
+    assert api.slices["node-1-gpuhook.dev-0"]["spec"]["pool"]["generation"] == 1
 
 
 def test_node_devices_write_the_cdi_specs_they_publish(tmp_path):
