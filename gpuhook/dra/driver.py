@@ -24,6 +24,7 @@ already unprepared (no error).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -57,12 +58,28 @@ class ClaimError(Exception):
 
 
 class Checkpoint:
-    """The prepared claims, by UID, in one JSON file written whole."""
+    """The prepared claims, by UID, in one JSON file written whole. locked() holds its lock
+    file (flock) across a load and a save: two drivers on one node (a rolling update's old and
+    new pod) never write over each other's claims."""
 
     VERSION = 1
+    LOCK_WAIT = 10.0  # seconds
 
     def __init__(self, path: str):
         self.path = path
+
+    @contextlib.contextmanager
+    def locked(self):
+        from ..fslock import flock_within
+
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            if not flock_within(fd, self.LOCK_WAIT, 0.01):
+                raise OSError(f"{self.path}.lock: held by another process for {self.LOCK_WAIT:g} s")
+            yield
+        finally:
+            os.close(fd)
 
     def load(self) -> dict[str, dict]:
         try:
@@ -128,11 +145,11 @@ class Driver:
         self.claims = claims
         self.devices = devices
         self.warn = warn or (lambda msg: None)
-        self.lock = threading.Lock()  # one prepare or unprepare at a time: the checkpoint is read, changed, written
+        self.lock = threading.Lock()  # one prepare or unprepare at a time in this process (the file lock: across them)
 
     def prepare(self, namespace: str, name: str, uid: str) -> list[dict]:
         """The devices of one claim: [{request, pool, device, cdi_ids, shareID?}]; ClaimError."""
-        with self.lock:
+        with self.lock, self.checkpoint.locked():
             have = self.checkpoint.load()
             entry = have.get(uid)
             if entry and entry.get("state") == PREPARED:
@@ -159,13 +176,13 @@ class Driver:
             return devices
 
     def unprepare(self, uid: str) -> None:
-        with self.lock:
+        with self.lock, self.checkpoint.locked():
             have = self.checkpoint.load()
             if have.pop(uid, None) is not None:
                 self.checkpoint.save(have)
 
     def prepared(self) -> dict[str, dict]:
-        with self.lock:
+        with self.lock, self.checkpoint.locked():
             return self.checkpoint.load()
 
 

@@ -369,3 +369,48 @@ def test_a_corrupt_checkpoint_is_every_claims_error_not_a_fresh_start(plugin, ku
     got = kubelet.prepare(("ns", "c", "uid-1"))["uid-1"]
     assert got.error.startswith("checkpoint: ") and not got.devices
     assert kubelet.unprepare(("ns", "c", "uid-1"))["uid-1"].error.startswith("checkpoint: ")
+
+
+def test_two_drivers_on_one_checkpoint_keep_each_others_claims(tmp_path):
+    """A rolling update's old and new pod on one node: while one prepares (it read the
+    checkpoint and waits on the API), the other's prepare waits for it, and both claims stay."""
+    cp_path = str(tmp_path / "plugins" / DRIVER / driver.CHECKPOINT)
+    inside, release = threading.Event(), threading.Event()
+    claim_a = {
+        "metadata": {"namespace": "ns", "name": "a", "uid": "uid-a"},
+        "status": {"allocation": {"devices": {"results": [_result("none", "gpu/none")]}}},
+    }
+    claim_b = dict(claim_a, metadata={"namespace": "ns", "name": "b", "uid": "uid-b"})
+
+    def slow_api(ns, name):
+        inside.set()
+        release.wait(10)
+        return claim_a
+
+    table = {"none": "gpuhook.dev/none=none"}.copy
+    old = driver.Driver(NODE, driver.Checkpoint(cp_path), slow_api, table)
+    new = driver.Driver(NODE, driver.Checkpoint(cp_path), lambda ns, name: claim_b, table)
+    t = threading.Thread(target=old.prepare, args=("ns", "a", "uid-a"))
+    t.start()
+    assert inside.wait(10)
+    done = []
+    u = threading.Thread(target=lambda: done.append(new.prepare("ns", "b", "uid-b")))
+    u.start()
+    u.join(0.3)
+    assert done == []  # waits for the other's prepare
+    release.set()
+    t.join(10)
+    u.join(10)
+    assert sorted(json.load(open(cp_path))["claims"]) == ["uid-a", "uid-b"]
+
+
+def test_a_checkpoint_lock_held_too_long_is_the_claims_error(tmp_path, monkeypatch):
+    import fcntl
+
+    cp = driver.Checkpoint(str(tmp_path / driver.CHECKPOINT))
+    monkeypatch.setattr(driver.Checkpoint, "LOCK_WAIT", 0.2)
+    with open(cp.path + ".lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        d = driver.Driver(NODE, cp, lambda ns, name: {}, dict)
+        with pytest.raises(OSError, match=r"checkpoint.json.lock: held by another process for 0.2 s"):
+            d.prepare("ns", "c", "uid-1")
