@@ -1,13 +1,17 @@
-"""The fake API server (gpuhook.testing.kubeapi.FakeAPI) with the resource.k8s.io/v1 calls the
-DRA driver makes: ResourceSlices (list by field selector, server-side apply, delete) and
-ResourceClaims (get), as the API server answers them."""
+"""What the DRA driver's tests share: the fake API server (gpuhook.testing.kubeapi.FakeAPI)
+with the resource.k8s.io/v1 calls the driver makes (ResourceSlices: list by field selector,
+server-side apply, delete; ResourceClaims: get), the devices a fake host publishes, and a wait."""
 
 from __future__ import annotations
 
 import copy
+import time
 import urllib.parse
 from typing import Any
 
+from gpuhook import cdi
+from gpuhook.dra import slices
+from gpuhook.probe import probe
 from gpuhook.testing.kubeapi import FakeAPI
 
 GROUP = "/apis/resource.k8s.io/v1"
@@ -91,3 +95,21 @@ class DRAFakeAPI(FakeAPI):
         if name is not None and method == "GET" and name in self.slices:
             return 200, self.slices[name]
         return 404, {"kind": "Status", "message": "not found", "code": 404}
+
+
+def published(root: str) -> tuple[slices.Published, ...]:
+    """What the driver publishes for the fake host at `root` (its CDI specs with no hooks)."""
+    inv = probe(root)
+    return slices.published(inv, cdi.device_ids(cdi.specs(inv, ldconfig=False, helper=False) + [cdi.none_spec()]))
+
+
+def wait_for(cond, timeout: float = 30):
+    """cond()'s first true value, polled; AssertionError after `timeout` s."""
+    end = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if got:
+            return got
+        if time.monotonic() > end:
+            raise AssertionError("timed out")
+        time.sleep(0.02)

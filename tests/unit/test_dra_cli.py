@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 from conftest import REPO
-from dra_api import DRAFakeAPI
+from dra_api import DRAFakeAPI, wait_for
 from gpuhook.dra import DRIVER, dra_pb2, dra_pb2_grpc, driver, pluginregistration_pb2, pluginregistration_pb2_grpc
 from gpuhook.testing import fakehost
 from gpuhook.testing.kubeapi import write_kubeconfig
@@ -59,17 +59,6 @@ def test_bad_input_is_one_line(args, line):
         assert r.stderr == line + "\n" and r.stdout == ""
 
 
-def _wait(cond, timeout: float = 30):
-    end = time.monotonic() + timeout
-    while True:
-        got = cond()
-        if got:
-            return got
-        if time.monotonic() > end:
-            raise AssertionError("timed out")
-        time.sleep(0.05)
-
-
 def test_the_driver_running(tmp_path):
     base = tempfile.mkdtemp(prefix="dra-", dir="/tmp")  # unix socket paths are short
     api = DRAFakeAPI(node=NODE)
@@ -87,7 +76,9 @@ def test_the_driver_running(tmp_path):
     reg = f"{base}/registry/{DRIVER}-reg.sock"
     try:
         slice_name = f"{NODE}-{DRIVER}-0"
-        devices = _wait(lambda: [d["name"] for d in api.slices.get(slice_name, {}).get("spec", {}).get("devices", [])])
+        devices = wait_for(
+            lambda: [d["name"] for d in api.slices.get(slice_name, {}).get("spec", {}).get("devices", [])]
+        )
         assert devices == [GPU0, "nvidia-gpu-00000001-1111-2222-3333-444444444445", "none"]
         assert sorted(os.listdir(f"{base}/cdi")) == [
             "gpuhook.dev-gpu.yaml",
@@ -95,7 +86,7 @@ def test_the_driver_running(tmp_path):
             "gpuhook.dev-nvidia.yaml",
         ]
 
-        _wait(lambda: os.path.exists(reg))
+        wait_for(lambda: os.path.exists(reg))
         with grpc.insecure_channel(f"unix://{reg}") as ch:
             info = pluginregistration_pb2_grpc.RegistrationStub(ch).GetInfo(
                 pluginregistration_pb2.InfoRequest(), timeout=10
@@ -122,12 +113,12 @@ def test_the_driver_running(tmp_path):
 
         # someone else edits the slice: put back
         api.edit_slice(slice_name, lambda s: s["spec"]["devices"].pop())
-        _wait(lambda: len(api.slices[slice_name]["spec"]["devices"]) == 3)
+        wait_for(lambda: len(api.slices[slice_name]["spec"]["devices"]) == 3)
 
         # the prepared GPU leaves the node: the slice drops it, the pod holding it is told
         shutil.rmtree(fh.p("/proc/driver/nvidia/gpus/0000:18:00.0"))
-        _wait(lambda: GPU0 not in [d["name"] for d in api.slices[slice_name]["spec"]["devices"]])
-        ev = _wait(lambda: api.pod_events())
+        wait_for(lambda: GPU0 not in [d["name"] for d in api.slices[slice_name]["spec"]["devices"]])
+        ev = wait_for(lambda: api.pod_events())
         assert [(e["reason"], e["type"], e["involvedObject"]["name"], e["involvedObject"]["uid"]) for e in ev] == [
             ("GPULost", "Warning", "trainer", "pod-uid-1")
         ]

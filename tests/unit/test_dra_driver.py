@@ -14,14 +14,13 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 
 import grpc
 import pytest
 import yaml
 
 from conftest import REPO
-from dra_api import DRAFakeAPI
+from dra_api import DRAFakeAPI, wait_for
 from gpuhook.dra import DRIVER, driver, dra_pb2, dra_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
 from gpuhook.dra.publish import NodeDevices
 from gpuhook.testing import fakehost
@@ -310,13 +309,13 @@ def test_killed_during_a_prepare_the_retry_prepares_once(base, api, host, save_n
         cwd=REPO,
     )
     try:
-        _wait(lambda: os.path.exists(os.path.join(base, "serving")) or child.poll() is not None)
+        wait_for(lambda: os.path.exists(os.path.join(base, "serving")) or child.poll() is not None)
         assert child.poll() is None
         k = Kubelet(driver.registration_socket(registry=os.path.join(base, "registry")))
         lost = []
         t = threading.Thread(target=lambda: lost.append(_error_of(lambda: k.prepare(("ns", "c", "uid-1"), timeout=30))))
         t.start()
-        _wait(lambda: os.path.exists(os.path.join(base, "stopped")))
+        wait_for(lambda: os.path.exists(os.path.join(base, "stopped")))
         cp = json.load(open(os.path.join(base, "plugins", DRIVER, driver.CHECKPOINT)))
         assert cp["claims"]["uid-1"]["state"] == state
         os.kill(child.pid, signal.SIGKILL)
@@ -351,14 +350,6 @@ def _error_of(fn):
     except grpc.RpcError as e:
         return e.code()
     return None
-
-
-def _wait(cond, timeout: float = 30) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError("timed out")
-        time.sleep(0.02)
 
 
 def test_a_corrupt_checkpoint_is_every_claims_error_not_a_fresh_start(plugin, kubelet, api):

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from dra_api import DRAFakeAPI
+from dra_api import DRAFakeAPI, published
 from gpuhook import cdi
 from gpuhook.dra import DRIVER, publish, slices
 from gpuhook.inventory import Device, Node, VendorInventory
@@ -21,11 +21,6 @@ def _host(tmp_path, build) -> str:
     fh = fakehost.FakeHost(str(tmp_path / "host"), mknod=False)
     build(fh)
     return fh.root
-
-
-def _published(root: str) -> tuple[slices.Published, ...]:
-    inv = probe(root)
-    return slices.published(inv, cdi.device_ids(cdi.specs(inv, ldconfig=False, helper=False) + [cdi.none_spec()]))
 
 
 def _kinds(devices) -> list[tuple[str, str]]:
@@ -51,7 +46,7 @@ CASES = {
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
 def test_every_gpu_of_any_vendor_then_none(tmp_path, case):
     build, gpus = CASES[case]
-    devices = _published(_host(tmp_path, build))
+    devices = published(_host(tmp_path, build))
     assert _kinds(devices) == [*gpus, ("none", "none")]
     names = [p.name for p in devices]
     assert len(set(names)) == len(names) and all(DNS_LABEL.match(n) for n in names)
@@ -64,7 +59,7 @@ def test_every_gpu_of_any_vendor_then_none(tmp_path, case):
 
 def test_a_gpus_attributes_and_cdi_id(tmp_path):
     root = _host(tmp_path, lambda fh: fakehost.nvidia(fh, gpus=2, driver="550.54.14"))
-    first = _published(root)[0]
+    first = published(root)[0]
     uuid = "GPU-00000000-1111-2222-3333-444444444444"
     assert first.name == "nvidia-" + uuid.lower()
     assert first.cdi_id == f"gpuhook.dev/nvidia={uuid}"  # the vendor spec's device by its stable id
@@ -85,7 +80,7 @@ def test_a_gpus_attributes_and_cdi_id(tmp_path):
 
 
 def test_a_partition_names_its_gpu(tmp_path):
-    first = _published(_host(tmp_path, fakehost.amd_mi300))[0].device["attributes"]
+    first = published(_host(tmp_path, fakehost.amd_mi300))[0].device["attributes"]
     assert first["kind"] == {"string": "partition"} and first["parent"] == {"string": "0000:05:00.0"}
     assert "uuid" not in first and "driverVersion" not in first  # nothing the probe did not find
 
@@ -144,7 +139,7 @@ def api():
 def test_slices_written_kept_and_put_back(tmp_path, api):
     pub = publish.SlicePublisher(api.client(), "node-1")
     root = _host(tmp_path, lambda fh: fakehost.nvidia(fh, gpus=2))
-    devices = _published(root)
+    devices = published(root)
     assert pub.sync(devices) == ["applied node-1-gpuhook.dev-0"]
     (only,) = api.slices.values()
     assert only["spec"]["pool"] == {"name": "node-1", "generation": 1, "resourceSliceCount": 1}
@@ -186,7 +181,7 @@ def test_a_field_the_api_drops_is_written_again_but_the_generation_holds(tmp_pat
     pool's generation must not climb with it (consumers would see a new pool every round)."""
     api.drop_on_write = lambda obj: [d.pop("allowMultipleAllocations", None) for d in obj["spec"]["devices"]]
     pub = publish.SlicePublisher(api.client(), "node-1")
-    devices = _published(_host(tmp_path, fakehost.cpu_only))
+    devices = published(_host(tmp_path, fakehost.cpu_only))
     for _ in range(3):
         assert pub.sync(devices) == ["applied node-1-gpuhook.dev-0"]
     assert api.slices["node-1-gpuhook.dev-0"]["spec"]["pool"]["generation"] == 1
