@@ -168,7 +168,9 @@ class Driver:
             devices = []
             for r in results:
                 cdi_id = table.get(r["device"])
-                if cdi_id is None:
+                if cdi_id is None:  # nothing was prepared: no record left to outlive a claim the kubelet gives up on
+                    have.pop(uid, None)
+                    self.checkpoint.save(have)
                     raise ClaimError(f"device {r['device']} is not on node {self.node} (any more)")
                 devices.append(dict(r, cdi_ids=[cdi_id]))
             have[uid] = {"state": PREPARED, "namespace": namespace, "name": name, "devices": devices}

@@ -236,6 +236,7 @@ def test_a_claim_that_cannot_be_prepared_is_its_error_not_a_crash(plugin, kubele
     assert got[uid].error == error and not got[uid].devices
     assert got["uid-fine"].error == "" and got["uid-fine"].devices[0].device_name == "none"  # the others go on
     assert plugin.warnings == [f"prepare ns/c ({uid}): {error}"]
+    assert list(plugin.driver.prepared()) == ["uid-fine"]  # no record of a claim that was not prepared
 
 
 def test_a_claim_the_api_does_not_have(plugin, kubelet):
