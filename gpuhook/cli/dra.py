@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from .args import usage_error
+from .args import seconds, usage_error
 
 
 def add_commands(sub) -> None:
@@ -42,7 +42,7 @@ def add_commands(sub) -> None:
     )
     sp.add_argument(
         "--interval",
-        type=float,
+        type=seconds,
         default=30.0,
         metavar="SECONDS",
         help="probe the node and check its ResourceSlices this often (default 30)",

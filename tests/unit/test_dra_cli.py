@@ -49,6 +49,7 @@ def _gpuhook(*args: str, env: dict | None = None, **kw):
             "(the allocations the kubelet asks to prepare are in ResourceClaims)",
         ),
         (["--interval", "soon"], None),  # argparse's own usage error
+        (["--interval", "inf"], None),
     ],
 )
 def test_bad_input_is_one_line(args, line):
