@@ -11,8 +11,9 @@ Devices (one pool per node, named after the node):
 
 Attributes (in the driver's domain, gpuhook.dev/<name>), the same name and type on every device
 that has them: kind (gpu, partition, accel, dxg, or none), vendor (the vendor's name in
-vendors.py; none for `none`), and, where the probe knows them, model, id, uuid (NVIDIA), pciBusID,
-parent (a partition's GPU), index, driver (the kernel driver), driverVersion (a semantic version).
+vendors.py; none for `none`), and, where the probe knows them, model, id, uuid and mig (NVIDIA:
+whether the GPU has MIG instances, which come with it), pciBusID, parent (a partition's GPU),
+index, driver (the kernel driver), driverVersion (a semantic version).
 """
 
 from __future__ import annotations
@@ -69,7 +70,10 @@ def attributes(v: VendorInventory, d: Device) -> dict:
     """The attributes users select a GPU on (see the module's docstring)."""
     attrs: dict[str, dict] = {"kind": _string(d.kind), "vendor": _string(v.vendor), "id": _string(d.id)}
     if v.vendor == "nvidia":  # the NVIDIA probe's id is the GPU's UUID
+        from ..probe.nvidia import has_mig
+
         attrs["uuid"] = _string(d.id)
+        attrs["mig"] = {"bool": has_mig(d)}
     if d.model:
         attrs["model"] = _string(d.model)
     if d.pci:

@@ -68,6 +68,7 @@ def test_a_gpus_attributes_and_cdi_id(tmp_path):
         "vendor": {"string": "nvidia"},
         "id": {"string": uuid},
         "uuid": {"string": uuid},
+        "mig": {"bool": False},
         "model": {"string": "NVIDIA H100 80GB HBM3"},
         "pciBusID": {"string": "0000:18:00.0"},
         "index": {"int": 0},
@@ -77,6 +78,12 @@ def test_a_gpus_attributes_and_cdi_id(tmp_path):
     spec = {s["kind"]: s for s in cdi.specs(probe(root), ldconfig=False, helper=False)}["gpuhook.dev/nvidia"]
     edits = next(d["containerEdits"] for d in spec["devices"] if d["name"] == uuid)
     assert [n["path"] for n in edits["deviceNodes"]] == ["/dev/nvidia1"]  # that GPU, exactly
+
+
+def test_an_nvidia_gpu_says_whether_it_has_mig_instances(tmp_path):
+    devices = published(_host(tmp_path, lambda fh: fakehost.nvidia(fh, gpus=2, mig=True)))
+    assert [p.device["attributes"]["mig"] for p in devices[:-1]] == [{"bool": True}, {"bool": False}]
+    assert "mig" not in devices[-1].device["attributes"]
 
 
 def test_a_partition_names_its_gpu(tmp_path):
