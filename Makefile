@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 APT_PACKAGES := runc crun containerd podman docker.io docker-compose busybox-static gcc libc6-dev libc-bin python3-venv debootstrap
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-other-release deps venv lint bench image clean mutation nri-proto front-header
+.PHONY: demo test test-other-release deps venv lint bench image clean mutation nri-proto dra-proto front-header
 
 # System packages the end-to-end tests and the demo use; only as root, only what is missing.
 deps:
@@ -63,6 +63,10 @@ front-header: venv
 # gpuhook/nri/*_pb2.py from the .proto files beside them (tests/unit/test_nri.py holds them current)
 nri-proto: venv
 	$(BIN)/python -m gpuhook.nri.regen
+
+# gpuhook/dra/*_pb2*.py from the kubelet's .proto files beside them (tests/unit/test_dra_proto.py holds them current)
+dra-proto: venv
+	$(BIN)/python -m gpuhook.dra.regen
 
 lint: venv
 	@$(BIN)/ruff check gpuhook

@@ -12,6 +12,10 @@ Kinds (one kind per spec file, as CDI requires):
                          nodes, libraries, hooks and GIDs are the spec-wide containerEdits.
   gpuhook.dev/gpu        one device, "all": every GPU of every vendor, exactly what the
                          gpu-optional runtime class would inject (vendor-agnostic).
+  gpuhook.dev/none       one device, "none": no device at all, only GPUHOOK_ACCELERATOR=cpu
+                         (vendors.CPU): what `gpuhook dra` gives a claim that got
+                         its `none` device. Written by the DRA driver on every node (none_spec),
+                         and left alone when the agent prunes the kinds a node no longer has.
 
 Vendors' own kinds (nvidia.com/gpu, amd.com/gpu...) are never used: NVIDIA's own CDI
 generator writes nvidia.com/gpu=0 and nvidia.com/gpu=all, and two specs defining the same
@@ -42,10 +46,13 @@ import re
 
 from . import defaults, hook
 from .edits import Edits
-from .inventory import Inventory, VendorInventory
+from .inventory import Device, Inventory, VendorInventory
+from .vendors import CPU
 
 KIND_VENDOR = "gpuhook.dev"
 GENERIC_CLASS = "gpu"
+NONE_CLASS = "none"
+NONE = "none"  # the device of gpuhook.dev/none
 ALL = "all"
 FORMATS = ("yaml", "json")
 DEFAULT_DIR = defaults.CDI_DIR
@@ -76,6 +83,35 @@ def safe_name(text: str) -> str:
     """A device name from an id: characters CDI does not allow become '-', ends trimmed."""
     s = re.sub(r"[^A-Za-z0-9_.-]", "-", text or "")
     return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", s)
+
+
+def device_name(d: Device) -> str:
+    """The name of `d` in its vendor's spec that stays the same across reboots: its stable id
+    (NVIDIA UUID, PCI address) as CDI allows it. vendor_spec names it so (when no other device
+    took the name first); `gpuhook dra` gives containers this one."""
+    return safe_name(d.id)
+
+
+def qualified(kind: str, name: str) -> str:
+    """A fully qualified CDI device name, as runtimes and the kubelet take it: gpuhook.dev/nvidia=0."""
+    return f"{kind}={name}"
+
+
+def device_ids(all_specs: list[dict]) -> frozenset[str]:
+    """Every fully qualified device name the specs define."""
+    return frozenset(qualified(s["kind"], d["name"]) for s in all_specs for d in s["devices"])
+
+
+def none_spec() -> dict:
+    """gpuhook.dev/none=none: the device that gives a container no GPU, and says so."""
+    spec = {
+        "cdiVersion": "",
+        "kind": kind_of(NONE_CLASS),
+        "devices": [{"name": NONE, "containerEdits": {"env": [f"GPUHOOK_ACCELERATOR={CPU}"]}}],
+    }
+    spec["cdiVersion"] = required_version(spec)
+    validate(spec)
+    return spec
 
 
 # -- building specs from plan()'s edits -----------------------------------------------
@@ -159,7 +195,7 @@ def vendor_spec(
         if not own:  # nothing of its own to give (CDI wants edits on every device): only in `all`
             continue
         edits = _cdi_edits(_only(own), spec_root)
-        for name in dict.fromkeys((str(d.index), safe_name(d.id))):
+        for name in dict.fromkeys((str(d.index), device_name(d))):
             if not name or name in names or not _NAME.match(name):
                 continue
             names.add(name)
@@ -409,6 +445,12 @@ def ours(name: str) -> bool:
     return name.startswith(FILE_PREFIX) and name.rpartition(".")[2] in FORMATS
 
 
+def _kept(name: str) -> bool:
+    """gpuhook.dev/none's file: not one of the node's GPU kinds, never pruned with them (the
+    DRA driver writes it; `gpuhook uninstall` removes it with the rest)."""
+    return name in {file_name(kind_of(NONE_CLASS), fmt) for fmt in FORMATS}
+
+
 def write_dir(
     all_specs: list[dict], directory: str, fmt: str = "yaml", prune: bool = True
 ) -> tuple[list[str], list[str]]:
@@ -434,7 +476,7 @@ def write_dir(
         written.append(name)
     removed = []
     for name in sorted(os.listdir(directory)) if prune else ():
-        if ours(name) and name not in wanted:
+        if ours(name) and name not in wanted and not _kept(name):
             try:
                 os.unlink(os.path.join(directory, name))
                 removed.append(name)

@@ -38,7 +38,7 @@ NODE_EVENTS_NAMESPACE = "default"  # where Node events go (the kubelet's are the
 # _create_event posts no other; daemonset/gpu-optional-admission.yaml admits no other (its
 # lists are checked against these by tests/unit/test_admission.py).
 EVENT_REASONS = {
-    "Pod": ("GPUsInjected", "RanOnCPU", "LdCacheNotUpdated", "GPUHookFailed", "GPUsUnconfirmed"),
+    "Pod": ("GPUsInjected", "RanOnCPU", "LdCacheNotUpdated", "GPUHookFailed", "GPUsUnconfirmed", "GPULost"),
     "Node": ("GPUInventory", "GPUInventoryChanged", "GPUUnusable", "RuntimeInstallFailed", "NRIPluginNotSynchronized"),
 }
 REPORTING_COMPONENT = "gpuhook.dev/agent"
@@ -398,5 +398,54 @@ class KubeAPI:
             f"POST /api/v1/namespaces/{namespace}/events",
             self._client.create,
             Event.from_dict(body),
+            namespace=namespace,
+        )
+
+    # -- DRA (gpuhook dra): the node's ResourceSlices, the claims prepared on it ------------
+    def list_resource_slices(self, driver: str) -> list[dict]:
+        """The ResourceSlices of `driver` on this node."""
+        from lightkube.resources.resource_v1 import ResourceSlice
+
+        return self._call(
+            "GET /apis/resource.k8s.io/v1/resourceslices",
+            lambda: {
+                "items": [
+                    s.to_dict()
+                    for s in self._client.list(
+                        ResourceSlice, fields={"spec.nodeName": self.node, "spec.driver": driver}
+                    )
+                ]
+            },
+        )["items"]
+
+    def apply_resource_slice(self, body: dict, manager: str) -> dict:
+        """Server-side apply of a whole ResourceSlice, forced: what someone else changed in
+        the fields `manager` owns is put back."""
+        from lightkube.resources.resource_v1 import ResourceSlice
+
+        name = body["metadata"]["name"]
+        return self._call(
+            f"PATCH /apis/resource.k8s.io/v1/resourceslices/{name}",
+            self._client.apply,
+            ResourceSlice.from_dict(body),
+            field_manager=manager,
+            force=True,
+        )
+
+    def delete_resource_slice(self, name: str) -> dict:
+        from lightkube.resources.resource_v1 import ResourceSlice
+
+        return self._call(
+            f"DELETE /apis/resource.k8s.io/v1/resourceslices/{name}", self._client.delete, ResourceSlice, name
+        )
+
+    def get_resource_claim(self, namespace: str, name: str) -> dict:
+        from lightkube.resources.resource_v1 import ResourceClaim
+
+        return self._call(
+            f"GET /apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}",
+            self._client.get,
+            ResourceClaim,
+            name,
             namespace=namespace,
         )

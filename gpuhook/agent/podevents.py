@@ -46,9 +46,9 @@ from typing import Callable
 from . import kube as kube_mod, labels as labels_mod
 from ..hook import EVENT as HOOK_EVENT
 from ..nri.plugin import LATE as NRI_LATE, MISSED as NRI_MISSED, NRI_EVENT, UNCONFIRMED as NRI_UNCONFIRMED
+from ..vendors import CPU
 
 POD_LABEL = labels_mod.ACCELERATOR  # gpuhook.dev/accelerator, on pods as on nodes
-CPU = "cpu"
 # A pod's namespace and name as the API allows them (DNS subdomain): anything else is not
 # put in a URL
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?\Z")

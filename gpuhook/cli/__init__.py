@@ -312,9 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.set_defaults(func=cmd_runtime_server)
     # One module per command group adds its subcommands (module-level imports kept light).
-    from . import agent, cdi, config, install, log, nri
+    from . import agent, cdi, config, dra, install, log, nri
 
-    for group in (install, config, cdi, agent, log, nri):
+    for group in (install, config, cdi, agent, log, nri, dra):
         group.add_commands(sub)
     return p
 

@@ -10,7 +10,7 @@ import os
 import sys
 
 from .. import defaults
-from .args import add_driver_root_arg, usage_error
+from .args import add_driver_root_arg, seconds, usage_error
 
 
 def add_commands(sub) -> None:
@@ -104,14 +104,14 @@ def _add_run_args(sp) -> None:
     """When it probes, how it stops, how it logs."""
     sp.add_argument(
         "--interval",
-        type=_seconds,
+        type=seconds,
         default=30.0,
         metavar="SECONDS",
         help="re-probe this often even without udev events (default 30)",
     )
     sp.add_argument(
         "--debounce",
-        type=_seconds,
+        type=seconds,
         default=1.0,
         metavar="SECONDS",
         help="after a udev event, re-probe once none came for this long (default 1)",
@@ -120,7 +120,7 @@ def _add_run_args(sp) -> None:
     sp.add_argument("--no-udev", action="store_true", help="do not watch udev: periodic probing only")
     sp.add_argument(
         "--grace",
-        type=_seconds,
+        type=seconds,
         default=10.0,
         metavar="SECONDS",
         help="after SIGTERM, exit at the latest this much later (default 10)",
@@ -164,18 +164,6 @@ def _add_report_args(sp) -> None:
     sp.add_argument(
         "--node", metavar="NAME", help="this node's name in the API (default: $NODE_NAME, else the host name)"
     )
-
-
-def _seconds(text: str) -> float:
-    import argparse
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 <= value < 1e6 or value != value:
-        raise argparse.ArgumentTypeError(f"{text}: out of range")
-    return value
 
 
 def cmd_agent(args) -> int:

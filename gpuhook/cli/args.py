@@ -33,6 +33,19 @@ def add_driver_root_arg(sp) -> None:
     )
 
 
+def seconds(text: str) -> float:
+    """An argparse type: a number of seconds, 0 <= s < 1e6 (no nan, no inf)."""
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value < 1e6 or value != value:
+        raise argparse.ArgumentTypeError(f"{text}: out of range")
+    return value
+
+
 def usage(parser) -> int:
     parser.print_help()
     return 2

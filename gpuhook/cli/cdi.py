@@ -49,9 +49,19 @@ def add_commands(sub) -> None:
 # -- cdi generate ----------------------------------------------------------------------
 
 
+def hook_paths(root: str, spec_root: str, ldconfig: str | None) -> tuple[str | bool, str | bool]:
+    """(ldconfig, gpuhook-hook) as the node sees them, for CDI specs of the node whose / is
+    `root` here, read by a runtime that sees `spec_root` as the node's /; False: none."""
+    from .. import hook
+    from ..probe import nodestate
+
+    consumer = root if spec_root == "/" else "/"
+    return ldconfig or nodestate.find_ldconfig(consumer) or False, hook.helper(consumer) or False
+
+
 def cmd_cdi_generate(args) -> int:
-    from .. import cdi, hook
-    from ..probe import nodestate, probe
+    from .. import cdi
+    from ..probe import probe
 
     if not os.path.isdir(args.root):
         raise usage_error(f"--root {args.root}: not a directory")
@@ -60,9 +70,7 @@ def cmd_cdi_generate(args) -> int:
     from .args import driver_root
 
     inv = probe(args.root, nvidia_driver_root=driver_root(args, args.root))
-    consumer = args.root if args.spec_root == "/" else "/"
-    ldconfig = args.ldconfig or nodestate.find_ldconfig(consumer) or False
-    helper = hook.helper(consumer) or False
+    ldconfig, helper = hook_paths(args.root, args.spec_root, args.ldconfig)
     dropped: list = []
     try:
         specs = cdi.specs(inv, args.spec_root, ldconfig, args.max_cdi_version, dropped, helper)

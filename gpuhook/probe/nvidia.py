@@ -252,6 +252,12 @@ def _mig_nodes(host: "Host", gpu_minor: int, table: "dict[str, int]", caps_major
     return out
 
 
+def has_mig(d: "Device") -> bool:
+    """Whether an NVIDIA GPU of the probe has MIG instances: the access capabilities of its
+    GIs and CIs (_mig_nodes), under CAPS_DEV_DIR, are among its nodes."""
+    return any(n.path.startswith(CAPS_DEV_DIR + "/") for n in d.nodes)
+
+
 def _drm_nodes(host: "Host", pcis: "set[str]", drm_major: int) -> "dict[str, tuple[Node, ...]]":
     """PCI address -> the nvidia-drm card/render nodes of that GPU."""
     if not host.listdir("/sys/class/drm"):

@@ -271,7 +271,7 @@ def test_image_is_small_labelled_and_runs_gpuhook_from_the_bundle(gpuhook_image,
     (ds,) = [d for d in render() if d["kind"] == "DaemonSet"]
     (c,) = ds["spec"]["template"]["spec"]["containers"]
     assert c["image"] == gpuhook_image["name"], "kustomization.yaml's images must name what `make image` builds"
-    assert gpuhook_image["size"] <= 90_000_000, gpuhook_image["line"]
+    assert gpuhook_image["size"] <= 100_000_000, gpuhook_image["line"]  # grpcio (gpuhook dra): 19 MB of it
     labels = gpuhook_image["labels"]
     assert labels["org.opencontainers.image.version"] == __version__
     assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"

@@ -83,9 +83,9 @@ LAYERS = (
     # the pipeline: probe (Host: every host read) -> config -> plan -> spec / CDI
     ("pipeline", OPEN, {"gpuhook.probe", "gpuhook.config", "gpuhook.plan", "gpuhook.spec", "gpuhook.cdi"}),
     # the one create core, the node log's reader, the schemas of the CLI's output
-    ("core", OPEN, {"gpuhook.inject", "gpuhook.log", "gpuhook.models", "gpuhook.config_model"}),
-    # the fronts a create goes through: adapters around the core, each on its own
-    ("create fronts", CLOSED, {"gpuhook.runtime", "gpuhook.nri"}),
+    ("core", OPEN, {"gpuhook.inject", "gpuhook.log", "gpuhook.models"}),
+    # the fronts a create goes through (the DRA driver: its prepare), adapters around the core, each on its own
+    ("create fronts", CLOSED, {"gpuhook.runtime", "gpuhook.nri", "gpuhook.dra"}),
     # the installer sets those fronts up on a node; the agent runs the installer and the plugin
     ("installer", CLOSED, {"gpuhook.install"}),
     ("agent", CLOSED, {"gpuhook.agent"}),

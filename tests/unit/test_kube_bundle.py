@@ -15,7 +15,7 @@ import pytest
 from gpuhook.install import build
 from fakes.kubeapi import FakeAPI
 
-MAX_BUNDLE_BYTES = 90 * 1000 * 1000  # the bundle (and what it adds to the image), uncompressed
+MAX_BUNDLE_BYTES = 100 * 1000 * 1000  # the bundle (and what it adds to the image), uncompressed; grpcio (gpuhook dra) is 19 MB of it
 
 
 def test_requirements_follow_extras(monkeypatch):

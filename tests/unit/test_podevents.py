@@ -388,17 +388,18 @@ def test_lines_that_fail_the_check_cost_bounded_memory_and_rate_limited_lookups(
 
 
 def test_the_agent_posts_only_gpuhooks_own_reasons():
-    """One list of reasons (kube.EVENT_REASONS): the reporter's and the node agent's come from
-    it, and an Event with another reason is never sent."""
+    """One list of reasons (kube.EVENT_REASONS): the reporter's, the node agent's and the DRA
+    driver's come from it, and an Event with another reason is never sent."""
     import re
 
     from gpuhook.agent import kube
+    from gpuhook.dra import service as dra_service
 
     from gpuhook.hook import BYPATH, LDCACHE
 
     creates = {podevents.event_for(create(d))[0] for d in ("injected", "no-gpu", "declined", "error", "unconfirmed")}
     hooks = {podevents.event_for({**create(podevents.HOOK_DECISION), "kind": k})[0] for k in (LDCACHE, BYPATH)}
-    assert creates | hooks == set(kube.EVENT_REASONS["Pod"])
+    assert creates | hooks | {dra_service.LOST_REASON} == set(kube.EVENT_REASONS["Pod"])
     node_reasons = set()
     for name in ("core.py", "summary.py", "sinks.py"):  # the loop's, a probe's summary's, the sinks'
         with open(os.path.join(REPO, "gpuhook", "agent", name)) as f:
