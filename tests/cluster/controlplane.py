@@ -42,15 +42,13 @@ import gobuild
 from versions import KUBERNETES_VERSION
 
 BRIDGE = "ghk8s0"  # the host side of the nodes' network; node.py attaches each node's veth here
-SUBNET = "10.250.0.0/24"  # the nodes' addresses: NODE_ADDRESS_BASE + i
-ADDRESS = "10.250.0.1"  # the apiserver's, on BRIDGE (and the `kubernetes` Service's endpoint)
+SUBNET = "10.251.0.0/24"  # the nodes' addresses (node.py)
+ADDRESS = "10.251.0.1"  # the apiserver's, on BRIDGE (and the `kubernetes` Service's endpoint)
 PREFIX = 24
-NODE_ADDRESS_BASE = 10  # node i: 10.250.0.(10 + i)
 PORT = 6443
 SERVICE_CIDR = "10.96.0.0/16"
 SERVICE_IP = "10.96.0.1"  # the `kubernetes` Service
-CLUSTER_CIDR = "10.244.0.0/16"  # pod addresses: the controller manager gives each Node a /24 (spec.podCIDR)
-NODE_CIDR_MASK = 24
+CLUSTER_CIDR = "10.252.0.0/16"  # pod addresses: node.py gives each node a /24 of it (CNI host-local)
 STATE = os.environ.get("GPUHOOK_CLUSTER_STATE", "/run/gpuhook-test-cluster")
 LOCK = os.path.join(gobuild.CACHE, ".cluster.lock")
 ISSUER = "https://kubernetes.default.svc.cluster.local"
@@ -63,10 +61,10 @@ class Timers:
     5, 300, 300). A kubelet must renew its lease well inside node_monitor_grace_period (node.py:
     nodeLeaseDurationSeconds and nodeStatusUpdateFrequency short too)."""
 
-    node_monitor_grace_period: int = 20  # kube-controller-manager: no heartbeat for this long -> NotReady/Unknown
-    node_monitor_period: int = 2  # how often the node lifecycle controller looks
-    not_ready_toleration: int = 10  # kube-apiserver: the default toleration of node.kubernetes.io/not-ready
-    unreachable_toleration: int = 10  # ... and of node.kubernetes.io/unreachable (then pods are evicted)
+    node_monitor_grace_period: int = 8  # kube-controller-manager: no heartbeat for this long -> NotReady/Unknown
+    node_monitor_period: int = 1  # how often the node lifecycle controller looks
+    not_ready_toleration: int = 2  # kube-apiserver: the default toleration of node.kubernetes.io/not-ready
+    unreachable_toleration: int = 2  # ... and of node.kubernetes.io/unreachable (then pods are evicted)
 
 
 class ControlPlaneError(RuntimeError):
@@ -214,7 +212,10 @@ class ControlPlane:
 
     @property
     def kubeconfig(self) -> str:
+        """cluster-admin's (system:masters)."""
         return os.path.join(self.state, "admin.kubeconfig")
+
+    admin_kubeconfig = kubeconfig
 
     def logfile(self, daemon: str) -> str:
         return os.path.join(self.state, "logs", f"{daemon}.log")
@@ -256,8 +257,14 @@ class ControlPlane:
             raise
 
     def _bridge(self) -> None:
-        _run(["ip", "link", "add", BRIDGE, "type", "bridge"])
-        _run(["ip", "addr", "add", f"{ADDRESS}/{PREFIX}", "dev", BRIDGE])
+        """BRIDGE with ADDRESS, made unless it is there (a marker under STATE says this control
+        plane made it: stop() and the next run's cleanup remove only a bridge so marked)."""
+        if not os.path.exists(f"/sys/class/net/{BRIDGE}"):
+            _run(["ip", "link", "add", BRIDGE, "type", "bridge"])
+            with open(os.path.join(self.state, "bridge"), "w") as f:
+                f.write(BRIDGE + "\n")
+        if f"inet {ADDRESS}/" not in _run(["ip", "-4", "addr", "show", "dev", BRIDGE]):
+            _run(["ip", "addr", "add", f"{ADDRESS}/{PREFIX}", "dev", BRIDGE])
         _run(["ip", "link", "set", BRIDGE, "up"])
 
     def _certificates(self) -> None:
@@ -312,8 +319,7 @@ class ControlPlane:
                 f"--cluster-signing-cert-file={p.ca_cert}", f"--cluster-signing-key-file={p.ca_key}",
                 f"--root-ca-file={p.ca_cert}", f"--service-account-private-key-file={p.sa_key}",
                 "--use-service-account-credentials=true", "--controllers=*,bootstrapsigner,tokencleaner",
-                "--allocate-node-cidrs=true", f"--cluster-cidr={CLUSTER_CIDR}",
-                f"--node-cidr-mask-size={NODE_CIDR_MASK}", f"--service-cluster-ip-range={SERVICE_CIDR}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
                 f"--node-monitor-grace-period={t.node_monitor_grace_period}s",
                 f"--node-monitor-period={t.node_monitor_period}s", "--leader-elect=false", "--profiling=false"],
             "kube-scheduler": [
@@ -501,7 +507,7 @@ def leftovers(state: str = STATE) -> list[str]:
     found = []
     for pid, name in _recorded(state):
         found.append(f"{name} (pid {pid})")
-    if os.path.exists(f"/sys/class/net/{BRIDGE}"):
+    if os.path.exists(os.path.join(state, "bridge")) and os.path.exists(f"/sys/class/net/{BRIDGE}"):
         found.append(f"bridge {BRIDGE}")
     if os.path.lexists(state):
         found.append(state)
@@ -525,7 +531,7 @@ def _recorded(state: str) -> list[tuple[int, str]]:
 
 def cleanup(state: str = STATE) -> None:
     """Remove what a control plane left: its daemons (only the processes its pid files name,
-    still the same ones), the bridge, STATE."""
+    still the same ones), the bridge if it made it, STATE."""
     for pid, _name in _recorded(state):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -533,11 +539,7 @@ def cleanup(state: str = STATE) -> None:
             if _start_time(pid) is None:
                 break
             time.sleep(0.05)
-    if os.path.exists(f"/sys/class/net/{BRIDGE}"):
+    if os.path.exists(os.path.join(state, "bridge")) and os.path.exists(f"/sys/class/net/{BRIDGE}"):
         subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True, stdin=subprocess.DEVNULL)
     shutil.rmtree(state, ignore_errors=True)
 
-
-def node_address(i: int) -> str:
-    """The address of node i (0, 1, ...) on BRIDGE's subnet."""
-    return f"{SUBNET.rsplit('.', 1)[0]}.{NODE_ADDRESS_BASE + i}"
