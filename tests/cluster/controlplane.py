@@ -340,6 +340,8 @@ class ControlPlane:
                 f.write(f"{proc.pid} {_start_time(proc.pid)}\n")
             if name == "etcd":
                 self._wait(lambda: self._etcd_healthy(), 60, "etcd")
+            elif name == "kube-apiserver":  # its RBAC roles bootstrapped, or the others fail to start
+                self._wait(lambda: self._get_ok("/readyz"), 120, "kube-apiserver /readyz")
 
     def _etcd_healthy(self) -> bool:
         host, port = self.etcd_url.removeprefix("http://").split(":")
@@ -381,7 +383,6 @@ class ControlPlane:
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         left = lambda: max(deadline - time.monotonic(), 1)  # noqa: E731
-        self._wait(lambda: self._get_ok("/readyz"), left(), "kube-apiserver /readyz")
         self._wait(lambda: self._get_ok("/api/v1/namespaces/default/serviceaccounts/default"), left(),
                    "the controller manager (the default ServiceAccount)")
         self._wait(lambda: self._healthz(self.scheduler_port), left(), "kube-scheduler /healthz")
