@@ -748,7 +748,8 @@ def test_kustomization_builds_and_every_manifest_is_valid():
                      ("ValidatingAdmissionPolicyBinding", "gpuhook-own-node-labels"),
                      ("DaemonSet", "gpuhook"), ("RuntimeClass", "gpu-optional"),
                      ("ClusterRole", "gpuhook-pods"), ("ClusterRoleBinding", "gpuhook-pods")} | {
-                     (k, n) for n in ("gpuhook-gpu-optional", "gpuhook-pod-accelerator-label", "gpuhook-agent-pods")
+                     (k, n) for n in ("gpuhook-gpu-optional", "gpuhook-pod-accelerator-label", "gpuhook-agent-pods",
+                                      "gpuhook-agent-events")
                      for k in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")}  # test_admission.py
     by_kind = {d["kind"]: d for d in docs if d["metadata"]["name"] in ("gpuhook", "gpuhook-node", "gpuhook-node-events",
                                                                       "gpuhook-own-node-labels", "gpu-optional",
