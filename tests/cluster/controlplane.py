@@ -242,8 +242,15 @@ class ControlPlane:
         bins = {name: self.binary(name) for name in ("etcd", "kube-apiserver", "kube-controller-manager",
                                                       "kube-scheduler", "kubectl")}
         os.makedirs(os.path.dirname(LOCK), exist_ok=True)
-        self._lock_fd = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        self._lock_fd = fd = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            self.log(f"another run's control plane is up (pid {holder}): waiting for it to end")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         try:
             cleanup(self.state)
             for d in ("pki", "logs", "pids", "etcd"):

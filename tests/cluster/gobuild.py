@@ -128,7 +128,7 @@ def _build(c: Component, log) -> str:
     env = dict(os.environ, **GO_ENV, PATH=os.path.dirname(GO) + os.pathsep + os.environ.get("PATH", ""))
     env.pop("GOFLAGS", None)  # -mod=mod and the like would let go.sum change under the pin
     log(f"building {c.name} {c.version} ({len(c.packages)} commands) into {final}: "
-        "about 40 minutes on 2 cores the first time, seconds after")
+        "minutes on 2 cores the first time (docs/testing.md), none after")
     started = time.monotonic()
     r = subprocess.run(go_build_argv(c, tmp), cwd=os.path.join(MODULES, c.module_dir), env=env,
                        stdin=subprocess.DEVNULL, capture_output=True, text=True)
