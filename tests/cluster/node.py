@@ -50,6 +50,11 @@ CNI_CONF = "10-gpuhook-cluster.conflist"
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 IMAGES = "/var/lib/gpuhook-images"  # the node's view of BASE/images (image tars to import)
 DAEMONS = ("containerd", "kubelet", "kube-proxy")
+# The nodes' zone (their kubelets' --node-labels). The node lifecycle controller evicts per
+# zone, and stops evicting in a zone where more than 55 % of over two nodes are NotReady
+# (--unhealthy-zone-threshold; "partial disruption"): the Node objects with no kubelet that
+# the admission tests make (NotReady for ever, no zone) must not count with these.
+ZONE = "gpuhook-test"
 
 
 @dataclass(frozen=True)
@@ -175,7 +180,7 @@ keep containerd /usr/bin/containerd &
 while [ ! -S /run/containerd/containerd.sock ]; do sleep 0.1; done
 keep kubelet /usr/local/bin/kubelet --config=/etc/kubernetes/kubelet.yaml \
   --kubeconfig=/etc/kubernetes/kubelet.kubeconfig --hostname-override="$NODE_NAME" \
-  --node-ip="$NODE_IP" --v=1 &
+  --node-ip="$NODE_IP" --node-labels="topology.kubernetes.io/zone=$NODE_ZONE" --v=1 &
 keep kube-proxy /usr/local/bin/kube-proxy --config=/etc/kubernetes/kube-proxy.yaml --v=1 &
 touch /run/node/started
 while :; do wait; sleep 1; done
@@ -438,6 +443,14 @@ class Node:
         """The node comes back: its init starts its daemons again."""
         self.enter("rm -f /run/node/*.down")
 
+    def gpus(self) -> dict[str, str]:
+        """gpuhook's probe of the node (its own view, through its init's root): GPU id -> its
+        device node; what a device plugin advertises."""
+        r = run([os.path.join(os.path.dirname(sys.executable), "gpuhook"), "probe", "--json", "--root",
+                 self.path("/")])
+        return {d["id"]: d["nodes"][0]["path"] for v in json.loads(r.stdout)["vendors"] for d in v["devices"]
+                if d["kind"] == "gpu"}
+
     def daemon_pid(self, daemon: str) -> int | None:
         try:
             with open(self.path(f"/run/node/{daemon}.pid")) as f:
@@ -687,7 +700,8 @@ def init(args: dict) -> None:
     _sh("pivot_root", ".", ".oldroot")
     os.chdir("/")
     _sh("mount", "--make-rshared", "/")  # as systemd makes a node's / (mountPropagation needs it)
-    env = {"PATH": PATH, "HOME": "/root", "LANG": "C.UTF-8", "NODE_NAME": args["name"], "NODE_IP": args["address"]}
+    env = {"PATH": PATH, "HOME": "/root", "LANG": "C.UTF-8", "NODE_NAME": args["name"], "NODE_IP": args["address"],
+           "NODE_ZONE": ZONE}
     subprocess.run(["umount", "-l", "/.oldroot"], check=True, env=env)
     subprocess.run(["ldconfig"], check=True, env=env)  # the fake host's libraries in the node's ld cache
     subprocess.run(["hostname", args["name"]], check=False, env=env)
