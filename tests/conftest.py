@@ -3,13 +3,10 @@ bundles, the installed gpuhook-runtime, the containerd harness."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
-import time
 
 import pytest
 
@@ -352,30 +349,12 @@ def cri_stubs(tmp_path_factory):
 def gpuhook_image(tmp_path_factory):
     """`make image` itself (packaging/build-image.sh building its own bundle from the venv,
     default name) on a podman storage of this test's own; then `podman save` for `ctr images
-    import`."""
-    base = tmp_path_factory.mktemp("gpuhook-image")
-    # podman refuses a runroot over 50 characters: a short one of its own, not under pytest's
-    # numbered (and growing) base directory
-    run = tempfile.mkdtemp(prefix="gh-run-", dir="/tmp")
-    podman = (f"podman --root {base}/storage --runroot {run} --storage-driver vfs "
-              "--events-backend none --cgroup-manager cgroupfs")
-    env = dict(os.environ, PODMAN=podman, CONTEXT=str(base / "context"))
-    started = time.monotonic()
-    r = subprocess.run(["make", "-s", "-C", REPO, "image"], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr + r.stdout
-    line = r.stdout.strip().splitlines()[-1]
-    name = line.split(": ")[1]
-    inspect = json.loads(subprocess.run(podman.split() + ["image", "inspect", name], capture_output=True,
-                                        text=True, check=True).stdout)[0]
-    tar = base / "image.tar"
-    subprocess.run(podman.split() + ["save", "--format", "docker-archive", "-o", str(tar), name], check=True,
-                   capture_output=True, timeout=120)
-    yield {"name": name, "tar": str(tar), "size": inspect["Size"], "labels": inspect["Config"].get("Labels") or {},
-           "config": inspect["Config"], "podman": podman, "base": str(base), "line": line,
-           "seconds": time.monotonic() - started}
-    subprocess.run(podman.split() + ["rmi", "-a", "-f"], capture_output=True, timeout=120)
-    shutil.rmtree(base / "storage", ignore_errors=True)
-    shutil.rmtree(run, ignore_errors=True)
+    import` (containerd_harness.build_gpuhook_image)."""
+    import containerd_harness
+
+    image = containerd_harness.build_gpuhook_image(str(tmp_path_factory.mktemp("gpuhook-image")))
+    yield image
+    containerd_harness.remove_gpuhook_image(image)
 
 
 @pytest.fixture(scope="session")

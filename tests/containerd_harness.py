@@ -181,6 +181,41 @@ def build_busybox_image(path: str, name: str = IMAGE_NAME, cmd: list[str] | None
     return manifest_digest
 
 
+def build_gpuhook_image(base: str) -> dict:
+    """`make image` itself (packaging/build-image.sh building its own bundle from the venv,
+    default name) on a podman storage under `base`, then `podman save` (docker-archive) for
+    `ctr images import`: {"name", "tar", "size", "labels", "config", "podman", "base", "line",
+    "seconds"}. AssertionError with make's output when the build fails."""
+    import tempfile
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # podman refuses a runroot over 50 characters: a short one of its own
+    run = tempfile.mkdtemp(prefix="gh-run-", dir="/tmp")
+    podman = (f"podman --root {base}/storage --runroot {run} --storage-driver vfs "
+              "--events-backend none --cgroup-manager cgroupfs")
+    env = dict(os.environ, PODMAN=podman, CONTEXT=os.path.join(base, "context"))
+    started = time.monotonic()
+    r = subprocess.run(["make", "-s", "-C", repo, "image"], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr + r.stdout
+    line = r.stdout.strip().splitlines()[-1]
+    name = line.split(": ")[1]
+    inspect = json.loads(subprocess.run(podman.split() + ["image", "inspect", name], capture_output=True,
+                                        text=True, check=True).stdout)[0]
+    tar = os.path.join(base, "image.tar")
+    subprocess.run(podman.split() + ["save", "--format", "docker-archive", "-o", tar, name], check=True,
+                   capture_output=True, timeout=120)
+    return {"name": name, "tar": tar, "size": inspect["Size"], "labels": inspect["Config"].get("Labels") or {},
+            "config": inspect["Config"], "podman": podman, "base": base, "line": line, "runroot": run,
+            "seconds": time.monotonic() - started}
+
+
+def remove_gpuhook_image(image: dict) -> None:
+    """What build_gpuhook_image left: the podman storage and its runroot (the tar stays)."""
+    subprocess.run(image["podman"].split() + ["rmi", "-a", "-f"], capture_output=True, timeout=120)
+    shutil.rmtree(os.path.join(image["base"], "storage"), ignore_errors=True)
+    shutil.rmtree(image["runroot"], ignore_errors=True)
+
+
 def tail_of(path: str, n: int = 40) -> str:
     """The last n lines of a daemon's log, for an error message ("" when it cannot be read)."""
     try:
