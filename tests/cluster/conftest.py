@@ -45,6 +45,7 @@ def control_plane():
         yield cp
     finally:
         cp.stop()
+    assert controlplane.leftovers() == [], "the control plane left these behind"
 
 
 def eventually(check, timeout: float = 60, what: str = "") -> None:

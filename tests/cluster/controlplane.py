@@ -217,8 +217,13 @@ class ControlPlane:
 
     admin_kubeconfig = kubeconfig
 
+    @property
+    def logs(self) -> str:
+        """The daemons' logs: beside STATE, kept when start() fails (removed by the next start)."""
+        return logs_of(self.state)
+
     def logfile(self, daemon: str) -> str:
-        return os.path.join(self.state, "logs", f"{daemon}.log")
+        return os.path.join(self.logs, f"{daemon}.log")
 
     def binary(self, name: str) -> str:
         """A built binary of the cluster's version: kubelet, kube-proxy, kubectl, etcd, ...
@@ -253,14 +258,15 @@ class ControlPlane:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         try:
             cleanup(self.state)
-            for d in ("pki", "logs", "pids", "etcd"):
+            for d in ("pki", "pids", "etcd"):
                 os.makedirs(os.path.join(self.state, d), mode=0o700, exist_ok=True)
+            os.makedirs(self.logs, mode=0o700)
             self._bridge()
             self._certificates()
             self._start_daemons(bins)
             self._wait_ready(timeout)
         except BaseException:
-            self.stop()
+            self.stop(keep_logs=True)
             raise
 
     def _bridge(self) -> None:
@@ -376,7 +382,7 @@ class ControlPlane:
                     raise ControlPlaneError(f"{name} exited {proc.returncode} while waiting for {what}: "
                                             f"{self._tail(name)} (log: {self.logfile(name)})")
             if time.monotonic() > deadline:
-                raise ControlPlaneError(f"{what} not ready after {timeout:.0f} s (logs: {self.state}/logs)")
+                raise ControlPlaneError(f"{what} not ready after {timeout:.0f} s (logs: {self.logs})")
             time.sleep(0.5)
 
     def _tail(self, name: str) -> str:
@@ -401,9 +407,9 @@ class ControlPlane:
         except OSError:
             return False
 
-    def stop(self) -> None:
-        """Stop the daemons (the scheduler first, etcd last), remove the bridge and STATE.
-        Safe to call twice, and on a half-started control plane."""
+    def stop(self, keep_logs: bool = False) -> None:
+        """Stop the daemons (the scheduler first, etcd last), remove the bridge, STATE and the
+        logs (unless keep_logs). Safe to call twice, and on a half-started control plane."""
         for name in reversed(DAEMONS):
             proc = self.procs.pop(name, None)
             if proc is not None and proc.poll() is None:
@@ -413,7 +419,7 @@ class ControlPlane:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-        cleanup(self.state)
+        cleanup(self.state, keep_logs=keep_logs)
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -517,8 +523,9 @@ def leftovers(state: str = STATE) -> list[str]:
         found.append(f"{name} (pid {pid})")
     if os.path.exists(os.path.join(state, "bridge")) and os.path.exists(f"/sys/class/net/{BRIDGE}"):
         found.append(f"bridge {BRIDGE}")
-    if os.path.lexists(state):
-        found.append(state)
+    for path in (state, logs_of(state)):
+        if os.path.lexists(path):
+            found.append(path)
     return found
 
 
@@ -537,7 +544,11 @@ def _recorded(state: str) -> list[tuple[int, str]]:
     return out
 
 
-def cleanup(state: str = STATE) -> None:
+def logs_of(state: str) -> str:
+    return state + "-logs"
+
+
+def cleanup(state: str = STATE, keep_logs: bool = False) -> None:
     """Remove what a control plane left: its daemons (only the processes its pid files name,
     still the same ones), the bridge if it made it, STATE."""
     for pid, _name in _recorded(state):
@@ -550,4 +561,6 @@ def cleanup(state: str = STATE) -> None:
     if os.path.exists(os.path.join(state, "bridge")) and os.path.exists(f"/sys/class/net/{BRIDGE}"):
         subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True, stdin=subprocess.DEVNULL)
     shutil.rmtree(state, ignore_errors=True)
+    if not keep_logs:
+        shutil.rmtree(logs_of(state), ignore_errors=True)
 
