@@ -146,3 +146,21 @@ def test_a_daemon_dies_with_the_test_process(tmp_path):
     while controlplane._start_time(child) is not None and open(f"/proc/{child}/stat").read().split()[2] != "Z":
         assert time.monotonic() < deadline, "the daemon outlived the test process"
         time.sleep(0.05)
+
+
+ROOTS = [r for r in ("bookworm", "trixie", "sid") if os.path.exists(os.path.join(gobuild.CACHE, r, "lib64"))]
+
+
+@pytest.mark.parametrize("release", ROOTS)
+def test_the_binaries_run_with_each_cached_debian_roots_libc(built, release):
+    """Built on the host (cgo: linked to its glibc), they run with every Debian release's
+    the suite keeps a root of (make test-other-release binds the cache into the other one)."""
+    root = os.path.join(gobuild.CACHE, release)
+    libs = ":".join(os.path.join(root, d, "x86_64-linux-gnu") for d in ("lib", "usr/lib"))
+    for name, says in (("kube-apiserver", f"Kubernetes {versions.KUBERNETES_VERSION}"),
+                       ("kubelet", f"Kubernetes {versions.KUBERNETES_VERSION}"),
+                       ("etcd", f"etcd Version: {versions.ETCD_VERSION.lstrip('v')}")):
+        path = os.path.join(built["etcd" if name == "etcd" else "kubernetes"], name)
+        r = subprocess.run([os.path.join(root, "lib64", "ld-linux-x86-64.so.2"), "--library-path", libs, path,
+                            "--version"], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert r.returncode == 0 and says in r.stdout, (release, name, r.stdout, r.stderr)
