@@ -134,7 +134,8 @@ def test_two_refusals_at_once_name_the_first(control_plane):
     assert UNKNOWN not in r.message and len(r.body["details"]["causes"]) == 1, r.body
 
 
-@pytest.mark.parametrize("key", ["io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid", "io.kubernetes.pod.name",
+@pytest.mark.parametrize("key", ["io.kubernetes.cri.sandbox-uid", "io.kubernetes.cri.sandbox-namespace",
+                                 "io.kubernetes.pod.uid", "io.kubernetes.pod.name", "io.kubernetes.container.name",
                                  "io.kubernetes.cri-o.Labels", "io.container.manager"])
 def test_a_gpu_optional_pod_may_not_name_its_own_pod(control_plane, key):
     r, _ = create_pod(control_plane, OPTED_IN, annotations={key: "x"})
@@ -158,6 +159,23 @@ def test_the_annotation_rules_hold_at_update_too(control_plane, subresource, key
     denied(patch(cp, path, {"metadata": {"annotations": {key: "v"}}}), "gpuhook-gpu-optional", refusal)
     # the namespace's opt-in is checked at CREATE only
     made(patch(cp, path, {"metadata": {"annotations": {"gpuhook.dev/inject": "false"}}}))
+
+
+def test_the_namespaces_opt_in_is_checked_at_create_only(control_plane):
+    """A pod of a namespace opted out since: it is still updated (within the annotation rules)."""
+    cp = control_plane
+    ns = unique("gh-was-in")
+    ensure(cp, "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                      "metadata": {"name": ns, "labels": {"gpuhook.dev/gpu-optional": "allowed"}}})
+    eventually(lambda: cp.api("GET", f"/api/v1/namespaces/{ns}/serviceaccounts/default").status == 200)
+    r, name = create_pod(cp, ns)
+    made(r)
+    made(patch(cp, f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {"gpuhook.dev/gpu-optional": None}}}))
+    eventually(lambda: "ValidatingAdmissionPolicy" in create_pod(cp, ns)[0].message, what="the opt-out seen")
+    for sub in ("", "/status"):
+        made(patch(cp, f"/api/v1/namespaces/{ns}/pods/{name}{sub}",
+                   {"metadata": {"annotations": {"gpuhook.dev/inject": "false", "x": sub or "main"}}}))
+    cp.api("DELETE", f"/api/v1/namespaces/{ns}")
 
 
 @pytest.fixture(scope="module")
@@ -385,6 +403,13 @@ def test_the_agent_updates_only_its_own_events_and_only_their_count(control_plan
     e = agent_error(agent_api.patch_event, OPTED_IN, kubelets["metadata"]["name"],
                     {"reason": "RanOnCPU", "reportingComponent": "gpuhook.dev/agent", "message": "hm"})
     assert e.status == 403 and UPDATE_MSG in str(e), e
+    # the agent of another node's Event (as it wrote it): not this agent's to count
+    theirs = made(cp.api("POST", f"/api/v1/namespaces/{OPTED_IN}/events", {
+        "apiVersion": "v1", "kind": "Event", "metadata": {"generateName": "o-"}, "reason": "GPUsInjected",
+        "involvedObject": {"kind": "Pod", "name": name, "namespace": OPTED_IN}, "message": "m", "type": "Normal",
+        "reportingComponent": "gpuhook.dev/agent", "reportingInstance": OTHER_NODE, "action": "CreateContainer"}))
+    e = agent_error(agent_api.patch_event, OPTED_IN, theirs["metadata"]["name"], {"count": 2})
+    assert e.status == 403 and EVENT_MSG in str(e), e  # the first rule already: not reported by this node
 
 
 # -- the agent on Nodes (node-restriction.yaml) --------------------------------------------
@@ -435,26 +460,53 @@ def test_the_agent_sets_changes_and_removes_gpu_type(control_plane, agent_api, a
         made(patch(cp, own, {"metadata": {"labels": {key: None}}}))
 
 
-def test_the_documented_vendor_label_overlay_builds_with_kubectl(control_plane, tmp_path):
-    """The kustomize patch node-restriction.yaml's header documents, built by the cluster's
-    own kubectl (kustomize inside): the policy's vendorLabels become the patch's value."""
+def overlay_policy(cp, tmp_path, value: str | None = None) -> dict:
+    """The node policy after the kustomize patch node-restriction.yaml's header documents
+    (its value replaced by `value` when given), built by the cluster's own kubectl."""
     import shutil
 
     src = tmp_path / "daemonset"
-    shutil.copytree(f"{REPO}/daemonset", src)
+    if not src.exists():
+        shutil.copytree(f"{REPO}/daemonset", src)
     text = (src / "node-restriction.yaml").read_text()
     lines = text[text.index("#   patches:"):].splitlines()
-    block = "\n".join(line[len("#   "):] for line in lines if line.startswith("#   ") or line == "#")
+    block = yaml.safe_load("\n".join(line[len("#   "):] for line in lines if line.startswith("#   ") or line == "#"))
+    if value is not None:
+        (op,) = yaml.safe_load(block["patches"][0]["patch"])
+        block["patches"][0]["patch"] = yaml.safe_dump([dict(op, value=value)])
     overlay = tmp_path / "overlay"
-    overlay.mkdir()
-    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({"resources": ["../daemonset"],
-                                                                **yaml.safe_load(block)}))
-    out = control_plane.kubectl("kustomize", str(overlay)).stdout
+    overlay.mkdir(exist_ok=True)
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({"resources": ["../daemonset"], **block}))
+    out = cp.kubectl("kustomize", str(overlay)).stdout
     (pol,) = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "ValidatingAdmissionPolicy"
               and d["metadata"]["name"] == NODE_POLICY]
-    assert pol["spec"]["variables"] == [{"name": "vendorLabels", "expression": '["gpu.type", "example.com/gpu-vendor"]'}]
-    # and the real apiserver takes it (a server-side dry run of the patched policy)
-    control_plane.kubectl("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(pol))
+    return pol
+
+
+def test_a_renamed_vendor_label_as_the_policy_header_says(control_plane, agent_token, tmp_path):
+    """The three steps of a renamed vendor_label, the documented overlay applied to the real
+    apiserver: both keys listed, then the new key alone; the manifests' own policy back after."""
+    cp = control_plane
+    own = f"/api/v1/nodes/{OWN_NODE}"
+    step1 = overlay_policy(cp, tmp_path)
+    assert step1["spec"]["variables"] == [{"name": "vendorLabels",
+                                           "expression": '["gpu.type", "example.com/gpu-vendor"]'}]
+
+    def agent_sets(key, value="nvidia"):
+        return patch(cp, own + "?dryRun=All", {"metadata": {"labels": {key: value}}}, token=agent_token)
+
+    try:
+        cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(step1))
+        eventually(lambda: agent_sets("example.com/gpu-vendor").status == 200, what="step 1 enforced")
+        assert agent_sets("gpu.type").status == 200  # both keys, while the agents move over
+        cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(overlay_policy(cp, tmp_path, '["example.com/gpu-vendor"]')))
+        eventually(lambda: agent_sets("gpu.type").status != 200, what="step 3 enforced")
+        denied(agent_sets("gpu.type"), NODE_POLICY, ONLY_LABELS)  # the old key out of reach again
+        assert agent_sets("example.com/gpu-vendor").status == 200
+    finally:
+        cp.kubectl("apply", "-k", f"{REPO}/daemonset")
+        eventually(lambda: agent_sets("example.com/gpu-vendor").status != 200, what="the manifests' policy back")
+    assert agent_sets("gpu.type").status == 200
 
 
 def test_the_agent_namespace_pod_is_the_one_its_token_names(control_plane, agent_pod, agent_token):
