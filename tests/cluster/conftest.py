@@ -37,10 +37,13 @@ def control_plane():
             pytest.fail("the cluster tests need root (a bridge, the daemons)", pytrace=False)
         pytest.skip("the cluster tests need root (make test runs them as root)")
     cp = controlplane.ControlPlane()
+    why = None
     try:
         cp.start()
     except (gobuild.Unavailable, controlplane.ControlPlaneError) as e:
-        pytest.fail(f"no control plane: {e}", pytrace=False)
+        why = f"no control plane: {e}"
+    if why:  # outside the except: the one line, without the exception it came from
+        pytest.fail(why, pytrace=False)
     try:
         yield cp
     finally:

@@ -66,12 +66,13 @@ def cached(c: Component) -> str | None:
     return d if os.path.exists(os.path.join(d, STAMP)) else None
 
 
-def proxy_reachable(timeout: float = 20) -> str | None:
-    """None when the Go module proxy answers, else why not (one line). GOPROXY=off or a
-    file:// proxy: the go command is left to say."""
+def proxy_reachable(module: str = "k8s.io/kubernetes", timeout: float = 20) -> str | None:
+    """None when the Go module proxy answers for `module`, else why not (one line).
+    GOPROXY=off or a file:// proxy: the go command is left to say."""
     if not PROXY.startswith(("http://", "https://")):
         return None
-    url = f"{PROXY.rstrip('/')}/k8s.io/kubernetes/@v/list"
+    escaped = "".join(f"!{ch.lower()}" if ch.isupper() else ch for ch in module)  # the proxy protocol's case-encoding
+    url = f"{PROXY.rstrip('/')}/{escaped}/@v/list"
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
             r.read(64)
@@ -116,7 +117,7 @@ def _build(c: Component, log) -> str:
     final = os.path.join(BIN_CACHE, key(c))
     if not os.access(GO, os.X_OK):
         raise Unavailable(f"cannot build {c.name} {c.version}: no Go toolchain at {GO} (set GPUHOOK_GO)")
-    why = proxy_reachable()
+    why = proxy_reachable(c.module)
     if why:
         raise Unavailable(f"cannot build {c.name} {c.version}: {why}")
     # what a killed build left (its temporary dirs), and an entry without its stamp

@@ -164,3 +164,19 @@ def test_the_binaries_run_with_each_cached_debian_roots_libc(built, release):
         r = subprocess.run([os.path.join(root, "lib64", "ld-linux-x86-64.so.2"), "--library-path", libs, path,
                             "--version"], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
         assert r.returncode == 0 and says in r.stdout, (release, name, r.stdout, r.stderr)
+
+
+def test_the_cluster_tests_fail_with_one_line_without_the_proxy(tmp_path):
+    """make test as root on a machine with nothing built and no module proxy: a cluster test
+    errors with the one line that says so (never a skip, never a traceback)."""
+    env = dict(os.environ, GPUHOOK_TEST_ROOTS=str(tmp_path), GOPROXY="http://127.0.0.1:9", GPUHOOK_REQUIRE_E2E="1",
+               GPUHOOK_CLUSTER_STATE=str(tmp_path / "state"))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        os.path.join(HERE, "test_rbac_real.py") + "::test_the_daemonset_runs_as_the_granted_serviceaccount"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1 and "1 error" in out and "skipped" not in out, out
+    why = ("no control plane: cannot build etcd " + versions.ETCD_VERSION +
+           ": the Go module proxy cannot be reached (http://127.0.0.1:9/") if os.geteuid() == 0 else \
+        "the cluster tests need root"
+    assert why in out and "Traceback" not in out and "another exception" not in out, out
