@@ -7,11 +7,16 @@ tests with one line; elsewhere they skip."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import pytest
 
-import controlplane
+# tests/cluster is a package (its conftest must not be the module `conftest` that the other
+# test modules import from tests/); its harness modules are imported by their bare names
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import controlplane  # noqa: E402
 import gobuild
 
 REQUIRE = os.environ.get("GPUHOOK_REQUIRE_E2E") == "1"

@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 import yaml
-from conftest import (AGENT, AGENT_NS, NODE_NAME, NOT_OPTED_IN, OPTED_IN, OTHER_NODE, OWN_NODE, REPO, ensure,
+from cluster.conftest import (AGENT, AGENT_NS, NODE_NAME, NOT_OPTED_IN, OPTED_IN, OTHER_NODE, OWN_NODE, REPO, ensure,
                       eventually, pod_body)
 
 MERGE = "application/merge-patch+json"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from conftest import AGENT, AGENT_NS, AGENT_SA, OPTED_IN, OTHER_NODE, OWN_NODE, REPO, ensure, pod_body
+from cluster.conftest import AGENT, AGENT_NS, AGENT_SA, OPTED_IN, OTHER_NODE, OWN_NODE, REPO, ensure, pod_body
 
 MERGE = "application/merge-patch+json"
 
