@@ -12,10 +12,10 @@ half-filled cache entry, and the next one removes what it left.
 Where Go or the module proxy cannot be had, `build` raises Unavailable with one line that says
 so: the cluster tests fail with it, never skip (as root).
 
-The binaries link the C library dynamically when cgo is on (the go command's default where a C
-compiler is): built on Debian 12 they run on Debian 13 too (a glibc runs what older ones
-built); `make test-other-release` binds this cache into its root at the same path, so the
-other release runs what the host built.
+The binaries are static (CGO_ENABLED=0, as Kubernetes' and etcd's own releases are), unless
+their Component says cgo: what one Debian built runs in any other's root. `make
+test-other-release` binds this cache into its root at the same path, so the other release runs
+what the host built (the root has no Go).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def key(c: Component) -> str:
     for name in ("go.mod", "go.sum"):
         with open(os.path.join(MODULES, c.module_dir, name), "rb") as f:
             h.update(name.encode() + b"\0" + f.read() + b"\0")
-    h.update(repr((c.module, c.version, c.packages, FLAGS, STRIP, c.ldflags, c.rename)).encode())
+    h.update(repr((c.module, c.version, c.packages, FLAGS, STRIP, c.ldflags, c.rename, c.cgo)).encode())
     return f"{c.name}-{c.version}-{h.hexdigest()[:12]}"
 
 
@@ -126,7 +126,7 @@ def _build(c: Component, log) -> str:
             shutil.rmtree(os.path.join(BIN_CACHE, name), ignore_errors=True)
     tmp = os.path.join(BIN_CACHE, f".{key(c)}.{os.getpid()}.tmp")
     os.makedirs(tmp)
-    env = dict(os.environ, **GO_ENV, PATH=os.path.dirname(GO) + os.pathsep + os.environ.get("PATH", ""))
+    env = dict(os.environ, **GO_ENV, CGO_ENABLED="1" if c.cgo else "0", PATH=os.path.dirname(GO) + os.pathsep + os.environ.get("PATH", ""))
     env.pop("GOFLAGS", None)  # -mod=mod and the like would let go.sum change under the pin
     log(f"building {c.name} {c.version} ({len(c.packages)} commands) into {final}: "
         "minutes on 2 cores the first time (docs/testing.md), none after")

@@ -19,6 +19,7 @@ class Component:
     packages: tuple[str, ...]  # the main packages, each a binary named after its last element
     ldflags: tuple[str, ...] = ()  # -X stamps (a module-proxy build has no git to read them from)
     rename: tuple[tuple[str, str], ...] = ()  # (go build's name, the binary's): go names .../server/v3 "server"
+    cgo: bool = False  # CGO_ENABLED=1: linked to the building machine's C libraries; else static
 
 
 KUBERNETES_VERSION = "v1.37.2"
