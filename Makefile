@@ -6,7 +6,7 @@
 PYTHON ?= $(shell for p in /usr/bin/python3 python3; do $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && { echo $$p; break; }; done)
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-APT_PACKAGES := runc crun containerd podman docker.io docker-compose busybox-static gcc libc6-dev libc-bin python3-venv debootstrap iproute2 openssl
+APT_PACKAGES := runc crun containerd podman docker.io docker-compose busybox-static gcc libc6-dev libc-bin python3-venv debootstrap iproute2 openssl libseccomp-dev
 STAMP  := $(VENV)/.installed
 
 .PHONY: demo test test-other-release deps venv lint bench image clean mutation nri-proto front-header cluster-demo

@@ -62,6 +62,7 @@ class NodeSpec:
     name: str
     host: str  # the fake host: a fakehost.SCENARIOS name
     index: int  # 1..: its addresses
+    labels: tuple[tuple[str, str], ...] = ()  # its kubelet's --node-labels (besides its zone)
 
     @property
     def address(self) -> str:
@@ -92,8 +93,8 @@ def run(argv: list[str], timeout: float = 60, check: bool = True, **kw) -> subpr
 
 # -- leftovers of an earlier run, the lock, the bridge -------------------------------------------
 
-def marked_pids() -> list[int]:
-    """The processes of this harness still running: node inits (MARK in their argv)."""
+def marked_pids(mark: str = MARK) -> list[int]:
+    """The processes of this harness still running: node inits (`mark` in their argv)."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
@@ -103,15 +104,15 @@ def marked_pids() -> list[int]:
                 argv = f.read().split(b"\0")
         except OSError:
             continue
-        if MARK.encode() in argv:
+        if mark.encode() in argv:
             found.append(int(entry))
     return found
 
 
-def _cgroup_dirs() -> list[str]:
+def _cgroup_dirs(cgroup: str) -> list[str]:
     out = []
     for ctrl in sorted(os.listdir(CGROUP_FS)) if os.path.isdir(CGROUP_FS) else ():
-        d = os.path.join(CGROUP_FS, ctrl, CGROUP)
+        d = os.path.join(CGROUP_FS, ctrl, cgroup)
         if os.path.isdir(d):
             out.append(d)
     return out
@@ -131,26 +132,28 @@ def remove_cgroup_tree(top: str, timeout: float = 20) -> list[str]:
     return [top] if os.path.isdir(top) else []
 
 
-def cleanup_leftovers() -> list[str]:
-    """Remove what an earlier (killed) run left; what was found, in words."""
+def cleanup_leftovers(mark: str = MARK, base: str = BASE, cgroup: str = CGROUP) -> list[str]:
+    """Remove what an earlier (killed) run left: the node inits (and with each its PID
+    namespace: kubelet, containerd, shims, containers), the cgroups, BASE; what was found,
+    in words."""
     found = []
-    pids = marked_pids()
+    pids = marked_pids(mark)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     if pids:
         found.append(f"node processes {pids}")
         deadline = time.monotonic() + 10
-        while marked_pids() and time.monotonic() < deadline:
+        while marked_pids(mark) and time.monotonic() < deadline:
             time.sleep(0.1)
-    for d in _cgroup_dirs():
+    for d in _cgroup_dirs(cgroup):
         remove_cgroup_tree(d)
         found.append(d)
-    if os.path.isdir(BASE):
+    if os.path.isdir(base):
         # the nodes' mounts were in their own mount namespaces: nothing of BASE is mounted here
         # (unless someone mounted it by hand: --one-file-system leaves that alone)
-        run(["rm", "-rf", "--one-file-system", BASE], check=False, timeout=300)
-        found.append(BASE)
+        run(["rm", "-rf", "--one-file-system", base], check=False, timeout=300)
+        found.append(base)
     return found
 
 
@@ -180,7 +183,7 @@ keep containerd /usr/bin/containerd &
 while [ ! -S /run/containerd/containerd.sock ]; do sleep 0.1; done
 keep kubelet /usr/local/bin/kubelet --config=/etc/kubernetes/kubelet.yaml \
   --kubeconfig=/etc/kubernetes/kubelet.kubeconfig --hostname-override="$NODE_NAME" \
-  --node-ip="$NODE_IP" --node-labels="topology.kubernetes.io/zone=$NODE_ZONE" --v=1 &
+  --node-ip="$NODE_IP" --node-labels="topology.kubernetes.io/zone=$NODE_ZONE$NODE_LABELS" --v=1 &
 keep kube-proxy /usr/local/bin/kube-proxy --config=/etc/kubernetes/kube-proxy.yaml --v=1 &
 touch /run/node/started
 while :; do wait; sleep 1; done
@@ -210,13 +213,12 @@ exit 1
 """
 
 
-def containerd_config(sid_root: str, sandbox_image: str) -> str:
-    """sid's `containerd config default` with what this machine needs
+def containerd_config(default: str, sandbox_image: str) -> str:
+    """The node's containerd's `containerd config default` with what this machine needs
     (../shared/docs/real-runtimes.md) and the node's CNI."""
     import tomlkit
 
-    r = run(["chroot", sid_root, "containerd", "config", "default"])
-    doc = tomlkit.parse(r.stdout)
+    doc = tomlkit.parse(default)
     doc["disabled_plugins"] = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
                                "io.containerd.snapshotter.v1.devmapper"]
     rt = doc["plugins"]["io.containerd.cri.v1.runtime"]
@@ -299,7 +301,7 @@ class Node:
     def __init__(self, spec: NodeSpec, sid_root: str, cp, binaries: dict[str, str],
                  timers: KubeletTimers = KubeletTimers(), sandbox_image: str = "", runtime_binaries: dict[str, str] | None = None):
         """binaries: kubelet, kube-proxy (files), cni (a directory); runtime_binaries: in-root
-        path -> host file bound over it (another containerd or runc than sid's)."""
+        path -> host file copied over it (another containerd or runc than sid's)."""
         self.spec, self.sid_root, self.cp = spec, sid_root, cp
         self.binaries, self.timers, self.sandbox_image = binaries, timers, sandbox_image
         self.runtime_binaries = runtime_binaries or {}
@@ -336,10 +338,12 @@ class Node:
         for rel in ("etc/ld.so.cache", "etc/ld.so.conf"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(self.upper, rel))
-        up = lambda rel: os.path.join(self.upper, rel)  # noqa: E731
+        up = lambda rel: os.path.join(self.upper, rel.lstrip("/"))  # noqa: E731
         _write(up("usr/sbin/gpuhook-node-init"), INIT, 0o755)
         _write(up("usr/bin/systemctl"), SYSTEMCTL, 0o755)
-        _write(up("etc/containerd/config.toml"), containerd_config(self.sid_root, self.sandbox_image))
+        built = self.runtime_binaries.get("/usr/bin/containerd")
+        default = run([built, "config", "default"] if built else ["chroot", self.sid_root, "containerd", "config", "default"])
+        _write(up("etc/containerd/config.toml"), containerd_config(default.stdout, self.sandbox_image))
         _write(up(f"etc/cni/net.d/{CNI_CONF}"), cni_config(spec))
         _write(up("etc/kubernetes/kubelet.yaml"), kubelet_config(spec, self.timers))
         _write(up("etc/kubernetes/kube-proxy.yaml"), kube_proxy_config(spec))
@@ -351,9 +355,14 @@ class Node:
         _write(up("etc/kubernetes/resolv.conf"), "# the test cluster has no DNS\n")
         _write(up("etc/hostname"), spec.name + "\n")
         _write(up("etc/machine-id"), f"{abs(hash(('gpuhook-cluster', spec.name))):032x}"[:32] + "\n")
-        for rel in ("usr/local/bin/kubelet", "usr/local/bin/kube-proxy", *self.runtime_binaries):
+        for rel in ("usr/local/bin/kubelet", "usr/local/bin/kube-proxy"):
             if not os.path.exists(up(rel)):
                 _write(up(rel), "", 0o755)  # the mount point of a binary bound from the host
+        # the runtime's binaries copied in, not bound: runc 1.5 seals its own binary before it
+        # runs a container, and fails ("exec format error") on one bind-mounted over the root's
+        for rel, src in self.runtime_binaries.items():
+            os.makedirs(os.path.dirname(up(rel)), exist_ok=True)
+            shutil.copy2(src, up(rel))
         os.makedirs(up("opt/cni/bin"), exist_ok=True)
         self._cgroups()
 
@@ -412,10 +421,10 @@ class Node:
                  "/var/lib/containerd": self.var("lib", "containerd"),
                  "/var/lib/kubelet": self.var("lib", "kubelet"),
                  "/var/log": self.var("log"),
-                 IMAGES: os.path.join(BASE, "images"),
-                 **{"/" + k.lstrip("/"): v for k, v in self.runtime_binaries.items()}}
+                 IMAGES: os.path.join(BASE, "images")}
         return {"name": self.spec.name, "dir": self.dir, "lower": self.sid_root, "fakehost": self.fakehost,
-                "binds": binds, "address": self.spec.address}
+                "binds": binds, "address": self.spec.address,
+                "labels": "".join(f",{k}={v}" for k, v in self.spec.labels)}
 
     def path(self, inside: str) -> str:
         """A path of the node's root as seen from the host (through its init's /proc root)."""
@@ -450,6 +459,20 @@ class Node:
                  self.path("/")])
         return {d["id"]: d["nodes"][0]["path"] for v in json.loads(r.stdout)["vendors"] for d in v["devices"]
                 if d["kind"] == "gpu"}
+
+    def checkpoint(self, resource: str = "nvidia.com/gpu") -> dict[str, list[str]]:
+        """The kubelet's own device checkpoint: pod UID -> the ids of `resource` it allocated
+        ({} before the kubelet wrote one)."""
+        try:
+            with open(self.var("lib", "kubelet", "device-plugins", "kubelet_internal_checkpoint")) as f:
+                entries = json.load(f)["Data"]["PodDeviceEntries"] or []
+        except FileNotFoundError:
+            return {}
+        out: dict[str, list[str]] = {}
+        for e in entries:
+            if e["ResourceName"] == resource:
+                out.setdefault(e["PodUID"], []).extend(i for ids in e["DeviceIDs"].values() for i in ids)
+        return out
 
     def daemon_pid(self, daemon: str) -> int | None:
         try:
@@ -531,8 +554,34 @@ def images(gpuhook_image: dict) -> list[str]:
 class Cluster:
     """The control plane (cp) and its nodes (by name), with what the tests ask of them."""
 
-    def __init__(self, cp, nodes: dict[str, Node]):
-        self.cp, self.nodes = cp, nodes
+    def __init__(self, cp, sid_root: str, binaries: dict[str, str], tars: list[str], log):
+        self.cp, self.sid_root, self.binaries, self.tars, self.log = cp, sid_root, binaries, tars, log
+        self.nodes: dict[str, Node] = {}
+
+    def add(self, spec: NodeSpec, runtime_binaries: dict[str, str] | None = None) -> Node:
+        """A node started and joined (its images imported before its kubelet starts); the
+        caller waits for it to be Ready (wait_ready)."""
+        n = Node(spec, self.sid_root, self.cp, self.binaries, sandbox_image=_sandbox_image(),
+                 runtime_binaries=runtime_binaries)
+        self.nodes[spec.name] = n
+        started = time.monotonic()
+        n.start()
+        for tar in self.tars:
+            n.import_image(tar)
+        n.recover()  # its kubelet and kube-proxy start
+        self.log(f"{spec.name} ({spec.host}) up in {time.monotonic() - started:.1f} s")
+        return n
+
+    def wait_ready(self, name: str, timeout: float = 180) -> None:
+        try:
+            self.wait(lambda: self.ready(name), timeout, f"node {name} Ready")
+        except NodeError as e:
+            raise NodeError(f"{e}; its kubelet: {Node._tail(self.nodes[name].log('kubelet'), 8)}") from None
+
+    def remove(self, name: str) -> None:
+        """The node stopped and its Node object deleted."""
+        self.nodes.pop(name).stop()
+        self.cp.api("DELETE", f"/api/v1/nodes/{name}")
 
     def kubectl(self, *args: str, **kw) -> subprocess.CompletedProcess:
         return self.cp.kubectl(*args, **kw)
@@ -583,34 +632,34 @@ def running(cp, sid_root: str, gpuhook_image: dict, specs: tuple[NodeSpec, ...] 
     try:
         bins = {"kubelet": cp.binary("kubelet"), "kube-proxy": cp.binary("kube-proxy"),
                 "cni": gobuild.build("cni-plugins")}
+        if runtime_binaries is None:
+            runtime_binaries = {BUILT_RUNTIME_NODE: built_runtime()}
     except gobuild.Unavailable as e:
         raise NodeError(str(e)) from None
-    tars = images(gpuhook_image)
-    nodes: dict[str, Node] = {}
-    cluster = Cluster(cp, nodes)
+    cluster = Cluster(cp, sid_root, bins, images(gpuhook_image), log)
     try:
         for spec in specs:
-            n = Node(spec, sid_root, cp, bins, sandbox_image=_sandbox_image(),
-                     runtime_binaries=(runtime_binaries or {}).get(spec.name))
-            nodes[spec.name] = n
-            started = time.monotonic()
-            n.start()
-            for tar in tars:
-                n.import_image(tar)
-            n.recover()  # its kubelet and kube-proxy start
-            log(f"{spec.name} ({spec.host}) up in {time.monotonic() - started:.1f} s")
+            cluster.add(spec, (runtime_binaries or {}).get(spec.name))
         for spec in specs:
-            try:
-                cluster.wait(lambda spec=spec: cluster.ready(spec.name), 180, f"node {spec.name} Ready")
-            except NodeError as e:
-                raise NodeError(f"{e}; its kubelet: {Node._tail(nodes[spec.name].log('kubelet'), 8)}") from None
+            cluster.wait_ready(spec.name)
         yield cluster
     finally:
-        for n in nodes.values():
-            n.stop()
-        for spec in specs:
-            cp.api("DELETE", f"/api/v1/nodes/{spec.name}")
+        for name in list(cluster.nodes):
+            cluster.remove(name)
         cleanup_leftovers()
+
+
+# the node whose containerd and runc are built from the Go proxy (versions.CONTAINERD), not sid's
+BUILT_RUNTIME_NODE = CPU.name
+
+
+def built_runtime() -> dict[str, str]:
+    """In-root path -> host file: the built containerd, its shim, ctr and runc, copied over sid's."""
+    import gobuild
+
+    d = gobuild.build("containerd")
+    return {"/usr/bin/containerd": f"{d}/containerd", "/usr/bin/containerd-shim-runc-v2": f"{d}/containerd-shim-runc-v2",
+            "/usr/bin/ctr": f"{d}/ctr", "/usr/sbin/runc": f"{d}/runc"}
 
 
 def _sandbox_image() -> str:
@@ -701,7 +750,7 @@ def init(args: dict) -> None:
     os.chdir("/")
     _sh("mount", "--make-rshared", "/")  # as systemd makes a node's / (mountPropagation needs it)
     env = {"PATH": PATH, "HOME": "/root", "LANG": "C.UTF-8", "NODE_NAME": args["name"], "NODE_IP": args["address"],
-           "NODE_ZONE": ZONE}
+           "NODE_ZONE": ZONE, "NODE_LABELS": args["labels"]}
     subprocess.run(["umount", "-l", "/.oldroot"], check=True, env=env)
     subprocess.run(["ldconfig"], check=True, env=env)  # the fake host's libraries in the node's ld cache
     subprocess.run(["hostname", args["name"]], check=False, env=env)
@@ -765,8 +814,9 @@ def pod_ready(pod: dict) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
 
 
-def wait_installed(cluster: Cluster, timeout: float = 240) -> None:
-    for name in cluster.nodes:
+def wait_installed(cluster: Cluster, timeout: float = 240, names: tuple[str, ...] | None = None) -> None:
+    """The DaemonSet's pod Ready on each node (`names`, default all) and the node runtime-ready."""
+    for name in names or tuple(cluster.nodes):
         cluster.wait(lambda name=name: pod_ready(agent_pods(cluster).get(name) or {}), timeout,
                      f"the gpuhook pod Ready on {name}")
         cluster.wait(lambda name=name: cluster.labels(name).get("gpuhook.dev/runtime-ready") == "true", 60,
