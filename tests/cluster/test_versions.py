@@ -14,7 +14,7 @@ import sys
 import time
 
 import pytest
-from conftest import REPO
+from cluster.conftest import REPO
 
 import controlplane
 import gobuild
