@@ -11,7 +11,8 @@ gpuhook installed by `kubectl apply -k daemonset/` alone, then
   evicted, the worker's replacement on the AMD node, with the AMD GPUs; the mistake's stays
   Pending, with the scheduler's reason;
 - the AMD node fails too: the worker runs on the CPU node, on CPU;
-- both come back: a new pod of the worker goes to the NVIDIA node again.
+- the NVIDIA node comes back: a new replica of the worker goes there, not to the CPU node; then
+  the AMD node comes back.
 
 Each step goes on a timeline (seconds since the first failure, node, pod, accelerator), printed
 as it happens. Only the cluster's timers are short (controlplane.Timers, node.KubeletTimers),
@@ -148,12 +149,14 @@ class Outage:
     def deploy(self) -> None:
         import yaml
 
+        """The mistake first (its GPU allocated before the worker's containers are made), then
+        the worker, each until its pods run."""
         c = self.cluster
-        c.kubectl("apply", "-n", NAMESPACE, "-f", WORKER_MANIFEST)
         c.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump(mistake_manifest()))
+        c.wait(lambda: len(self.running(MISTAKE)) == 1, 180, "the mistake's pod running")
+        c.kubectl("apply", "-n", NAMESPACE, "-f", WORKER_MANIFEST)
         replicas = worker_manifest()["spec"]["replicas"]
-        c.wait(lambda: len(self.running(WORKER)) == replicas and len(self.running(MISTAKE)) == 1, 180,
-               "the worker's and the mistake's pods running")
+        c.wait(lambda: len(self.running(WORKER)) == replicas, 180, "the worker's pods running")
         self.watch()
 
     def fail(self, spec: node.NodeSpec) -> None:
@@ -237,10 +240,10 @@ def replay(cluster: node.Cluster, out=sys.stdout) -> Outage:
         o.wait_node(node.AMD, ready=False)
         o.wait_worker_off({node.NVIDIA.name, node.AMD.name})
         o.recover(node.NVIDIA)
-        o.recover(node.AMD)
         o.wait_node(node.NVIDIA, ready=True)
-        o.wait_node(node.AMD, ready=True)
         o.new = o.new_worker_pod()
+        o.recover(node.AMD)
+        o.wait_node(node.AMD, ready=True)
     finally:
         o.close()
     return o

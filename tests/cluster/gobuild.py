@@ -56,7 +56,7 @@ def key(c: Component) -> str:
     for name in ("go.mod", "go.sum"):
         with open(os.path.join(MODULES, c.module_dir, name), "rb") as f:
             h.update(name.encode() + b"\0" + f.read() + b"\0")
-    h.update(repr((c.module, c.version, c.packages, FLAGS, STRIP, c.ldflags, c.rename, c.cgo)).encode())
+    h.update(repr((c.module, c.version, c.packages, FLAGS, STRIP, c.ldflags, c.rename, c.tags, c.cgo)).encode())
     return f"{c.name}-{c.version}-{h.hexdigest()[:12]}"
 
 
@@ -94,7 +94,8 @@ def _locked(name: str):
 
 def go_build_argv(c: Component, out: str) -> list[str]:
     ldflags = " ".join((*STRIP, *c.ldflags))
-    return [GO, "build", *FLAGS, "-ldflags", ldflags, "-o", out + "/", *c.packages]
+    tags = ["-tags", ",".join(c.tags)] if c.tags else []
+    return [GO, "build", *FLAGS, *tags, "-ldflags", ldflags, "-o", out + "/", *c.packages]
 
 
 def build(c: Component | str, log=lambda msg: print(f"gobuild: {msg}", file=sys.stderr, flush=True)) -> str:

@@ -11,6 +11,7 @@ import time
 
 import demo
 import node
+import versions
 
 
 def test_three_nodes_and_gpuhook_installed_by_its_daemonset(gpuhook_installed):
@@ -24,6 +25,18 @@ def test_three_nodes_and_gpuhook_installed_by_its_daemonset(gpuhook_installed):
 
     c = gpuhook_installed
     assert c.get("runtimeclass", "gpu-optional")["handler"] == "gpu-optional"
+    # the runtimes, as each kubelet reports its own: the built containerd on one node, sid's elsewhere
+    for spec in node.NODES:
+        info = c.cp.api("GET", f"/api/v1/nodes/{spec.name}").body["status"]["nodeInfo"]
+        print(spec.name, info["kubeletVersion"], info["containerRuntimeVersion"],
+              c.nodes[spec.name].enter("runc --version").stdout.splitlines()[0])
+        assert info["kubeletVersion"] == versions.KUBERNETES_VERSION
+        built = spec.name == node.BUILT_RUNTIME_NODE
+        assert info["containerRuntimeVersion"].startswith(
+            f"containerd://{versions.CONTAINERD_VERSION.lstrip('v')}" if built else "containerd://2.1."), info
+        if built:
+            assert c.nodes[spec.name].enter("runc --version").stdout.startswith(
+                f"runc version {versions.RUNC_VERSION.lstrip('v')}\n")
     for spec in node.NODES:
         n = c.nodes[spec.name]
         with open(os.path.join(n.upper, "etc", "containerd", "config.toml"), "rb") as f:
@@ -63,11 +76,13 @@ def test_the_seeds_outage(gpuhook_installed):
         pod, acc = placed[node.NVIDIA.name]
         assert acc == "nvidia"
         ls = c.kubectl("exec", "-n", demo.NAMESPACE, pod["metadata"]["name"], "--", "sh", "-c", "ls /dev/nvidia*").stdout
-        # all the GPUs but the one the kubelet allocated to the mistake's pod (share = "unallocated",
-        # the default: read from the kubelet's checkpoint)
-        held = {o.plugin.devices[i] for ids in o.plugin.allocations for i in ids}
-        assert len(held) == 1 and "/dev/nvidiactl" in ls, (held, ls)
-        assert set(re.findall(r"/dev/nvidia[0-9]+", ls)) == set(o.plugin.devices.values()) - held, (held, ls)
+        # all the GPUs but those the kubelet allocated to other pods, the mistake's among them
+        # (share = "unallocated", the default: gpuhook reads the kubelet's checkpoint)
+        allocated = c.nodes[node.NVIDIA.name].checkpoint()
+        mistake = next(p for p, _ in o.running(demo.MISTAKE))["metadata"]["uid"]
+        held = {o.plugin.devices[i] for ids in allocated.values() for i in ids}
+        assert len(allocated[mistake]) == 1 and "/dev/nvidiactl" in ls, (allocated, ls)
+        assert set(re.findall(r"/dev/nvidia[0-9]+", ls)) == set(o.plugin.devices.values()) - held, (allocated, ls)
         started = time.monotonic()
         o.fail(node.NVIDIA)
         o.wait_node(node.NVIDIA, ready=False)
@@ -90,12 +105,37 @@ def test_the_seeds_outage(gpuhook_installed):
             ls = c.kubectl("exec", "-n", demo.NAMESPACE, p["metadata"]["name"], "--", "sh", "-c",
                            "ls /dev; ls /dev/dri /dev/kfd 2>&1 || true").stdout
             assert "nvidia" not in ls and "renderD" not in ls, ls
+        # the NVIDIA node comes back (the AMD node still down): a new replica goes there, not to
+        # the CPU node (the manifest's preference ranks NVIDIA and AMD alike, so only one is back)
         o.recover(node.NVIDIA)
-        o.recover(node.AMD)
         o.wait_node(node.NVIDIA, ready=True)
-        o.wait_node(node.AMD, ready=True)
         p, acc = o.new_worker_pod()
         assert (p["spec"]["nodeName"], acc) == (node.NVIDIA.name, "nvidia")
+        o.recover(node.AMD)
+        o.wait_node(node.AMD, ready=True)
         assert [s for s in o.steps if s.what.startswith("pending: ")], "the mistake's Pending went on the timeline"
     finally:
         o.close()
+
+
+def test_the_next_run_removes_what_a_killed_run_left(tmp_path):
+    """A run killed from outside leaves its node inits (each with its PID namespace), the
+    cgroups under node.CGROUP and node.BASE: cleanup_leftovers (the start of every run) removes
+    them. Here under names of this test's own, so that a cluster of this session is untouched."""
+    import subprocess
+    import uuid
+
+    mark, cgroup = f"gh-test-mark-{uuid.uuid4().hex[:8]}", f"gh-test-cgroup-{uuid.uuid4().hex[:8]}"
+    base = tmp_path / "base"
+    (base / "nodes" / "x").mkdir(parents=True)
+    init = subprocess.Popen(["unshare", "-p", "-f", "sh", "-c", "sleep 300 & wait", mark], start_new_session=True)
+    pids_dir = os.path.join(node.CGROUP_FS, "pids", cgroup, "node-x", "kubepods")
+    os.makedirs(pids_dir)
+    deadline = time.monotonic() + 10
+    while len(node.marked_pids(mark)) < 2 and time.monotonic() < deadline:  # unshare and its sh
+        time.sleep(0.05)
+    assert len(node.marked_pids(mark)) == 2
+    found = node.cleanup_leftovers(mark, str(base), cgroup)
+    assert init.wait(10) is not None
+    assert node.marked_pids(mark) == [] and not os.path.exists(os.path.join(node.CGROUP_FS, "pids", cgroup))
+    assert not base.exists() and len(found) == 3, found

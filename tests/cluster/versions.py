@@ -19,6 +19,7 @@ class Component:
     packages: tuple[str, ...]  # the main packages, each a binary named after its last element
     ldflags: tuple[str, ...] = ()  # -X stamps (a module-proxy build has no git to read them from)
     rename: tuple[tuple[str, str], ...] = ()  # (go build's name, the binary's): go names .../server/v3 "server"
+    tags: tuple[str, ...] = ()  # go build -tags
     cgo: bool = False  # CGO_ENABLED=1: linked to the building machine's C libraries; else static
 
 
@@ -50,5 +51,15 @@ CNI_PLUGINS = Component(
     tuple(f"github.com/containernetworking/plugins/plugins/{p}"
           for p in ("main/bridge", "ipam/host-local", "main/loopback", "meta/portmap")))
 
+# one node's container runtime instead of Debian sid's (node.py: the CPU node's)
+CONTAINERD_VERSION = "v2.4.2"
+RUNC_VERSION = "v1.5.3"
+CONTAINERD = Component(
+    "containerd", "github.com/containerd/containerd/v2", CONTAINERD_VERSION, "containerd",
+    (*(f"github.com/containerd/containerd/v2/cmd/{c}" for c in ("containerd", "containerd-shim-runc-v2", "ctr")),
+     "github.com/opencontainers/runc"),
+    # runc's seccomp (cgo, libseccomp-dev): containerd gives every pod sandbox its default profile
+    tags=("seccomp",), cgo=True)
+
 # by name
-COMPONENTS = {c.name: c for c in (KUBERNETES, ETCD, CNI_PLUGINS)}
+COMPONENTS = {c.name: c for c in (KUBERNETES, ETCD, CNI_PLUGINS, CONTAINERD)}
