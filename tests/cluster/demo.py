@@ -123,7 +123,8 @@ class Outage:
                     state = "running"
                 else:
                     cond = next((c for c in p["status"].get("conditions", []) if c["type"] == "PodScheduled"), {})
-                    state = f"pending: {cond.get('message')}" if cond.get("status") == "False" else "pending"
+                    why = str(cond.get("message")).split(". preemption:")[0]  # the scheduler's reason
+                    state = f"pending: {why}" if cond.get("status") == "False" else "pending"
                 if self.seen.get(name) == state:
                     continue
                 self.seen[name] = state
@@ -270,7 +271,8 @@ def main() -> int:
         with controlplane.ControlPlane() as cp, \
                 debroot.ensure(sid_node.RELEASE, sid_node.PACKAGES, must_have=sid_node.MUST_HAVE) as sid:
             image = containerd_harness.build_gpuhook_image(base)
-            print(cp.kubectl("apply", "-k", os.path.join(REPO, "daemonset")).stdout, end="")
+            applied = cp.kubectl("apply", "-k", os.path.join(REPO, "daemonset")).stdout.splitlines()
+            print(f"kubectl apply -k daemonset/: {len(applied)} objects created")
             with node.running(cp, sid, image) as cluster:
                 node.wait_installed(cluster)
                 print(f"\ncluster up, gpuhook installed on {len(cluster.nodes)} nodes by its DaemonSet: "
@@ -289,11 +291,13 @@ def main() -> int:
         return 1
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    fail = next(s.t for s in o.steps if s.node == node.NVIDIA.name and s.what.startswith("node fails"))
-    first = next(s for s in o.steps if s.what == "running" and s.t > fail and s.node == node.AMD.name)
-    print(f"\nthe NVIDIA node failed at {fail:.1f} s; its worker's replacement ran on {first.node} "
-          f"({first.accelerator}) {first.t - fail:.1f} s later; the mistake's pod stayed Pending: "
-          f"{o.mistake_message.split('. preemption')[0]}")
+    print()
+    for failed, to in ((node.NVIDIA, node.AMD), (node.AMD, node.CPU)):
+        fail = next(s.t for s in o.steps if s.node == failed.name and s.what.startswith("node fails"))
+        first = next(s for s in o.steps if s.what == "running" and s.t > fail and s.node == to.name)
+        print(f"the {failed.host.upper()} node failed at {fail:.1f} s: the worker's replacement ran on {first.node} "
+              f"({first.accelerator}) {first.t - fail:.1f} s later")
+    print(f"the mistake's pod (nvidia.com/gpu: 1) stayed Pending: {o.mistake_message.split('. preemption')[0]}")
     print(f"cluster-demo: {time.monotonic() - began:.0f} s in all")
     return 0
 
