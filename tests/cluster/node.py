@@ -45,6 +45,7 @@ MARK = "gpuhook-cluster-node"  # in each node init's argv: what cleanup_leftover
 NET = SUBNET.rsplit(".", 1)[0]  # the nodes' addresses: NET.<10 + index>
 POD_NET = CLUSTER_CIDR.split(".0.0/")[0]  # each node's pods: POD_NET.<index>.0/24
 CGROUP = "gpuhook-cluster"
+VETH_PREFIX = "ghn-"  # the host ends of the nodes' veths
 CGROUP_FS = "/sys/fs/cgroup"
 CNI_CONF = "10-gpuhook-cluster.conflist"
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -146,6 +147,12 @@ def cleanup_leftovers(mark: str = MARK, base: str = BASE, cgroup: str = CGROUP) 
         deadline = time.monotonic() + 10
         while marked_pids(mark) and time.monotonic() < deadline:
             time.sleep(0.1)
+    # a node's network namespace, and its veth with it, goes a moment after its last process
+    # (the kernel frees it later): a host end still there is deleted (the pair goes with it)
+    for name in sorted(os.listdir("/sys/class/net")):
+        if name.startswith(VETH_PREFIX) and mark == MARK:
+            run(["ip", "link", "del", name], check=False)
+            found.append(f"veth {name}")
     for d in _cgroup_dirs(cgroup):
         remove_cgroup_tree(d)
         found.append(d)
@@ -391,7 +398,7 @@ class Node:
                                      start_new_session=True, env={"PATH": PATH})
         logf.close()
         self.init_pid = self._child_of(self.proc.pid)
-        host_end = f"gh-{self.spec.name}"[:15]
+        host_end = f"{VETH_PREFIX}{self.spec.name.removeprefix('node-')}"[:15]
         run(["ip", "link", "add", host_end, "type", "veth", "peer", "name", "eth0", "netns", str(self.init_pid)])
         run(["ip", "link", "set", host_end, "master", BRIDGE, "up"])
         deadline = time.monotonic() + timeout
@@ -783,20 +790,26 @@ def _fixtures():
     def cluster(control_plane, sid_root, gpuhook_image):
         """The three nodes (NODES) Ready on the session's control plane."""
         with contextlib.ExitStack() as stack:
+            why = None
             try:
                 c = stack.enter_context(running(control_plane, sid_root, gpuhook_image))
             except NodeError as e:
-                pytest.fail(f"no cluster: {e}", pytrace=False)
+                why = str(e)
+            if why is not None:  # (outside the except: the one line, no chained exception)
+                pytest.fail(f"no cluster: {why}", pytrace=False)
             yield c
 
     @pytest.fixture(scope="session")
     def gpuhook_installed(cluster, gpuhook_applied):
         """`kubectl apply -k daemonset/` done (gpuhook_applied) and, with nothing else done,
         the DaemonSet's pod Ready on every node and each node labelled runtime-ready."""
+        why = None
         try:
             wait_installed(cluster)
         except NodeError as e:
-            pytest.fail(f"gpuhook not installed by its DaemonSet: {e}\n{cluster.logs()}", pytrace=False)
+            why = f"gpuhook not installed by its DaemonSet: {e}\n{cluster.logs()}"
+        if why is not None:
+            pytest.fail(why, pytrace=False)
         return cluster
 
     return cluster, gpuhook_installed

@@ -132,9 +132,9 @@ def test_the_next_run_removes_what_a_killed_run_left(tmp_path):
     pids_dir = os.path.join(node.CGROUP_FS, "pids", cgroup, "node-x", "kubepods")
     os.makedirs(pids_dir)
     deadline = time.monotonic() + 10
-    while len(node.marked_pids(mark)) < 2 and time.monotonic() < deadline:  # unshare and its sh
+    while len(node.marked_pids(mark)) < 2 and time.monotonic() < deadline:  # unshare and its sh (and a fork)
         time.sleep(0.05)
-    assert len(node.marked_pids(mark)) == 2
+    assert len(node.marked_pids(mark)) >= 2
     found = node.cleanup_leftovers(mark, str(base), cgroup)
     assert init.wait(10) is not None
     assert node.marked_pids(mark) == [] and not os.path.exists(os.path.join(node.CGROUP_FS, "pids", cgroup))
