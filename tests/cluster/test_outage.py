@@ -12,6 +12,7 @@ import time
 import demo
 import node
 import versions
+from conftest import is_root, requires
 
 
 def test_three_nodes_and_gpuhook_installed_by_its_daemonset(gpuhook_installed):
@@ -118,6 +119,7 @@ def test_the_seeds_outage(gpuhook_installed):
         o.close()
 
 
+@requires(is_root(), "needs root (a PID namespace, cgroups)")
 def test_the_next_run_removes_what_a_killed_run_left(tmp_path):
     """A run killed from outside leaves its node inits (each with its PID namespace), the
     cgroups under node.CGROUP and node.BASE: cleanup_leftovers (the start of every run) removes
