@@ -6,10 +6,10 @@
 PYTHON ?= $(shell for p in /usr/bin/python3 python3; do $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && { echo $$p; break; }; done)
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-APT_PACKAGES := runc crun containerd podman docker.io docker-compose busybox-static gcc libc6-dev libc-bin python3-venv debootstrap
+APT_PACKAGES := runc crun containerd podman docker.io docker-compose busybox-static gcc libc6-dev libc-bin python3-venv debootstrap iproute2 openssl libseccomp-dev
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-other-release deps venv lint bench image clean mutation nri-proto dra-proto front-header
+.PHONY: demo test test-other-release deps venv lint bench image clean mutation nri-proto dra-proto front-header cluster-demo
 
 # System packages the end-to-end tests and the demo use; only as root, only what is missing.
 deps:
@@ -39,6 +39,14 @@ venv: $(HOOK) $(FRONT) $(STAMP)
 
 demo: deps venv
 	@$(BIN)/python tests/demo.py
+
+# The seed's outage on a real Kubernetes cluster on this machine (root): a control plane and
+# three nodes (8 NVIDIA GPUs, AMD GPUs, none), each in namespaces of its own, gpuhook installed
+# by `kubectl apply -k daemonset/`, then the GPU nodes fail one after the other; it prints a
+# timeline (tests/cluster/demo.py). The first run builds Kubernetes from the Go module proxy
+# (cached in /var/cache/gpuhook-test; later runs reuse it).
+cluster-demo: deps venv
+	@$(BIN)/python tests/cluster/demo.py
 
 # The habits of the field first (lint, format, types over gpuhook/), then the suite. As root
 # the end-to-end tests (real runc, containerd, podman, dockerd) must run, not skip.

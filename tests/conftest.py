@@ -410,6 +410,18 @@ def cri_stubs(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def gpuhook_image(tmp_path_factory):
+    """`make image` itself (packaging/build-image.sh building its own bundle from the venv,
+    default name) on a podman storage of this test's own; then `podman save` for `ctr images
+    import` (containerd_harness.build_gpuhook_image)."""
+    import containerd_harness
+
+    image = containerd_harness.build_gpuhook_image(str(tmp_path_factory.mktemp("gpuhook-image")))
+    yield image
+    containerd_harness.remove_gpuhook_image(image)
+
+
+@pytest.fixture(scope="session")
 def real_bundle(tmp_path_factory) -> str:
     """The self-contained host bundle, built once per run by packaging/build-bundle.sh."""
     if shutil.which("ldd") is None:

@@ -127,13 +127,13 @@ def busybox_layer(busybox: str | None = None) -> bytes:
 
 
 def build_busybox_image(path: str, name: str = IMAGE_NAME, cmd: list[str] | None = None,
-                        busybox: str | None = None) -> str:
+                        busybox: str | None = None, extra_layers: tuple[bytes, ...] = ()) -> str:
     """Write an OCI image layout tar for `name` to `path`; returns the manifest digest.
 
     The default command sleeps until killed, so the same image serves as the CRI sandbox
-    ("pause") image."""
-    layer = busybox_layer(busybox)
-    layer_digest = "sha256:" + hashlib.sha256(layer).hexdigest()
+    ("pause") image. extra_layers: uncompressed layer tars over the busybox one, in order."""
+    layers = [busybox_layer(busybox), *extra_layers]
+    digests = ["sha256:" + hashlib.sha256(layer).hexdigest() for layer in layers]
     config = {
         "created": "1970-01-01T00:00:00Z",
         "architecture": _goarch(),
@@ -143,8 +143,9 @@ def build_busybox_image(path: str, name: str = IMAGE_NAME, cmd: list[str] | None
             "Cmd": cmd or ["sleep", "2147483647"],
             "WorkingDir": "/",
         },
-        "rootfs": {"type": "layers", "diff_ids": [layer_digest]},  # uncompressed: digest == diff_id
-        "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "gpuhook tests: busybox-static"}],
+        "rootfs": {"type": "layers", "diff_ids": digests},  # uncompressed: digest == diff_id
+        "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "gpuhook tests: busybox-static"}]
+        + [{"created": "1970-01-01T00:00:00Z", "created_by": "gpuhook tests: a layer over it"}] * len(extra_layers),
     }
     config_bytes = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
     config_digest = "sha256:" + hashlib.sha256(config_bytes).hexdigest()
@@ -153,8 +154,8 @@ def build_busybox_image(path: str, name: str = IMAGE_NAME, cmd: list[str] | None
         "mediaType": "application/vnd.oci.image.manifest.v1+json",
         "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
                    "digest": config_digest, "size": len(config_bytes)},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
-                    "digest": layer_digest, "size": len(layer)}],
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": digest, "size": len(layer)}
+                   for digest, layer in zip(digests, layers)],
     }
     manifest_bytes = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
     manifest_digest = "sha256:" + hashlib.sha256(manifest_bytes).hexdigest()
@@ -173,12 +174,46 @@ def build_busybox_image(path: str, name: str = IMAGE_NAME, cmd: list[str] | None
     with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
         _tar_add(tar, "blobs")
         _tar_add(tar, "blobs/sha256")
-        for digest, blob in ((layer_digest, layer), (config_digest, config_bytes),
-                             (manifest_digest, manifest_bytes)):
+        for digest, blob in (*zip(digests, layers), (config_digest, config_bytes), (manifest_digest, manifest_bytes)):
             _tar_add(tar, "blobs/sha256/" + digest.split(":", 1)[1], data=blob, mode=0o644)
         _tar_add(tar, "oci-layout", data=b'{"imageLayoutVersion":"1.0.0"}', mode=0o644)
         _tar_add(tar, "index.json", data=json.dumps(index).encode(), mode=0o644)
     return manifest_digest
+
+
+def build_gpuhook_image(base: str) -> dict:
+    """`make image` itself (packaging/build-image.sh building its own bundle from the venv,
+    default name) on a podman storage under `base`, then `podman save` (docker-archive) for
+    `ctr images import`: {"name", "tar", "size", "labels", "config", "podman", "base", "line",
+    "seconds"}. AssertionError with make's output when the build fails."""
+    import tempfile
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # podman refuses a runroot over 50 characters: a short one of its own
+    run = tempfile.mkdtemp(prefix="gh-run-", dir="/tmp")
+    podman = (f"podman --root {base}/storage --runroot {run} --storage-driver vfs "
+              "--events-backend none --cgroup-manager cgroupfs")
+    env = dict(os.environ, PODMAN=podman, CONTEXT=os.path.join(base, "context"))
+    started = time.monotonic()
+    r = subprocess.run(["make", "-s", "-C", repo, "image"], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr + r.stdout
+    line = r.stdout.strip().splitlines()[-1]
+    name = line.split(": ")[1]
+    inspect = json.loads(subprocess.run(podman.split() + ["image", "inspect", name], capture_output=True,
+                                        text=True, check=True).stdout)[0]
+    tar = os.path.join(base, "image.tar")
+    subprocess.run(podman.split() + ["save", "--format", "docker-archive", "-o", tar, name], check=True,
+                   capture_output=True, timeout=120)
+    return {"name": name, "tar": tar, "size": inspect["Size"], "labels": inspect["Config"].get("Labels") or {},
+            "config": inspect["Config"], "podman": podman, "base": base, "line": line, "runroot": run,
+            "seconds": time.monotonic() - started}
+
+
+def remove_gpuhook_image(image: dict) -> None:
+    """What build_gpuhook_image left: the podman storage and its runroot (the tar stays)."""
+    subprocess.run(image["podman"].split() + ["rmi", "-a", "-f"], capture_output=True, timeout=120)
+    shutil.rmtree(os.path.join(image["base"], "storage"), ignore_errors=True)
+    shutil.rmtree(image["runroot"], ignore_errors=True)
 
 
 def tail_of(path: str, n: int = 40) -> str:

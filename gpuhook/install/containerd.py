@@ -1,7 +1,8 @@
 """containerd's config.toml: add or remove the `gpu-optional` runtime handler, in place.
 
 Version 2 (containerd 1.x) keeps the CRI runtime handlers under
-`plugins."io.containerd.grpc.v1.cri".containerd.runtimes`, version 3 (containerd 2.x) under
+`plugins."io.containerd.grpc.v1.cri".containerd.runtimes`, versions 3 (containerd 2.0 to 2.3)
+and 4 (2.4 and later: the servers' sections moved under [plugins], the CRI plugin's stayed) under
 `plugins."io.containerd.cri.v1.runtime".containerd.runtimes`. A file with no `version` is
 version 1 (containerd before 1.5's layout), which is refused rather than guessed at.
 
@@ -37,7 +38,7 @@ from .runtimes import Adapter
 HANDLER = RUNTIME_HANDLER
 ANNOTATIONS = ["gpuhook.dev/*"]
 RUNC_V2 = "io.containerd.runc.v2"
-CRI_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
+CRI_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime", 4: "io.containerd.cri.v1.runtime"}
 DEFAULT_CONFIG = "/etc/containerd/config.toml"
 
 
@@ -55,7 +56,7 @@ def parse(text: str, where: str) -> tuple[tomlkit.TOMLDocument, int]:
             "or 3 (containerd 2.x) first"
         )
     if isinstance(version, bool) or version not in CRI_PLUGIN:
-        raise InstallError(f"{where}: config version {version!r} is not supported (2 or 3)")
+        raise InstallError(f"{where}: config version {version!r} is not supported (2, 3 or 4)")
     return doc, int(version)
 
 
@@ -370,9 +371,9 @@ def _read(root: str, front: str, mine: dict | None) -> Read:
 
 
 def _nri_default(root: str, doc, version: int) -> bool | None:
-    """Whether NRI is on by default in this node's containerd (None: it has none). Version 3
-    is read by containerd 2.x alone; a version 2 file by 1.6, 1.7 and 2.x: the binary says."""
-    if version == 3:
+    """Whether NRI is on by default in this node's containerd (None: it has none). Versions 3
+    and 4 are read by containerd 2.x alone; a version 2 file by 1.6, 1.7 and 2.x: the binary says."""
+    if version >= 3:
         return True
     binary = find_binary(root)
     if binary is not None:

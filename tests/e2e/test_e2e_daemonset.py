@@ -23,7 +23,6 @@ import os
 import shutil
 import socket
 import subprocess
-import tempfile
 import time
 import tomllib
 import uuid
@@ -73,36 +72,6 @@ def render() -> list[dict]:
 def pod_template(docs: list[dict]) -> dict:
     (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
     return ds
-
-
-@pytest.fixture(scope="session")
-def gpuhook_image(tmp_path_factory):
-    """`make image` itself (packaging/build-image.sh building its own bundle from the venv,
-    default name) on a podman storage of this test's own; then `podman save` for `ctr images
-    import`."""
-    base = tmp_path_factory.mktemp("gpuhook-image")
-    # podman refuses a runroot over 50 characters: a short one of its own, not under pytest's
-    # numbered (and growing) base directory
-    run = tempfile.mkdtemp(prefix="gh-run-", dir="/tmp")
-    podman = (f"podman --root {base}/storage --runroot {run} --storage-driver vfs "
-              "--events-backend none --cgroup-manager cgroupfs")
-    env = dict(os.environ, PODMAN=podman, CONTEXT=str(base / "context"))
-    started = time.monotonic()
-    r = subprocess.run(["make", "-s", "-C", REPO, "image"], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr + r.stdout
-    line = r.stdout.strip().splitlines()[-1]
-    name = line.split(": ")[1]
-    inspect = json.loads(subprocess.run(podman.split() + ["image", "inspect", name], capture_output=True,
-                                        text=True, check=True).stdout)[0]
-    tar = base / "image.tar"
-    subprocess.run(podman.split() + ["save", "--format", "docker-archive", "-o", str(tar), name], check=True,
-                   capture_output=True, timeout=120)
-    yield {"name": name, "tar": str(tar), "size": inspect["Size"], "labels": inspect["Config"].get("Labels") or {},
-           "config": inspect["Config"], "podman": podman, "base": str(base), "line": line,
-           "seconds": time.monotonic() - started}
-    subprocess.run(podman.split() + ["rmi", "-a", "-f"], capture_output=True, timeout=120)
-    shutil.rmtree(base / "storage", ignore_errors=True)
-    shutil.rmtree(run, ignore_errors=True)
 
 
 # -- kubelet, for one pod template ---------------------------------------------------------------

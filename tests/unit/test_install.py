@@ -289,6 +289,53 @@ def test_no_config_file_but_a_socket(tmp_path, fake_bundle):
     assert not (node / CONFIG).exists()
 
 
+# containerd 2.4's `containerd config default` (version 4: the grpc, ttrpc and metrics servers'
+# sections moved under [plugins]; the CRI plugin's did not), trimmed
+V4_SAMPLE = """\
+version = 4
+root = '/var/lib/containerd'
+state = '/run/containerd'
+
+[plugins]
+  [plugins.'io.containerd.cri.v1.runtime']
+    enable_cdi = true
+
+    [plugins.'io.containerd.cri.v1.runtime'.containerd]
+      default_runtime_name = 'runc'
+
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes]
+        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+          runtime_type = 'io.containerd.runc.v2'
+          sandboxer = 'podsandbox'
+
+          [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+            BinaryName = ''
+            SystemdCgroup = false
+
+  [plugins.'io.containerd.nri.v1.nri']
+    disable = false
+
+  [plugins.'io.containerd.server.v1.grpc']
+    address = '/run/containerd/containerd.sock'
+"""
+
+
+def test_v4_config(tmp_path, fake_bundle):
+    """containerd 2.4's config version 4 (tests/cluster: the CPU node's containerd v2.4.2, whose
+    DaemonSet pod could not install before): the handler where version 3 has it, NRI on."""
+    for front in ("wrapper", "nri"):
+        node = make_node(tmp_path, V4_SAMPLE, name=f"node-{front}")
+        out = ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle, "--front", front))
+        assert "config version 4" in out, out
+        text = (node / CONFIG).read_text()
+        inserted(V4_SAMPLE.splitlines(), text.splitlines())
+        runtimes = tomllib.loads(text)["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]
+        assert runtimes["gpu-optional"]["options"].get("BinaryName", "") == (BINARY if front == "wrapper" else "")
+        assert tomllib.loads(text)["plugins"]["io.containerd.nri.v1.nri"] == {"disable": False}
+        ok(gpuhook("uninstall", "--host-root", node))
+        assert (node / CONFIG).read_text() == V4_SAMPLE
+
+
 def test_v3_config(tmp_path, fake_bundle):
     node = make_node(tmp_path, V3_SAMPLE)
     out = ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))
@@ -748,7 +795,8 @@ def test_kustomization_builds_and_every_manifest_is_valid():
                      ("ValidatingAdmissionPolicyBinding", "gpuhook-own-node-labels"),
                      ("DaemonSet", "gpuhook"), ("RuntimeClass", "gpu-optional"),
                      ("ClusterRole", "gpuhook-pods"), ("ClusterRoleBinding", "gpuhook-pods")} | {
-                     (k, n) for n in ("gpuhook-gpu-optional", "gpuhook-pod-accelerator-label", "gpuhook-agent-pods")
+                     (k, n) for n in ("gpuhook-gpu-optional", "gpuhook-pod-accelerator-label", "gpuhook-agent-pods",
+                                      "gpuhook-agent-events")
                      for k in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")}  # test_admission.py
     by_kind = {d["kind"]: d for d in docs if d["metadata"]["name"] in ("gpuhook", "gpuhook-node", "gpuhook-node-events",
                                                                       "gpuhook-own-node-labels", "gpu-optional",

@@ -23,6 +23,8 @@ def _sources(root: str) -> dict[str, str]:
                 path = os.path.join(d, n)
                 if root == TESTING:
                     out["fakes" + ("" if n == "__init__.py" else "." + n[:-3])] = path
+                elif n == "conftest.py" and d != root:  # a package's (tests/cluster): imported by its dotted name
+                    out[os.path.relpath(d, root).replace(os.sep, ".") + ".conftest"] = path
                 else:
                     out[n[:-3]] = path
     return out
