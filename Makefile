@@ -43,10 +43,10 @@ demo: deps venv
 # The seed's outage on a real Kubernetes cluster on this machine (root): a control plane and
 # three nodes (8 NVIDIA GPUs, AMD GPUs, none), each in namespaces of its own, gpuhook installed
 # by `kubectl apply -k daemonset/`, then the GPU nodes fail one after the other; it prints a
-# timeline (tests/cluster/demo.py). The first run builds Kubernetes from the Go module proxy
+# timeline (tests/cluster/cluster_demo.py). The first run builds Kubernetes from the Go module proxy
 # (cached in /var/cache/gpuhook-test; later runs reuse it).
 cluster-demo: deps venv
-	@$(BIN)/python tests/cluster/demo.py
+	@$(BIN)/python tests/cluster/cluster_demo.py
 
 # The habits of the field first (lint, format, types over gpuhook/), then the suite. As root
 # the end-to-end tests (real runc, containerd, podman, dockerd) must run, not skip.

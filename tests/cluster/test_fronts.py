@@ -15,7 +15,7 @@ import yaml
 
 import node
 from containerd_harness import IMAGE_NAME
-from demo import REPO
+from cluster_demo import REPO
 from kubelet import SHOW
 
 # not under gpuhook.dev/: the agent owns that prefix on its node and removes the keys it did not set

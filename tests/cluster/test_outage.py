@@ -1,4 +1,4 @@
-"""The seed's outage on a real cluster (tests/cluster/node.py, the scenario in demo.py): three
+"""The seed's outage on a real cluster (tests/cluster/node.py, the scenario in cluster_demo.py): three
 nodes, NVIDIA, AMD and CPU-only, gpuhook installed as operators install it, then the seed's
 Deployment through the failure of its GPU nodes."""
 
@@ -9,7 +9,7 @@ import re
 import tempfile
 import time
 
-import demo
+import cluster_demo as demo
 import node
 import versions
 from conftest import is_root, requires

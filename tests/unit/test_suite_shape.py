@@ -125,3 +125,12 @@ def test_the_checks_above_can_fail():
                 if not _checks("test_x_probe", n)] == ["test_nothing", "test_other_error"]
     finally:
         del TREES["test_x_probe"], MODULES["test_x_probe"]
+
+
+def test_no_two_directories_on_the_path_hold_a_module_of_one_name():
+    """tests/ and tests/cluster/ are both on sys.path (the cluster's conftest puts its own
+    directory there): a module of one bare name in both is whichever was imported first for
+    every test (tests/demo.py and the cluster's demo once made a collection error)."""
+    on_path = [TESTS, os.path.join(TESTS, "cluster")]
+    names = [{n[:-3] for n in os.listdir(d) if n.endswith(".py")} - {"conftest", "__init__"} for d in on_path]
+    assert names[0] & names[1] == set()
