@@ -26,35 +26,42 @@ def available() -> str | None:
     return None
 
 
-_stubs: dict[str, tuple] = {}
+_stubs: dict[tuple[str, str], tuple] = {}
+
+
+def compile_proto(src: str, out_dir: str, name: str) -> tuple:
+    """(pb2, pb2_grpc) of the .proto `src`, copied into out_dir as <name>.proto, generated there
+    with grpc_tools.protoc (the well-known types on its path) and imported as <name>_pb2 and
+    <name>_pb2_grpc (pb2_grpc does `import <name>_pb2`: both are loaded from out_dir)."""
+    if (out_dir, name) in _stubs:
+        return _stubs[out_dir, name]
+    import shutil
+
+    import grpc_tools
+    from grpc_tools import protoc
+
+    os.makedirs(out_dir, exist_ok=True)
+    shutil.copy(src, os.path.join(out_dir, f"{name}.proto"))
+    well_known = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
+    rc = protoc.main(["grpc_tools.protoc", f"-I{out_dir}", f"-I{well_known}", f"--python_out={out_dir}",
+                      f"--grpc_python_out={out_dir}", os.path.join(out_dir, f"{name}.proto")])
+    if rc != 0:
+        raise RuntimeError(f"protoc failed ({rc}) on {src}")
+    sys.path.insert(0, out_dir)
+    for module in (f"{name}_pb2", f"{name}_pb2_grpc"):
+        sys.modules.pop(module, None)
+    try:
+        pb2 = importlib.import_module(f"{name}_pb2")
+        pb2_grpc = importlib.import_module(f"{name}_pb2_grpc")
+    finally:
+        sys.path.remove(out_dir)
+    _stubs[out_dir, name] = (pb2, pb2_grpc)
+    return pb2, pb2_grpc
 
 
 def generate(out_dir: str) -> tuple:
-    """Generate api_pb2 / api_pb2_grpc into out_dir and import them: (pb2, pb2_grpc)."""
-    if out_dir in _stubs:
-        return _stubs[out_dir]
-    from grpc_tools import protoc
-    import grpc_tools
-
-    os.makedirs(out_dir, exist_ok=True)
-    well_known = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
-    rc = protoc.main(["grpc_tools.protoc", f"-I{PROTO_DIR}", f"-I{well_known}",
-                      f"--python_out={out_dir}", f"--grpc_python_out={out_dir}",
-                      os.path.join(PROTO_DIR, PROTO)])
-    if rc != 0:
-        raise RuntimeError(f"protoc failed ({rc}) on {os.path.join(PROTO_DIR, PROTO)}")
-    # api_pb2_grpc does `import api_pb2`: load both from out_dir under those names
-    if out_dir not in sys.path:
-        sys.path.insert(0, out_dir)
-    for name in ("api_pb2", "api_pb2_grpc"):
-        sys.modules.pop(name, None)
-    try:
-        pb2 = importlib.import_module("api_pb2")
-        pb2_grpc = importlib.import_module("api_pb2_grpc")
-    finally:
-        sys.path.remove(out_dir)
-    _stubs[out_dir] = (pb2, pb2_grpc)
-    return pb2, pb2_grpc
+    """CRI's stubs (tests/cri/api.proto) generated into out_dir: (api_pb2, api_pb2_grpc)."""
+    return compile_proto(os.path.join(PROTO_DIR, PROTO), out_dir, PROTO.removesuffix(".proto"))
 
 
 class CRIClient:

@@ -19,18 +19,23 @@ PODMAN = ["podman", "--runtime", "runc", "run", "--rm", "--network", "none",
           "--ulimit", "nofile=20000:20000", "--ulimit", "nproc=4096:4096"]
 
 
+TAG_PREFIX = "gpuhook-test-"  # the copies a test places (one test at a time: the suite runs serially)
+
+
 @pytest.fixture
 def cdi_specs(tmp_path):
     """install(paths) copies spec files into /var/run/cdi under names of this test's own;
     everything is removed at the end (and /var/run/cdi when the test made it)."""
     made_dir = not os.path.isdir(CDI_DIR)
-    tag = f"gpuhook-test-{uuid.uuid4().hex[:8]}-"
+    tag = f"{TAG_PREFIX}{uuid.uuid4().hex[:8]}-"
     placed = []
 
     def install(paths):
         os.makedirs(CDI_DIR, exist_ok=True)
         for name in os.listdir(CDI_DIR):  # another gpuhook spec there would clash with ours
             assert not cdi.ours(name), f"{CDI_DIR}/{name}: a gpuhook spec is installed on this machine"
+            if name.startswith(TAG_PREFIX) and os.path.join(CDI_DIR, name) not in placed:
+                os.unlink(os.path.join(CDI_DIR, name))  # a killed run's copy: podman refuses a kind defined twice
         for p in paths:
             dst = os.path.join(CDI_DIR, tag + os.path.basename(p))
             shutil.copy(p, dst)

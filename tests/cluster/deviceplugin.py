@@ -15,10 +15,7 @@ file), serves again and registers again, as a real plugin does.
 
 from __future__ import annotations
 
-import importlib
 import os
-import shutil
-import sys
 import threading
 import time
 from concurrent import futures
@@ -37,33 +34,15 @@ def proto_path() -> str:
                         "v1beta1", "api.proto")
 
 
-_stubs: dict[str, tuple] = {}
-
-
 def stubs(out_dir: str) -> tuple:
     """(pb2, pb2_grpc) of the device-plugin API, generated into out_dir."""
-    if out_dir in _stubs:
-        return _stubs[out_dir]
-    from grpc_tools import protoc
+    from cri_client import compile_proto
 
     src = proto_path()
     if not os.path.exists(src):
         raise FileNotFoundError(f"no {src}: the kubelet's device-plugin API comes with the cluster's build "
                                 "(tests/cluster/gobuild.py)")
-    os.makedirs(out_dir, exist_ok=True)
-    shutil.copy(src, os.path.join(out_dir, PROTO_NAME))
-    rc = protoc.main(["grpc_tools.protoc", f"-I{out_dir}", f"--python_out={out_dir}", f"--grpc_python_out={out_dir}",
-                      os.path.join(out_dir, PROTO_NAME)])
-    if rc != 0:
-        raise RuntimeError(f"protoc failed ({rc}) on {src}")
-    sys.path.insert(0, out_dir)
-    try:
-        pb2 = importlib.import_module("deviceplugin_pb2")
-        pb2_grpc = importlib.import_module("deviceplugin_pb2_grpc")
-    finally:
-        sys.path.remove(out_dir)
-    _stubs[out_dir] = (pb2, pb2_grpc)
-    return pb2, pb2_grpc
+    return compile_proto(src, out_dir, PROTO_NAME.removesuffix(".proto"))
 
 
 class DevicePlugin:
