@@ -43,7 +43,7 @@ import time
 from collections import OrderedDict
 from typing import Callable
 
-from . import kube as kube_mod, labels as labels_mod
+from . import kubeclient, labels as labels_mod
 from ..hook import EVENT as HOOK_EVENT
 from ..nri.plugin import LATE as NRI_LATE, MISSED as NRI_MISSED, NRI_EVENT, UNCONFIRMED as NRI_UNCONFIRMED
 from ..vendors import CPU
@@ -261,7 +261,7 @@ class PodReporter:
     def _attempt(self, rec: dict, attempt: int) -> None:
         try:
             self._report(rec)
-        except kube_mod.KubeError as e:
+        except kubeclient.KubeError as e:
             transient = e.transient
             self._once(
                 e.kind,
@@ -350,7 +350,7 @@ class PodReporter:
             return False
         try:
             pod = self.kube.get_pod(ns, name)
-        except kube_mod.KubeError as e:
+        except kubeclient.KubeError as e:
             if e.status != 404:
                 raise
             pod = {}  # no such pod: the line is not trusted either

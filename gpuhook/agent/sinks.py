@@ -17,7 +17,7 @@ from typing import Callable
 
 from .. import cdi, hook
 from ..probe import nodestate
-from . import kube as kube_mod, labels as labels_mod
+from . import kubeclient, labels as labels_mod
 
 
 class DevLinks:
@@ -127,7 +127,7 @@ class Events:
         try:
             self.kube.post_event(reason, message, type_, self.node_uid)
             self.log.info("event.posted", reason=reason, node=self.kube.node)
-        except kube_mod.KubeError as e:
+        except kubeclient.KubeError as e:
             self.error(e, what="node event", event_reason=reason)
 
     def error(self, e, **kw) -> None:
@@ -174,7 +174,7 @@ class NodeLabels:
             return True
         try:
             synced = labels_mod.sync_node_labels(self.kube, node_labels)
-        except kube_mod.KubeError as e:
+        except kubeclient.KubeError as e:
             self.synced = None  # try again, after a backoff
             self.failures += 1
             wait = min(2.0 ** (self.failures - 1), self.resync)
