@@ -238,7 +238,7 @@ class ReadyFile:
 
 
 class NRIState:
-    """A consumer of the node log's lines (podevents.CreateFollower) for the NRI plugin's own
+    """A consumer of the node log's lines (follow.CreateFollower) for the NRI plugin's own
     lines alone (event "nri"): a Synchronize that keeps failing is said in the agent's log and
     as a Warning on the Node; synchronized again, said in the log."""
 
