@@ -23,7 +23,7 @@ On the per-container path: stdlib and record.py only.
 from .record import Record
 
 # what a container given no GPU runs on, where a vendor would be named: the pod label
-# gpuhook.dev/accelerator of such a container (agent/podevents.py), and GPUHOOK_ACCELERATOR of
+# gpuhook.dev/accelerator of such a container (agent/events.py), and GPUHOOK_ACCELERATOR of
 # one given DRA's `none` device (gpuhook.dev/none=none): the default of the README's
 # os.environ.get("GPUHOOK_ACCELERATOR", "cpu")
 CPU = "cpu"

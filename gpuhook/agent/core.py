@@ -191,7 +191,7 @@ class Agent:
         )
 
     def _start_creates(self) -> None:
-        """Follow the runtime's log for pod Events and metrics (podevents.py, metrics.py)."""
+        """Follow the runtime's log (follow.py) for pod Events and metrics (podevents.py, metrics.py)."""
         consumers: list = []
         if self.opts.metrics_address:
             from .metrics import Metrics
@@ -213,7 +213,7 @@ class Agent:
         path = self.opts.resolved_runtime_log() if consumers else ""
         if not path:
             return
-        from .podevents import CreateFollower
+        from .follow import CreateFollower
 
         self.follower = CreateFollower(path, [*consumers, sinks.NRIState(self.events, self.log)], self.log)
         self.follower.start(self.stop_event)

@@ -199,7 +199,7 @@ def sync_node_labels(api, labels: dict[str, str]) -> NodeSync:
     (NodeSync.foreign), and an own label no longer wanted (no GPU left, the key renamed or
     turned off) is removed in a patch of its own, so that an admission policy that no longer
     allows that key (a rename) never holds back the others."""
-    from .kube import KubeError
+    from .kubeclient import KubeError
 
     node = api.get_node()
     meta = node.get("metadata") or {}

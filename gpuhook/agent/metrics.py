@@ -1,6 +1,6 @@
 """Prometheus metrics of the node agent (`gpuhook agent --metrics-address 127.0.0.1:9402`).
 
-Off unless asked for. The runtime's creates come from its log (podevents.CreateFollower:
+Off unless asked for. The runtime's creates come from its log (follow.CreateFollower:
 the runtime itself never serves or counts anything); the rest is read from the agent's state
 when Prometheus scrapes:
 

@@ -17,7 +17,7 @@ from typing import Callable
 
 from .. import cdi, hook
 from ..probe import nodestate
-from . import kube as kube_mod, labels as labels_mod
+from . import kubeclient, labels as labels_mod
 
 
 class DevLinks:
@@ -127,7 +127,7 @@ class Events:
         try:
             self.kube.post_event(reason, message, type_, self.node_uid)
             self.log.info("event.posted", reason=reason, node=self.kube.node)
-        except kube_mod.KubeError as e:
+        except kubeclient.KubeError as e:
             self.error(e, what="node event", event_reason=reason)
 
     def error(self, e, **kw) -> None:
@@ -174,7 +174,7 @@ class NodeLabels:
             return True
         try:
             synced = labels_mod.sync_node_labels(self.kube, node_labels)
-        except kube_mod.KubeError as e:
+        except kubeclient.KubeError as e:
             self.synced = None  # try again, after a backoff
             self.failures += 1
             wait = min(2.0 ** (self.failures - 1), self.resync)
@@ -238,7 +238,7 @@ class ReadyFile:
 
 
 class NRIState:
-    """A consumer of the node log's lines (podevents.CreateFollower) for the NRI plugin's own
+    """A consumer of the node log's lines (follow.CreateFollower) for the NRI plugin's own
     lines alone (event "nri"): a Synchronize that keeps failing is said in the agent's log and
     as a Warning on the Node; synchronized again, said in the log."""
 

@@ -169,7 +169,7 @@ def _add_report_args(sp) -> None:
 def cmd_agent(args) -> int:
     from .. import log as logmod
     from ..agent.core import Agent
-    from ..agent.kube import KubeError
+    from ..agent.kubeclient import KubeError
 
     opts = _options(args)
     logmod.configure(fmt=args.log_format, level=args.log_level)

@@ -66,7 +66,8 @@ def add_commands(sub) -> None:
 def _api(args):
     """The API client: the kubeconfig's, else the pod's service account's; a UsageError when
     there is none (prepare reads the allocation from the ResourceClaim)."""
-    from ..agent.kube import KubeAPI, KubeError
+    from ..agent.kube import KubeAPI
+    from ..agent.kubeclient import KubeError
 
     try:
         if args.kubeconfig:

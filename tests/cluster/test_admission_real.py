@@ -284,9 +284,9 @@ AGENT_POLICY = "gpuhook-agent-pods"
 
 def agent_error(fn, *args, **kw):
     """The KubeError gpuhook's client raises for a refused call."""
-    from gpuhook.agent import kube
+    from gpuhook.agent import kubeclient
 
-    with pytest.raises(kube.KubeError) as e:
+    with pytest.raises(kubeclient.KubeError) as e:
         fn(*args, **kw)
     return e.value
 

@@ -377,7 +377,7 @@ def test_an_answer_after_the_runtimes_deadline_is_logged_late_never_injected(nri
     lists it to the reconnected plugin), names no GPU, and the agent's Event claims none."""
     import threading
 
-    from gpuhook.agent import podevents
+    from gpuhook.agent import events
     from kubelet import SHOW
 
     ctd, client, k, rt, plugin, _host = nri_node
@@ -404,7 +404,7 @@ def test_an_answer_after_the_runtimes_deadline_is_logged_late_never_injected(nri
     (rec,) = wait_records(rt, made["id"])
     assert (rec["decision"], rec["front"]) == ("late", "nri"), rec  # today's main: "injected", 8 GPUs
     assert not {"vendors", "devices", "nodes"} & set(rec) and rec["planned_devices"] == 8, rec
-    reason, type_, msg, label = podevents.event_for(rec)
+    reason, type_, msg, label = events.event_for(rec)
     assert (reason, type_, label) == ("RanOnCPU", "Warning", "cpu") and "after NRI's request timeout" in msg
     # and it serves again: the next container gets its GPUs, confirmed by the runtime
     status, out = k.run_to_completion(pod_id, pod_config, "after", SHOW)
@@ -417,7 +417,7 @@ def test_a_pod_created_before_the_plugin_registers_after_a_containerd_restart_is
     with the new one (held here with SIGSTOP, as a slow start would): the pod starts without
     GPUs, and once the plugin is registered its Synchronize list gives the container a
     "missed" line (today's main: no line at all). A runc pod's container gets none."""
-    from gpuhook.agent import podevents
+    from gpuhook.agent import events
     from kubelet import SHOW
 
     ctd, client, k, rt, plugin, _host = nri_node
@@ -447,7 +447,7 @@ def test_a_pod_created_before_the_plugin_registers_after_a_containerd_restart_is
     assert (rec["decision"], rec["front"], rec["pod_name"], rec["container_name"]) == \
         ("missed", "nri", "nri-early", "early"), rec
     assert "not registered" in rec["reason"]
-    assert podevents.event_for(rec)[:2] == ("RanOnCPU", "Warning")
+    assert events.event_for(rec)[:2] == ("RanOnCPU", "Warning")
     assert nri_records(rt, plain) == []
     # said once: a new plugin process (an upgrade) is given the same list, and finds the line there
     plugin.kill()

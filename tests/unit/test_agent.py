@@ -548,11 +548,12 @@ def test_agent_from_a_workstation_with_a_kubeconfig(tmp_path, make_host):
 
 def test_the_runtime_never_imports_the_kubernetes_client():
     """gpuhook.runtime (every container create) and gpuhook.agent.labels stay off lightkube, httpx
-    and gpuhook.agent.kube; gpuhook.agent.kube itself imports lightkube only when a client is made."""
+    and gpuhook.agent.kube(client); gpuhook.agent.kube itself imports lightkube only when a client is
+    made."""
     code = ("import sys\n"
             "import gpuhook.runtime, gpuhook.agent.labels\n"
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('lightkube', 'httpx2', 'httpcore2', 'msgspec',"
-            " 'anyio', 'yaml') or m == 'gpuhook.agent.kube')\n"
+            " 'anyio', 'yaml') or m in ('gpuhook.agent.kube', 'gpuhook.agent.kubeclient'))\n"
             "import gpuhook.agent.kube\n"
             "bad += sorted(m for m in sys.modules if m.split('.')[0] in ('lightkube', 'httpx2'))\n"
             "print(' '.join(bad))")

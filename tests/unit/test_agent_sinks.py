@@ -7,7 +7,7 @@ import os
 import threading
 import time
 
-from gpuhook.agent import kube as kube_mod, labels as labels_mod, sinks, watch
+from gpuhook.agent import kubeclient, labels as labels_mod, sinks, watch
 
 
 class Log:
@@ -97,8 +97,8 @@ def test_events_post_with_the_nodes_uid_and_the_failed_install_once():
 
 def test_api_errors_are_said_once_per_kind_until_the_api_works_again():
     log = Log()
-    down = kube_mod.KubeError("connection refused")
-    kube = Kube(fail=[down, down, kube_mod.KubeError("forbidden", 403)])
+    down = kubeclient.KubeError("connection refused")
+    kube = Kube(fail=[down, down, kubeclient.KubeError("forbidden", 403)])
     ev = sinks.Events(kube, log)
     for _ in range(3):
         ev.post("GPUInventory", "x")
@@ -115,7 +115,7 @@ def test_node_labels_back_off_after_a_failure_and_patch_again_when_due(monkeypat
     def sync(api, labels):
         calls.append(dict(labels))
         if len(calls) <= 2:
-            raise kube_mod.KubeError("down")
+            raise kubeclient.KubeError("down")
         return labels_mod.NodeSync(patch=dict(labels), removed=[], uid="uid-9", foreign={})
 
     monkeypatch.setattr(labels_mod, "sync_node_labels", sync)

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from conftest import INTEL, NV
-from gpuhook.agent import kube, labels
+from gpuhook.agent import kube, kubeclient, labels
 from gpuhook.inventory import Inventory
 from gpuhook.probe import probe
 from fakes.kubeapi import FakeAPI, write_kubeconfig
@@ -118,20 +118,20 @@ def test_api_patch_sets_and_removes_labels(fake_api, tmp_path, tls):
 def test_api_errors_are_one_line(fake_api, tmp_path):
     api = fake_api()
     bad = kube.KubeAPI(api.url, "wrong", "node-1")
-    with pytest.raises(kube.KubeError, match=r"HTTP 401: Unauthorized") as e:
+    with pytest.raises(kubeclient.KubeError, match=r"HTTP 401: Unauthorized") as e:
         bad.get_node()
     assert e.value.status == 401
-    with pytest.raises(kube.KubeError, match="HTTP 404"):
+    with pytest.raises(kubeclient.KubeError, match="HTTP 404"):
         kube.KubeAPI(api.url, api.token, "other-node").get_node()
     closed = kube.KubeAPI("http://127.0.0.1:1", "t", "n", timeout=2)
-    with pytest.raises(kube.KubeError, match="GET /api/v1/nodes/n"):
+    with pytest.raises(kubeclient.KubeError, match="GET /api/v1/nodes/n"):
         closed.get_node()
     if shutil.which("openssl"):  # TLS with a CA that did not sign the server's certificate
         tls = fake_api(tls_dir=str(tmp_path))
         (tmp_path / "other").mkdir()
         other = FakeAPI(tls_dir=str(tmp_path / "other"))
         other.close()
-        with pytest.raises(kube.KubeError, match="CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
+        with pytest.raises(kubeclient.KubeError, match="CERTIFICATE_VERIFY_FAILED|certificate verify failed"):
             kube.KubeAPI(tls.url, tls.token, "node-1", other.ca_file).get_node()
 
 
@@ -210,7 +210,7 @@ def test_a_401_reads_the_token_file_again(fake_api, tmp_path):
     assert api.auth[1:] == ["Bearer tok-1", "Bearer tok-2"]
     # a token the API does not take even after reading it again: one error, HTTP 401
     api.token = "tok-3"
-    with pytest.raises(kube.KubeError, match="HTTP 401: Unauthorized") as e:
+    with pytest.raises(kubeclient.KubeError, match="HTTP 401: Unauthorized") as e:
         client.get_node()
     assert e.value.kind == "http-401" and not e.value.transient
     (sa / "token").unlink()  # the file gone: the last token it had is still sent
@@ -256,16 +256,16 @@ def test_kubeconfig_errors_are_one_line(fake_api, tmp_path):
     (tmp_path / "empty").write_text("apiVersion: v1\nkind: Config\n")
     cases["empty"] = str(tmp_path / "empty")
     for name, path in cases.items():
-        with pytest.raises(kube.KubeError) as e:
+        with pytest.raises(kubeclient.KubeError) as e:
             kube.KubeAPI.from_kubeconfig(path, node="n")
         assert e.value.kind == "config" and str(e.value).startswith(f"--kubeconfig {path}: ")
         assert "\n" not in str(e.value), (name, str(e.value))
     cfg = write_kubeconfig(tmp_path / "kubeconfig", api)
-    with pytest.raises(kube.KubeError, match="Context 'nope' not found"):
+    with pytest.raises(kubeclient.KubeError, match="Context 'nope' not found"):
         kube.KubeAPI.from_kubeconfig(cfg, "nope", node="n")
     # no CA in the kubeconfig: the system's CAs do not know the fake API's certificate
     bare = kube.KubeAPI.from_kubeconfig(write_kubeconfig(tmp_path / "bare", api, ca="none"), node="node-1")
-    with pytest.raises(kube.KubeError, match="CERTIFICATE_VERIFY_FAILED|certificate verify failed") as e:
+    with pytest.raises(kubeclient.KubeError, match="CERTIFICATE_VERIFY_FAILED|certificate verify failed") as e:
         bare.get_node()
     assert e.value.kind == "tls" and e.value.status is None
 
@@ -292,6 +292,6 @@ def test_kubeconfig_with_a_client_certificate_and_an_exec_plugin(fake_api, tmp_p
     # without the certificate the TLS handshake fails: one error, no answer
     user.pop("client-certificate"), user.pop("client-key")
     no_cert = kube.KubeAPI.from_kubeconfig(write_kubeconfig(tmp_path / "kubeconfig", api, user=user), node="node-1")
-    with pytest.raises(kube.KubeError) as e:
+    with pytest.raises(kubeclient.KubeError) as e:
         no_cert.get_node()
     assert e.value.status is None and len(api.auth) == 1

@@ -12,7 +12,7 @@ import os
 
 from conftest import gpuhook
 from gpuhook import fastjson, log
-from gpuhook.agent import podevents
+from gpuhook.agent import follow
 from gpuhook.nri import plugin as nri
 from gpuhook import logline
 from gpuhook.runtime.logline import PREFIX, write_log
@@ -38,7 +38,7 @@ def followed(path: str) -> list[str]:
         def handle(self, rec):
             seen.append(rec)
 
-    podevents.CreateFollower(path, [Consumer()], log.get(), from_start=True).read_new(first=True)
+    follow.CreateFollower(path, [Consumer()], log.get(), from_start=True).read_new(first=True)
     return ids(seen)
 
 
@@ -141,7 +141,7 @@ def test_the_agent_reads_a_line_only_when_it_is_whole(tmp_path):
         def handle(self, rec):
             seen.append(rec["container_id"])
 
-    f = podevents.CreateFollower(str(path), [Consumer()], log.get(), from_start=True)
+    f = follow.CreateFollower(str(path), [Consumer()], log.get(), from_start=True)
     assert f.read_new(first=True) == 1
     for undo in ("blank", "cut"):
         start = path.stat().st_size
@@ -170,7 +170,7 @@ def test_the_agent_started_mid_line_skips_its_rest(tmp_path):
         def handle(self, rec):
             seen.append(rec["container_id"])
 
-    f = podevents.CreateFollower(str(path), [Consumer()], log.get())
+    f = follow.CreateFollower(str(path), [Consumer()], log.get())
     assert f.read_new(first=True) == 0
     with open(path, "ab") as out:
         out.write(create(1)[30:] + create(2))

@@ -18,7 +18,7 @@ from conftest import REPO, needs_cri, wrapper_path
 from fakes.front import prime
 from gpuhook.agent import core as agent_mod
 from gpuhook import log
-from gpuhook.agent import podevents, sinks
+from gpuhook.agent import events, follow, podevents, sinks
 
 
 def create(decision="injected", pod="trainer-0", ns="ml", uid="uid-trainer-0", ctr="app", **kw) -> dict:
@@ -40,15 +40,15 @@ class Clock:
 
 
 def test_what_each_create_says():
-    assert podevents.event_for(create()) == (
+    assert events.event_for(create()) == (
         "GPUsInjected", "Normal", "container app got 2 GPU device(s): nvidia x2: nvidia:GPU-0, nvidia:GPU-1", "nvidia")
-    assert podevents.event_for(create("no-gpu")) == ("RanOnCPU", "Normal",
+    assert events.event_for(create("no-gpu")) == ("RanOnCPU", "Normal",
                                                     "container app runs without a GPU: CPU-only node", "cpu")
     why = 'all 8 GPU(s) held back: allocated by the kubelet to other pods (share = "unallocated")'
-    assert podevents.event_for(create("declined", reason=why))[2] == f"container app runs without a GPU: {why}"
-    reason, type_, msg, _ = podevents.event_for(create("error", error="config.json is not valid JSON"))
+    assert events.event_for(create("declined", reason=why))[2] == f"container app runs without a GPU: {why}"
+    reason, type_, msg, _ = events.event_for(create("error", error="config.json is not valid JSON"))
     assert (reason, type_) == ("RanOnCPU", "Warning") and "gpuhook failed (config.json is not valid JSON)" in msg
-    assert podevents.event_for(create("sandbox")) is None
+    assert events.event_for(create("sandbox")) is None
 
 
 def test_events_labels_and_aggregation(fake_api, logs):
@@ -151,7 +151,7 @@ def test_the_follower_reads_appended_lines_and_survives_rotation(tmp_path, logs)
         def handle(self, rec):
             seen.append(rec["pod_name"])
 
-    f = podevents.CreateFollower(str(path), [C()], log.get())
+    f = follow.CreateFollower(str(path), [C()], log.get())
     assert f.read_new(first=True) == 0  # what was there before the agent started is not replayed
     with open(path, "a") as out:
         out.write(json.dumps(create(pod="a")) + "\ngarbage\n" + json.dumps({"event": "other"}) + "\n")
@@ -181,7 +181,7 @@ def test_a_hook_line_becomes_a_warning_on_its_containers_pod(tmp_path, fake_api,
 
     path = tmp_path / "gpuhook.log"
     path.write_text("")
-    f = podevents.CreateFollower(str(path), [r, Metrics()], log.get())
+    f = follow.CreateFollower(str(path), [r, Metrics()], log.get())
     f.read_new(first=True)
     hook_line = {"time": "2026-01-01T00:00:30.000Z", "event": "hook", "kind": "ldcache", "container_id": "c" * 64,
                  "outcome": "timeout", "error": "ldconfig in /b/rootfs took over 25 s: stopped; driver libraries "
@@ -397,8 +397,8 @@ def test_the_agent_posts_only_gpuhooks_own_reasons():
 
     from gpuhook.hook import BYPATH, LDCACHE
 
-    creates = {podevents.event_for(create(d))[0] for d in ("injected", "no-gpu", "declined", "error", "unconfirmed")}
-    hooks = {podevents.event_for({**create(podevents.HOOK_DECISION), "kind": k})[0] for k in (LDCACHE, BYPATH)}
+    creates = {events.event_for(create(d))[0] for d in ("injected", "no-gpu", "declined", "error", "unconfirmed")}
+    hooks = {events.event_for({**create(events.HOOK_DECISION), "kind": k})[0] for k in (LDCACHE, BYPATH)}
     assert creates | hooks | {dra_service.LOST_REASON} == set(kube.EVENT_REASONS["Pod"])
     node_reasons = set()
     for name in ("core.py", "summary.py", "sinks.py"):  # the loop's, a probe's summary's, the sinks'
@@ -413,10 +413,10 @@ def test_the_agent_posts_only_gpuhooks_own_reasons():
 
 
 def test_an_event_says_when_the_nri_plugin_made_the_create():
-    reason, _type, msg, label = podevents.event_for(create(front="nri"))
+    reason, _type, msg, label = events.event_for(create(front="nri"))
     assert reason == "GPUsInjected" and msg.startswith("container app (through NRI) got 2 GPU device(s)") and label
-    assert "NRI" not in podevents.event_for(create())[2]
-    assert podevents.event_for(create("no-gpu", front="nri"))[2].startswith("container app (through NRI)")
+    assert "NRI" not in events.event_for(create())[2]
+    assert events.event_for(create("no-gpu", front="nri"))[2].startswith("container app (through NRI)")
 
 
 def test_the_creates_metric_says_which_front_made_each_create():
@@ -465,11 +465,11 @@ def test_an_nri_create_the_runtime_made_without_gpus_claims_none(fake_api, logs)
     and no label. None says the container got GPUs."""
     from gpuhook.nri import plugin
 
-    late = podevents.event_for(nri_line(plugin.LATE, plugin.WHY_LATE))
+    late = events.event_for(nri_line(plugin.LATE, plugin.WHY_LATE))
     assert late == ("RanOnCPU", "Warning", f"container app (through NRI) runs without a GPU: {plugin.WHY_LATE}", "cpu")
-    missed = podevents.event_for(nri_line(plugin.MISSED, plugin.WHY_MISSED))
+    missed = events.event_for(nri_line(plugin.MISSED, plugin.WHY_MISSED))
     assert missed[:2] == ("RanOnCPU", "Warning") and missed[3] == "cpu" and "not registered" in missed[2]
-    reason, type_, msg, label = podevents.event_for(nri_line(plugin.UNCONFIRMED, plugin.WHY_SILENT))
+    reason, type_, msg, label = events.event_for(nri_line(plugin.UNCONFIRMED, plugin.WHY_SILENT))
     assert (reason, type_, label) == ("GPUsUnconfirmed", "Warning", None) and "never confirmed" in msg
     api = fake_api()
     api.add_pod("ml", "trainer-0", "uid-trainer-0")
@@ -492,7 +492,7 @@ def test_the_nri_plugins_own_lines_reach_the_agent_the_metrics_and_a_node_event(
     path = tmp_path / "gpuhook.log"
     path.write_text("")
     nri_state = sinks.NRIState(sinks.Events(api.client(), log.get()), log.get())
-    f = podevents.CreateFollower(str(path), [m, nri_state], log.get())
+    f = follow.CreateFollower(str(path), [m, nri_state], log.get())
     f.read_new(first=True)
     failed = {"time": "t", "event": plugin.NRI_EVENT, "front": "nri", "state": "sync-failed", "failures": 1,
               "error": "the runtime closed the connection before it synchronized the plugin (closed by the runtime)"}

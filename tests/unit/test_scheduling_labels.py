@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO
 from conftest import plan_on
 from gpuhook import config, defaults, log
-from gpuhook.agent import core as agent_mod, kube, labels
+from gpuhook.agent import core as agent_mod, kubeclient, labels
 from gpuhook.inventory import Inventory
 from gpuhook.plan import Request
 from gpuhook.probe import probe
@@ -155,7 +155,7 @@ def test_the_agent_removes_its_own_gpu_type_when_the_gpu_goes(fake_api):
     client = api.client()
     labels.sync_node_labels(client, labels.node_labels(Inventory("/", (NV,)), True, KEY))
     assert api.labels[KEY] == "nvidia"
-    # the fake API records each change under the ?fieldManager= the real client sends: kube.py's
+    # the fake API records each change under the ?fieldManager= the real client sends: kubeclient.py's
     # name and labels.AGENT_NAME are the same, or this fails
     assert labels.owned_labels(api.node) >= {KEY, "gpuhook.dev/accelerator"}
     synced = labels.sync_node_labels(client, labels.node_labels(Inventory("/", ()), True, KEY))
@@ -217,7 +217,7 @@ class Denying:
     def patch_labels(self, patch):
         self.patches.append(dict(patch))
         if self.key in patch:
-            raise kube.KubeError("PATCH /api/v1/nodes/node-1: HTTP 422: denied by gpuhook-own-node-labels", 422)
+            raise kubeclient.KubeError("PATCH /api/v1/nodes/node-1: HTTP 422: denied by gpuhook-own-node-labels", 422)
         return self.client.patch_labels(patch)
 
 
@@ -227,7 +227,7 @@ def test_a_renamed_key_the_policy_no_longer_allows_never_holds_back_the_rest(fak
     api = fake_api()
     labels.sync_node_labels(api.client(), labels.node_labels(Inventory("/", (NV,)), True, KEY))
     denying = Denying(api.client(), KEY)
-    with pytest.raises(kube.KubeError, match=r"removing the agent's label gpu\.type: .*HTTP 422") as e:
+    with pytest.raises(kubeclient.KubeError, match=r"removing the agent's label gpu\.type: .*HTTP 422") as e:
         labels.sync_node_labels(denying, labels.node_labels(Inventory("/", (NV, INTEL)), True, "example.com/gpu"))
     assert e.value.status == 422
     assert api.labels["example.com/gpu"] == "nvidia" and api.labels["gpuhook.dev/accelerator.intel"] == "true"
