@@ -590,3 +590,14 @@ def test_a_relative_runtime_is_the_callers_found_in_its_cwd(tmp_path):
     assert cfg.find_runtime("myrunc", path="bin", cwd=str(tmp_path)) == str(exe)
     assert cfg.find_runtime("bin/myrunc", cwd=str(tmp_path / "bin")) is None
     assert cfg.find_runtime(str(exe), cwd="/nonexistent") == str(exe)
+
+
+def test_check_is_the_readers_own_errors_one_line_each():
+    """config.check (`gpuhook config check`'s) says exactly what the reader says of the same
+    text: nothing for a valid file, one line per problem of one that is not."""
+    assert cfg.check('fail_mode = "closed"\nprobe_cache_ttl = 5\n') == []
+    bad = 'fail_mode = "sometimes"\nbogus = 1\n'
+    assert cfg.check(bad) == cfg.parse(bad)[1] == [
+        "bogus: unknown key, ignored",
+        "fail_mode: 'sometimes' is not one of open, closed; 'open' used",
+    ]
