@@ -36,6 +36,7 @@ import re
 import time
 from typing import Callable
 
+from ..logline import POD_KEYS
 from . import kubeclient, labels as labels_mod
 from .budgets import Bucket, Lru
 from .events import HOOK_DECISION, event_for
@@ -45,7 +46,6 @@ POD_LABEL = labels_mod.ACCELERATOR  # gpuhook.dev/accelerator, on pods as on nod
 # put in a URL
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?\Z")
 _UID = re.compile(r"^[A-Za-z0-9-]{1,64}\Z")
-_POD_KEYS = ("pod_namespace", "pod_name", "pod_uid", "container_name")
 MAX_ENTRIES = 4096  # pods checked, lines refused, Events to aggregate, labels set
 MAX_NAMESPACES = 1024  # namespaces with a budget of their own
 MAX_EARLY_HOOKS = 256  # containers whose hook lines came before their create line (NRI's)
@@ -122,7 +122,7 @@ class PodReporter:
     def handle(self, rec: dict) -> None:
         cid = rec.get("container_id")
         if isinstance(cid, str) and isinstance(rec.get("pod_uid"), str):
-            self.containers.put(cid, {k: rec.get(k) for k in _POD_KEYS})
+            self.containers.put(cid, {k: rec.get(k) for k in POD_KEYS})
         self._attempt(rec, 0)
         early = self.early_hooks.pop(cid, None) if isinstance(cid, str) else None
         for hook in early or ():

@@ -41,7 +41,7 @@ from collections import OrderedDict
 from typing import Any
 
 from ..hook import ROOTFS_FROM_STATE
-from ..logline import LATE, MISSED, NRI, UNCONFIRMED, bounded_warnings
+from ..logline import LATE, MISSED, NRI, POD_KEYS, UNCONFIRMED, bounded_warnings
 from . import wire
 
 DEFAULT_SOCKET = "/var/run/nri/nri.sock"  # NRI's api.DefaultSocketPath
@@ -566,17 +566,10 @@ class Plugin:
                 self.say(f"cannot write the node log: {type(e).__name__}: {e}")
 
 
-def pod_fields() -> tuple[str, ...]:
-    """The keys of a create line that name the pod (plan.policy.pod_of's)."""
-    from ..plan.policy import POD_ANNOTATIONS_CONTAINERD
-
-    return tuple(POD_ANNOTATIONS_CONTAINERD)
-
-
 def not_injected(record: dict, decision: str, why: str) -> dict:
     """A pending "injected" record as a line that claims no GPU: what the create was, the
     decision the runtime's word made of it, and why."""
-    keep = {k: v for k, v in record.items() if k in ("front", "container_id", *pod_fields())}
+    keep = {k: v for k, v in record.items() if k in ("front", "container_id", *POD_KEYS)}
     return {**keep, "decision": decision, "reason": why, "planned_devices": len(record.get("devices") or [])}
 
 
