@@ -29,16 +29,17 @@ def event_for(rec: dict) -> tuple[str, str, str, str | None] | None:
     """(reason, type, message, accelerator label value: None to leave it) for a create's line
     (read as the typed logline.CreateRecord) or a hook line with its pod, decision
     HOOK_DECISION; None when it is not about a container of a pod (sandbox, no pod in the line)."""
+    from ..inject import DECLINED, ERROR, INJECTED, NO_GPU
     from ..logline import NRI, CreateRecord
 
     if rec.get("decision") == HOOK_DECISION:
         return _hook_event(rec)
     r = CreateRecord.read(rec)
-    if r is None or r.decision not in ("injected", "no-gpu", "declined", "error", "unchanged", *NRI_NOT_GIVEN):
+    if r is None or r.decision not in (INJECTED, NO_GPU, DECLINED, ERROR, "unchanged", *NRI_NOT_GIVEN):
         return None
     where = _where(r.container_name, r.front == NRI)
     decision = r.decision
-    if decision == "injected":
+    if decision == INJECTED:
         vendors, ids = list(r.vendors), list(r.devices)
         if vendors:
             per = ", ".join(f"{v} x{sum(1 for d in ids if d.startswith(v + ':'))}" for v in vendors)
@@ -57,13 +58,13 @@ def event_for(rec: dict) -> tuple[str, str, str, str | None] | None:
         return "GPUsUnconfirmed", "Warning", msg, None
     if decision in NRI_NOT_GIVEN:  # late, missed: the runtime made it without gpuhook's adjustment
         return "RanOnCPU", "Warning", f"{where} runs without a GPU: {why_of(rec)}", CPU
-    if decision == "no-gpu":
+    if decision == NO_GPU:
         why = "CPU-only node"
-    elif decision == "error":
+    elif decision == ERROR:
         why = f"gpuhook failed ({(r.error or 'unknown error')[:300]}); it started without GPUs"
     else:
         why = r.reason or "no GPU was given"
-    return "RanOnCPU", ("Warning" if decision == "error" else "Normal"), f"{where} runs without a GPU: {why}", CPU
+    return "RanOnCPU", ("Warning" if decision == ERROR else "Normal"), f"{where} runs without a GPU: {why}", CPU
 
 
 def _where(container_name, through_nri: bool) -> str:

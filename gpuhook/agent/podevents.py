@@ -36,6 +36,7 @@ import re
 import time
 from typing import Callable
 
+from ..inject import NO_GPU
 from ..logline import POD_KEYS
 from . import kubeclient, labels as labels_mod
 from .budgets import Bucket, Lru
@@ -191,7 +192,7 @@ class PodReporter:
         return dict(rec, **policy.pod_of({k: v for k, v in annotations.items() if isinstance(v, str)}))
 
     def _report(self, rec: dict) -> None:
-        if "pod_uid" not in rec and rec.get("decision") == "no-gpu":
+        if "pod_uid" not in rec and rec.get("decision") == NO_GPU:
             rec = self._from_bundle(rec) or rec
         ns, name, uid = rec.get("pod_namespace"), rec.get("pod_name"), rec.get("pod_uid")
         if not (isinstance(ns, str) and isinstance(name, str) and isinstance(uid, str)):

@@ -41,6 +41,7 @@ from collections import OrderedDict
 from typing import Any
 
 from ..hook import ROOTFS_FROM_STATE
+from ..inject import INJECTED
 from ..logline import LATE, MISSED, NRI, POD_KEYS, UNCONFIRMED, bounded_warnings
 from . import wire
 
@@ -537,7 +538,7 @@ class Plugin:
         while self.unlogged:
             config, record, own_ms = self.unlogged.pop(0)
             cid = record.get("container_id")
-            if record.get("decision") == "injected" and cid:
+            if record.get("decision") == INJECTED and cid:
                 self.pending.pop(cid, None)
                 self.pending[cid] = (config, record, own_ms, now)
                 while len(self.pending) > MAX_PENDING:
