@@ -157,7 +157,8 @@ def bounded_warnings(warnings) -> "tuple[str, ...]":
     return tuple(str(w)[:MAX_WARNING] for w in list(warnings)[:MAX_WARNINGS])
 
 
-# the pod's keys of a create's line (plan.policy.pod_of's), in the line's order
+# the pod's keys of a create's line, in the line's order: CreateRecord's fields of these names,
+# and the fields plan.policy.pod_of fills from each runtime's annotations (a test holds them equal)
 POD_KEYS = ("pod_namespace", "pod_name", "pod_uid", "container_name")
 
 
@@ -198,8 +199,8 @@ class CreateRecord(Record):
         line: dict = {"time": self.time, "event": CREATE, "front": self.front, "container_id": self.container_id}
         if self.bundle is not None:
             line["bundle"] = self.bundle
-        for key, value in zip(POD_KEYS, (self.pod_namespace, self.pod_name, self.pod_uid, self.container_name)):
-            if value is not None:
+        for key in POD_KEYS:
+            if (value := getattr(self, key)) is not None:
                 line[key] = value
         line.update(
             decision=self.decision,

@@ -103,3 +103,12 @@ def test_the_agent_reads_the_pod_of_a_bundle_the_same_way(tmp_path):
     r = podevents.PodReporter(Kube(), None, root=str(tmp_path))
     rec = r._from_bundle({"event": "create", "decision": "no-gpu", "bundle": "/" + str(bundle.relative_to(tmp_path))})
     assert {k: rec[k] for k in REAL} == REAL
+
+
+def test_each_runtimes_pod_keys_are_the_create_lines():
+    """pod_of's fields, from either runtime's annotations, are the line's pod keys (logline.POD_KEYS)
+    and fields of the record that writes them: the names are written in two places, held equal here."""
+    from gpuhook import logline
+
+    assert tuple(policy.POD_ANNOTATIONS_CRIO) == tuple(policy.POD_ANNOTATIONS_CONTAINERD) == logline.POD_KEYS
+    assert set(logline.POD_KEYS) <= set(logline.CreateRecord.__annotations__)
