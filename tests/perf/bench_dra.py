@@ -287,7 +287,7 @@ def _run_check(side, command: str) -> str:
         side.remove(cid)
     if status.exit_code != 0:
         raise SystemExit(f"bench: a check container exited {status.exit_code}: {text[-500:]}")
-    return "\n".join(line.split(" ", 3)[-1] for line in text.splitlines())  # CRI's log lines: time stream tag text
+    return " ".join(line.split(" ", 3)[-1] for line in text.splitlines())  # CRI's log lines: time stream tag text
 
 
 def _check_gpu(side: ClaimSide, cdi_dir: str) -> dict:
