@@ -135,10 +135,12 @@ class CRIClient:
                          env: dict | None = None, log_path: str = "",
                          annotations: dict | None = None, labels: dict | None = None,
                          mounts: list[dict] | None = None, privileged: bool = False,
-                         host_pid: bool = False, devices: list[tuple[str, str]] = ()) -> str:
+                         host_pid: bool = False, devices: list[tuple[str, str]] = (),
+                         cdi_devices: list[str] = ()) -> str:
         """mounts: {"container_path", "host_path", "readonly", "propagation"} each
         (propagation: "private", "host_to_container" or "bidirectional"); devices: (host path,
-        container path) each, rw and mknod (CRI's Device)."""
+        container path) each, rw and mknod (CRI's Device); cdi_devices: fully qualified CDI
+        device names (CRI's CDI_devices, as the kubelet passes a DRA driver's CDI ids)."""
         pb = self.pb
         config = pb.ContainerConfig(
             metadata=pb.ContainerMetadata(name=name, attempt=0),
@@ -154,6 +156,7 @@ class CRIClient:
                              propagation=getattr(pb, "PROPAGATION_" + m.get("propagation", "private").upper()))
                     for m in mounts or []],
             devices=[pb.Device(host_path=h, container_path=c, permissions="rwm") for h, c in devices],
+            CDI_devices=[pb.CDIDevice(name=n) for n in cdi_devices],
             linux=pb.LinuxContainerConfig(security_context=pb.LinuxContainerSecurityContext(
                 privileged=privileged,
                 namespace_options=pb.NamespaceOption(network=pb.NODE, pid=pb.NODE if host_pid else pb.CONTAINER,

@@ -38,6 +38,9 @@ rounds. Rows (budgets from issues 10 and 14, checked at the end):
   NRI 8-GPU create+start  CRI create+start on containerd 2.1 (the sid root) of a gpu-optional
                        pod through `gpuhook nri` vs a runc pod on a containerd with no
                        plugin, and the plugin's RSS after serving (bench_nri.py)    <= 3 ms
+  DRA 1-GPU claim create+start  `gpuhook dra`'s NodePrepareResources for a claim of one GPU,
+                       then CRI create+start with the CDI ids it answered, vs a runc pod
+                       with no devices, on the same containerd (bench_dra.py)      <= 3 ms
 
 Then: peak RSS of each wrapper (alone) and of each createContainer hook, measured by
 tests/perf/rss.c (fork/exec/wait4 from a small process: a child of this Python would
@@ -71,9 +74,11 @@ from fakes import bundle, fakehost, runtime_server  # noqa: E402
 PAUSE_S = 0.02
 # the rows whose budget is a millisecond or so out of runc's ~5 to 30 (and its spread of a few):
 # four times the rounds (they are quick)
-FINE = ("pass-through", "cpu create", "exec plain", "exec injected", "NRI 8-GPU create+start")
+FINE = ("pass-through", "cpu create", "exec plain", "exec injected", "NRI 8-GPU create+start",
+        "DRA 1-GPU claim create+start")
 FINE_FACTOR = 4
 NRI_ROW = "NRI 8-GPU create+start"  # bench_nri.py
+DRA_ROW = "DRA 1-GPU claim create+start"  # bench_dra.py
 BURST = 16
 BURST_ROUNDS = 5
 PAD_ENTRIES = 3000
@@ -91,11 +96,13 @@ BUDGETS = {
     "16 at once": (1.35, "ratio"),
     "wrapper peak RSS MiB": (10.0, "value"),
     "NRI 8-GPU create+start": (3.0, "added"),
+    # the NRI row's promise for the claim: what gpuhook adds to a runc pod's container start
+    "DRA 1-GPU claim create+start": (3.0, "added"),
 }
 CASES = ("pass-through", "cpu create", "cpu create alone", "cpu lifecycle", "8-GPU alone", "8-GPU alone, no server", "8-GPU lifecycle",
          "8-GPU lifecycle, no server", "16-GPU lifecycle",
          "ld3000 lifecycle", "cold probe", "MI300X lifecycle", "exec plain", "exec injected", "16 at once",
-         "NRI 8-GPU create+start")
+         "NRI 8-GPU create+start", "DRA 1-GPU claim create+start")
 
 
 def run_quiet(cmd: list[str], env: dict, err) -> int:
@@ -221,8 +228,12 @@ def main() -> int:
     started_ids: list[str] = []
     servers: list[subprocess.Popen] = []
     try:
-        rc = bench(args, want, tmp, state, runc, started_ids, servers) if want - {NRI_ROW} else 0
-        return nri(args, tmp) or rc if NRI_ROW in want else rc
+        rc = bench(args, want, tmp, state, runc, started_ids, servers) if want - {NRI_ROW, DRA_ROW} else 0
+        if NRI_ROW in want:
+            rc = nri(args, tmp) or rc
+        if DRA_ROW in want:
+            rc = dra(args, tmp) or rc
+        return rc
     finally:
         for srv in servers:
             srv.terminate()
@@ -255,6 +266,33 @@ def nri(args, tmp: str) -> int:
         data = json.load(open(args.json)) if os.path.exists(args.json) else {"rows": {}}
         data["rows"][NRI_ROW] = row
         data["nri_plugin_mib"] = mem
+        with open(args.json, "w") as f:
+            json.dump(data, f, indent=1)
+    return 0 if ok else 1
+
+
+def dra(args, tmp: str) -> int:
+    """The DRA row (bench_dra.py): printed, added to --json, its budget checked."""
+    from bench_dra import dra_row
+
+    row, mem = dra_row(args.rounds * FINE_FACTOR, tmp)
+    rows = {DRA_ROW: row}
+    ok = within(DRA_ROW, rows)
+    ms, added, prep = row["ms"], row["added"], mem["prepare_ms"]
+
+    def side(k: str) -> str:
+        return f"{ms[k]:.2f} ({added[k]:+.2f}, {ms[k] / ms['runc']:.2f}x)"
+
+    print(f"\n{DRA_ROW} on containerd 2.1 (sid), {row['rounds']} rounds: runc pod, no devices {ms['runc']:.2f} ms; "
+          f"a gpuhook.dev claim of one GPU, NodePrepareResources then CDI {side('gpuhook')} (budget "
+          f"{BUDGETS[DRA_ROW][0]:g} ms: {'ok' if ok else 'OVER'}), of which the prepare call {prep['gpuhook']:.2f}; "
+          f"the same through specs with no hooks {side('no hook')}; runc given the same device and mounts by CRI, no "
+          f"CDI {side('same')}; a `none` claim {side('none')}, of which the prepare call {prep['none']:.2f}")
+    print(f"  gpuhook dra after serving, MiB: resident {mem['rss']}, peak {mem['hwm']}")
+    if args.json:
+        data = json.load(open(args.json)) if os.path.exists(args.json) else {"rows": {}}
+        data["rows"][DRA_ROW] = row
+        data["dra_driver"] = mem
         with open(args.json, "w") as f:
             json.dump(data, f, indent=1)
     return 0 if ok else 1
