@@ -9,6 +9,9 @@ CONFIG_FILE = "/etc/gpuhook/config.toml"  # the node config (GPUHOOK_CONFIG over
 LOG_FILE = "/var/log/gpuhook.log"  # one JSON line per create (the node config's log_file)
 CACHE_DIR = "/run/gpuhook"  # parsed config, probe result, exec records (GPUHOOK_CACHE_DIR)
 READY_FILE = CACHE_DIR + "/ready"  # the agent's readiness file
+# where the agent stopped reading LOG_FILE: the next agent (a new pod of the DaemonSet) starts
+# there, so the creates made while none ran get their Events too (agent/follow.py)
+LOG_POSITION = "/var/lib/gpuhook/agent-log-position.json"
 INSTALL_PREFIX = "/opt/gpuhook"  # the host bundle
 BUNDLE_VERSIONS = ".versions"  # its versions' directory, under INSTALL_PREFIX (install/files.py)
 PACKAGE_MARK = INSTALL_PREFIX + "/.installed-by-package"  # the .deb's bundle: uninstall leaves it to dpkg

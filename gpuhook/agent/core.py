@@ -57,8 +57,7 @@ class Agent:
         self.stop_event = self.debounce.stopped
         self.runtime_ready = not opts.install
         self.install_error: str | None = None
-        self.ready = False
-        self.syncs = 0
+        self.ready, self.syncs = False, 0
         self.summary: dict | None = None
         self.probe_errors = 0  # metrics.py
         self.last_probe = 0.0  # Unix time of the last successful probe
@@ -215,7 +214,8 @@ class Agent:
             return
         from .follow import CreateFollower
 
-        self.follower = CreateFollower(path, [*consumers, sinks.NRIState(self.events, self.log)], self.log)
+        consumers.append(sinks.NRIState(self.events, self.log))
+        self.follower = CreateFollower(path, consumers, self.log, position_file=self.opts.resolved_log_position())
         self.follower.start(self.stop_event)
 
     # -- the loop ----------------------------------------------------------------------

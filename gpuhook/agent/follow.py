@@ -1,10 +1,19 @@
 """The node log's tail: CreateFollower reads the runtime's log (JSON lines, one per create,
 appended by gpuhook-runtime, the NRI plugin and gpuhook-hook) as it grows and hands each record
 to its consumers: PodReporter (podevents.py), the metrics (metrics.py), the NRI plugin's state
-(sinks.py)."""
+(sinks.py).
+
+Where it stopped reading is kept in a small file of the node's (`position_file`,
+defaults.LOG_POSITION: the file's device and inode and the offset past the last whole line
+read), written atomically after each read that got lines. An agent that starts again (a new
+pod of the DaemonSet, the node rebooted) goes on from there when the log is the same file and
+no shorter: the creates made while no agent ran get their Events and labels too. With no such
+file, or another file at the log's path (rotated meanwhile), it starts at the log's end.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 
@@ -22,7 +31,9 @@ class CreateFollower:
     truncated file is followed from its beginning. A consumer that raises is logged and
     skipped: the follower never stops."""
 
-    def __init__(self, path: str, consumers: list, log, poll: float = 0.25, from_start: bool = False):
+    def __init__(
+        self, path: str, consumers: list, log, poll: float = 0.25, from_start: bool = False, position_file: str = ""
+    ):
         self.path = path
         self.consumers = consumers
         self.log = log
@@ -32,6 +43,9 @@ class CreateFollower:
         self._skip_line = False  # the line at _pos is the rest of one not to be read
         self._from_start = from_start
         self._said_missing = False
+        self.position_file = position_file
+        self._saved: tuple | None = None  # what the position file says
+        self._said_save = False
         self.thread: threading.Thread | None = None
 
     def start(self, stop: threading.Event) -> None:
@@ -73,12 +87,17 @@ class CreateFollower:
                 rotated = self._ino is not None
                 self._ino = (st.st_dev, st.st_ino)
                 self._pos = st.st_size if first and not self._from_start and not rotated else 0
+                resumed = self._resume(st) if first and not self._from_start else None
+                if resumed is not None:
+                    self._pos = resumed
+                    self.log.info("creates.catching_up", file=self.path, offset=resumed, behind=st.st_size - resumed)
                 # from the end: within a line still being written, its rest is not to be read
                 self._skip_line = self._pos > 0 and os.pread(fd, 1, self._pos - 1) != b"\n"
                 if self._said_missing or first:
                     self.log.info("creates.following", file=self.path, offset=self._pos)
                 self._said_missing = False
             if st.st_size <= self._pos:
+                self._save()
                 return 0
             os.lseek(fd, self._pos, os.SEEK_SET)
             data = os.read(fd, min(st.st_size - self._pos, 4 << 20))
@@ -110,4 +129,40 @@ class CreateFollower:
                 for c in self.consumers:
                     if hasattr(c, "handle_nri"):
                         self._call(c.handle_nri, rec)
+        self._save()  # after the consumers: an agent killed meanwhile reads these lines again
         return fed
+
+    def _resume(self, st: os.stat_result) -> int | None:
+        """The offset the position file keeps for this very file (device, inode), when the
+        file is at least that long; None otherwise."""
+        if not self.position_file:
+            return None
+        try:
+            with open(self.position_file, "rb") as f:
+                saved = json.loads(f.read(4096))
+            where = (saved["dev"], saved["ino"], saved["offset"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if where[:2] != (st.st_dev, st.st_ino) or not isinstance(where[2], int) or not 0 <= where[2] <= st.st_size:
+            return None
+        return where[2]
+
+    def _save(self) -> None:
+        """The position file, atomically, when what it says changed; a failure said once."""
+        if not self.position_file or self._ino is None or self._skip_line:
+            return
+        now = (*self._ino, self._pos)
+        if now == self._saved:
+            return
+        tmp = f"{self.position_file}.{os.getpid()}.tmp"
+        try:
+            os.makedirs(os.path.dirname(self.position_file), exist_ok=True)
+            with open(tmp, "w") as f:
+                json.dump({"file": self.path, "dev": now[0], "ino": now[1], "offset": now[2]}, f)
+            os.replace(tmp, self.position_file)
+        except OSError as e:
+            if not self._said_save:
+                self._said_save = True
+                self.log.warning("creates.position_error", file=self.position_file, error=e.strerror or str(e))
+            return
+        self._saved = now

@@ -32,6 +32,7 @@ class Options:
     udev: bool = True
     nvidia_driver_root: str | None = None  # the node config's nvidia_driver_root (None: auto)
     runtime_log: str | None = None  # the runtime's log to follow (None: the node config's log_file in root; "" = off)
+    log_position: str | None = None  # where it stopped reading that log (None: LOG_POSITION in root; "" = none)
     pod_events: bool = True  # Events and the gpuhook.dev/accelerator label on gpu-optional pods
     metrics_address: str | None = None  # host:port for Prometheus metrics (None: off)
     kubeconfig: str | None = None  # the API from a kubeconfig file (None: in-cluster, when in a pod)
@@ -60,6 +61,9 @@ class Options:
         if not config.log_file:
             return ""
         return self._under_root(None, config.log_file) if self.root != "/" else config.log_file
+
+    def resolved_log_position(self) -> str:
+        return self._under_root(self.log_position, defaults.LOG_POSITION)
 
     def resolved_cdi_dir(self) -> str:
         return self._under_root(self.cdi_dir, cdi.DEFAULT_DIR)

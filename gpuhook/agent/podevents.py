@@ -25,9 +25,9 @@ use up another's: Events (a token bucket: `burst`, then `rate` per second; past 
 dropped and counted) and pod lookups (`lookup_burst`, then `lookup_rate` per second; past it
 the line is dropped and counted). Every map is bounded (least recently used out first): the
 pods checked, the lines refused (a refused triple costs no second GET), the buckets, the
-Events to aggregate, the problems said once. API errors are logged once per kind of error
-and the record is retried with exponential backoff (at most `retries` times); nothing here
-can stop the agent.
+Events to aggregate, the problems said once. A record the API did not take waits in a
+retry.RetryQueue (one try per backoff however many wait, oldest first once the API is back);
+nothing here can stop the agent.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from typing import Callable
 from ..inject import NO_GPU
 from ..logline import POD_KEYS
 from . import kubeclient, labels as labels_mod
+from .retry import RetryQueue
 from .budgets import Bucket, Lru
 from .events import HOOK_DECISION, event_for
 
@@ -68,8 +69,9 @@ class PodReporter:
         clock: Callable[[], float] = time.monotonic,
         burst: int = 25,
         rate: float = 1.0,
-        retries: int = 4,
+        retries: int = 5,
         backoff: float = 1.0,
+        most: float = 30.0,
         set_label: bool = True,
         root: str | None = None,
         lookup_burst: int = 10,
@@ -84,8 +86,6 @@ class PodReporter:
         self.lookup_burst, self.lookup_rate = lookup_burst, lookup_rate
         self.buckets = Lru(MAX_NAMESPACES)  # namespace -> its Event budget (Bucket)
         self.lookups = Lru(MAX_NAMESPACES)  # namespace -> its pod-lookup budget (Bucket)
-        self.retries = retries
-        self.backoff = backoff
         self.set_label = set_label
         # the pod is always the triple (namespace, name, uid) one GET checked together
         self.events = Lru(MAX_ENTRIES)  # (namespace, name, uid, reason, message) -> {"name", "namespace", "count"}
@@ -94,7 +94,8 @@ class PodReporter:
         self.early_hooks = Lru(MAX_EARLY_HOOKS)  # container id -> hook lines before its create line
         self.pods = Lru(MAX_ENTRIES)  # (namespace, name, uid) -> when it was found to be this node's
         self.refused = Lru(MAX_ENTRIES)  # (namespace, name, uid) -> when it was found not to be
-        self.retry: list[tuple[float, int, dict]] = []  # (due, attempt, record)
+        # the records the API did not take yet: {"rec", "posted"} (posted: its Event is there)
+        self.queue = RetryQueue(self._report, log, "pod events", clock, backoff, most, retries, node=self.node)
         self.dropped = 0
         self.dropped_lookups = 0
         self.posted = 0
@@ -124,7 +125,7 @@ class PodReporter:
         cid = rec.get("container_id")
         if isinstance(cid, str) and isinstance(rec.get("pod_uid"), str):
             self.containers.put(cid, {k: rec.get(k) for k in POD_KEYS})
-        self._attempt(rec, 0)
+        self.queue.submit({"rec": rec})
         early = self.early_hooks.pop(cid, None) if isinstance(cid, str) else None
         for hook in early or ():
             self.handle_hook(hook)
@@ -137,34 +138,13 @@ class PodReporter:
         cid = rec.get("container_id")
         pod = self.containers.get_fresh(cid)
         if pod is not None:
-            self._attempt({**rec, **pod, "decision": HOOK_DECISION}, 0)
+            self.queue.submit({"rec": {**rec, **pod, "decision": HOOK_DECISION}})
         elif isinstance(cid, str):
             self.early_hooks.put(cid, [*self.early_hooks.get(cid, [])[:3], rec])
 
     def tick(self) -> None:
         """Retry what is due."""
-        now = self.clock()
-        due = [r for r in self.retry if r[0] <= now]
-        self.retry = [r for r in self.retry if r[0] > now]
-        for _, attempt, rec in due:
-            self._attempt(rec, attempt)
-
-    def _attempt(self, rec: dict, attempt: int) -> None:
-        try:
-            self._report(rec)
-        except kubeclient.KubeError as e:
-            transient = e.transient
-            self._once(
-                e.kind,
-                "warning",
-                "kube.error",
-                error=str(e),
-                what="pod event",
-                note="retried with backoff" if transient else "not retried",
-                once=True,
-            )
-            if transient and attempt < self.retries:
-                self.retry.append((self.clock() + self.backoff * (2**attempt), attempt + 1, rec))
+        self.queue.tick()
 
     def _from_bundle(self, rec: dict) -> dict | None:
         """The C front's line on a node with no GPU node (it forks no Python) has no pod:
@@ -191,7 +171,8 @@ class PodReporter:
             return None
         return dict(rec, **policy.pod_of({k: v for k, v in annotations.items() if isinstance(v, str)}))
 
-    def _report(self, rec: dict) -> None:
+    def _report(self, job: dict) -> None:
+        rec = job["rec"]
         if "pod_uid" not in rec and rec.get("decision") == NO_GPU:
             rec = self._from_bundle(rec) or rec
         ns, name, uid = rec.get("pod_namespace"), rec.get("pod_name"), rec.get("pod_uid")
@@ -214,7 +195,9 @@ class PodReporter:
         pod_key = (ns, name, uid)
         if not self._is_ours(pod_key):
             return
-        self._post(pod_key, rec.get("container_name"), reason, type_, message)
+        if not job.get("posted"):  # a retry after the label's patch failed posts no second Event
+            self._post(pod_key, rec.get("container_name"), reason, type_, message)
+            job["posted"] = True
         if self.set_label and accel is not None and self.labelled.get_fresh(pod_key) != accel:
             self.kube.patch_pod_labels(ns, name, {POD_LABEL: accel})
             self.labelled.put(pod_key, accel)

@@ -18,6 +18,7 @@ from typing import Callable
 from .. import cdi, hook
 from ..probe import nodestate
 from . import kubeclient, labels as labels_mod
+from .retry import Backoff
 
 
 class DevLinks:
@@ -162,28 +163,22 @@ class NodeLabels:
         self.resync = resync
         self.synced: dict | None = None  # the labels last in the API, None: to be patched
         self.synced_at = 0.0
-        self.failures = 0  # consecutive: the next try waits 2**n s (at most resync)
-        self.retry_at = 0.0
+        self.backoff = Backoff(1.0, resync, clock)  # after a failure: 1, 2, 4... s, at most resync
         self.foreign_said: dict[str, str] = {}  # labels somebody else set, last logged
 
     def sync(self, node_labels: dict) -> bool:
         if self.kube is None:
             return True
         due = self.synced != node_labels or self.clock() - self.synced_at >= self.resync
-        if not due or self.clock() < self.retry_at:
+        if not due or self.backoff.waiting():
             return True
         try:
             synced = labels_mod.sync_node_labels(self.kube, node_labels)
         except kubeclient.KubeError as e:
             self.synced = None  # try again, after a backoff
-            self.failures += 1
-            wait = min(2.0 ** (self.failures - 1), self.resync)
-            self.retry_at = self.clock() + wait
-            self.events.error(e, what="node labels", retry_in_s=wait)
+            self.events.error(e, what="node labels", retry_in_s=self.backoff.failed())
             return False
-        self.events.recovered(self.failures)
-        self.failures = 0
-        self.retry_at = 0.0
+        self.events.recovered(self.backoff.ok())
         self.events.node_uid = synced.uid or self.events.node_uid
         self.synced = dict(node_labels)
         self.synced_at = self.clock()

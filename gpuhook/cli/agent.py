@@ -149,6 +149,12 @@ def _add_report_args(sp) -> None:
         "and metrics (default: the node config's log_file under --root; '' = none)",
     )
     sp.add_argument(
+        "--log-position",
+        metavar="FILE",
+        help=f"where the agent keeps how far it read that log, to go on from there when it starts again "
+        f"(default {defaults.LOG_POSITION} under --root; '' = none: it starts at the log's end)",
+    )
+    sp.add_argument(
         "--no-pod-events",
         action="store_true",
         help="no Events and no gpuhook.dev/accelerator label on gpu-optional pods",
@@ -225,6 +231,7 @@ def _options(args):
         install_restart=args.install_restart,
         udev=not args.no_udev,
         runtime_log=args.runtime_log,
+        log_position=args.log_position,
         pod_events=not args.no_pod_events,
         metrics_address=args.metrics_address or None,
         kubeconfig=args.kubeconfig or None,

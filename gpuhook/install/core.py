@@ -542,11 +542,11 @@ def _uninstall_shared(root: str, opts: Options, state: dict, say: Say) -> None:
     # What the agent wrote for this node: the NFD feature file (it says runtime-ready=true, and
     # NFD would put the label back) and the CDI specs. Host paths resolved inside the root.
     from ..cdi import DEFAULT_DIR as CDI_DIR, FILE_PREFIX as CDI_PREFIX
-    from ..defaults import NFD_FEATURES
+    from ..defaults import LOG_POSITION, NFD_FEATURES
     from ..probe.host import Host
 
     h = Host(root)
-    agent_files = [h.resolve(NFD_FEATURES)]
+    agent_files = [h.resolve(NFD_FEATURES), h.resolve(LOG_POSITION)]
     cdi_dir = h.resolve(CDI_DIR)
     agent_files += [
         os.path.join(cdi_dir, n)

@@ -123,12 +123,12 @@ def test_node_labels_back_off_after_a_failure_and_patch_again_when_due(monkeypat
     ev = sinks.Events(Kube(), log)
     nl = sinks.NodeLabels(ev.kube, log, ev, lambda: now[0], resync=300.0)
     want = {"gpuhook.dev/accelerator": "nvidia"}
-    assert nl.sync(want) is False and nl.retry_at == 101.0  # 1 s
+    assert nl.sync(want) is False and nl.backoff.due == 101.0  # 1 s
     assert nl.sync(want) is True and len(calls) == 1  # within the backoff: not tried
     now[0] = 101.0
-    assert nl.sync(want) is False and nl.retry_at == 103.0  # then 2 s
+    assert nl.sync(want) is False and nl.backoff.due == 103.0  # then 2 s
     now[0] = 103.0
-    assert nl.sync(want) is True and len(calls) == 3 and ev.node_uid == "uid-9" and nl.failures == 0
+    assert nl.sync(want) is True and len(calls) == 3 and ev.node_uid == "uid-9" and nl.backoff.failures == 0
     assert "labels.patched" in log.events("info") and "kube.ok" in log.events("info")
     assert nl.sync(want) is True and len(calls) == 3  # the same labels, not due
     now[0] = 403.0

@@ -888,7 +888,8 @@ def test_the_agent_runs_from_the_bundle(tmp_path, real_bundle, make_host):
 
 def test_uninstall_removes_what_the_agent_wrote(tmp_path, stock, fake_bundle):
     """The NFD feature file says runtime-ready=true: left behind, NFD would put the label
-    back on a node without the handler. The CDI specs go too; other CDI specs stay."""
+    back on a node without the handler. The CDI specs go too (other CDI specs stay), and the
+    agent's position in the node log."""
     node = make_node(tmp_path, stock)
     ok(gpuhook("install", "--host-root", node, "--bundle-dir", fake_bundle))
     nfd = node / "etc/kubernetes/node-feature-discovery/features.d"
@@ -900,9 +901,13 @@ def test_uninstall_removes_what_the_agent_wrote(tmp_path, stock, fake_bundle):
     (cdi / "gpuhook.dev-nvidia.yaml").write_text("{}")
     (cdi / "gpuhook.dev-gpu.json").write_text("{}")
     (cdi / "nvidia.yaml").write_text("{}")
+    position = node / "var/lib/gpuhook/agent-log-position.json"  # where the agent stopped reading the log
+    position.parent.mkdir(parents=True)
+    position.write_text("{}")
     out = ok(gpuhook("uninstall", "--host-root", node))
     assert "agent file: /etc/kubernetes/node-feature-discovery/features.d/gpuhook removed" in out
     assert sorted(os.listdir(nfd)) == ["other"] and sorted(os.listdir(cdi)) == ["nvidia.yaml"]
+    assert "agent file: /var/lib/gpuhook/agent-log-position.json removed" in out and not position.exists()
 
 
 # -- the runtime server's units (install/units.py) -----------------------------------------

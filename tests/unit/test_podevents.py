@@ -117,23 +117,106 @@ def test_api_errors_are_logged_once_and_retried_with_backoff(fake_api, logs):
     r = podevents.PodReporter(api.client(), log.get(), clock=clock, backoff=1.0)
     api.fail_next = [503, 503]
     r.handle(create())
-    assert api.pod_events() == [] and len(r.retry) == 1
+    assert api.pod_events() == [] and len(r.queue.jobs) == 1
     clock.t += 0.5
     r.tick()
     assert len(api.requests) == 1  # not due yet
     clock.t += 0.6
     r.tick()  # second 503: backoff doubles
-    assert r.retry[0][0] == pytest.approx(clock.t + 2.0)
+    assert r.queue.backoff.due == pytest.approx(clock.t + 2.0)
     clock.t += 2.1
     r.tick()
-    assert len(api.pod_events()) == 1 and r.retry == []
+    assert len(api.pod_events()) == 1 and not r.queue.jobs
     errors = [x for x in logs() if x["event"] == "kube.error"]
     assert len(errors) == 1 and "503" in errors[0]["error"]
-    # an unreachable API: said once, the reporter keeps going
+    assert [x["failures"] for x in logs() if x["event"] == "kube.retry"] == [1, 2]
+    assert [x["after_failures"] for x in logs() if x["event"] == "kube.ok"] == [2]
+    # an unreachable API: said once, one try per backoff however many creates come
     down = podevents.PodReporter(_dead_client(), log.get())
     for _ in range(3):
         down.handle(create())
     assert [x["event"] for x in logs()].count("kube.error") == 2
+    assert down.queue.attempts == 1 and len(down.queue.jobs) == 3
+
+
+class Outage:
+    """The API client, away while `down` (no answer at all, as a connection refused)."""
+
+    def __init__(self, client):
+        self.client, self.down, self.node = client, False, client.node
+
+    def __getattr__(self, name):
+        fn = getattr(self.client, name)
+
+        def call(*a, **kw):
+            if self.down:
+                from gpuhook.agent import kubeclient
+
+                raise kubeclient.KubeError(f"{name}: [Errno 111] Connection refused")
+            return fn(*a, **kw)
+
+        return call
+
+
+def test_an_api_away_for_a_while_costs_a_try_per_backoff_and_every_create_is_reported_after(fake_api, logs):
+    """The creates of an outage wait (they were once dropped after 4 tries, ~15 s): one try
+    per backoff (1, 2, 4... s, at most 30), then every Event and label once the API is back,
+    oldest first, a restarted container's Event patched (count 2), not posted twice."""
+    api = fake_api()
+    for i in range(3):
+        api.add_pod("ml", f"p{i}", f"uid-{i}")
+    clock = Clock()
+    kube = Outage(api.client())
+    r = podevents.PodReporter(kube, log.get(), clock=clock)
+    r.handle(create(pod="p0", uid="uid-0"))
+    kube.down = True
+    started = clock.t
+    for second in range(300):  # five minutes away: a create now and then, ticks 4 times a second
+        if second % 20 == 0:
+            r.handle(create(pod=f"p{second // 20 % 3}", uid=f"uid-{second // 20 % 3}"))
+        for _ in range(4):
+            clock.t += 0.25
+            r.tick()
+    tries = r.queue.attempts - 1  # the first create's (it worked)
+    assert 10 <= tries <= 16, tries  # 1+2+4+8+16 s, then every 30 s: not a try per tick nor per create
+    assert len(r.queue.jobs) == 15 and r.queue.lost == 0
+    assert clock.t - started == pytest.approx(300)
+    kube.down = False
+    clock.t += 30
+    r.tick()
+    assert not r.queue.jobs
+    by_pod = {e["involvedObject"]["name"]: e["count"] for e in api.pod_events()}
+    assert by_pod == {"p0": 6, "p1": 5, "p2": 5}, by_pod
+    assert all(p["metadata"]["labels"]["gpuhook.dev/accelerator"] == "nvidia" for p in api.pods.values())
+    assert [x["event"] for x in logs()].count("kube.error") == 1
+    assert len([x for x in logs() if x["event"] == "kube.retry"]) == tries
+
+
+def test_a_label_patch_that_failed_is_retried_without_a_second_event(fake_api, logs):
+    api = fake_api()
+    api.add_pod("ml", "trainer-0", "uid-trainer-0")
+    clock = Clock()
+    r = podevents.PodReporter(api.client(), log.get(), clock=clock)
+    r.handle(create("no-gpu", pod="warm", uid="uid-warm"))  # (not this node's pod: its GET is the first)
+    api.fail_next = []
+    orig = r.kube.patch_pod_labels
+    fails = [1]
+
+    def patch(*a, **kw):
+        if fails:
+            fails.pop()
+            from gpuhook.agent import kubeclient
+
+            raise kubeclient.KubeError("PATCH: HTTP 503", 503)
+        return orig(*a, **kw)
+
+    r.kube.patch_pod_labels = patch
+    r.handle(create())
+    assert len(api.pod_events()) == 1 and len(r.queue.jobs) == 1
+    clock.t += 1.5
+    r.tick()
+    (event,) = api.pod_events()
+    assert event["count"] == 1 and api.pods[("ml", "trainer-0")]["metadata"]["labels"]["gpuhook.dev/accelerator"] == "nvidia"
 
 
 def _dead_client():
