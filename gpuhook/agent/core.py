@@ -18,7 +18,7 @@ import time
 from typing import Any, Callable
 
 from ..logline import bounded_warnings
-from . import kube as kube_mod, labels as labels_mod, nri as nri_mod, sinks, summary as summary_mod, watch
+from . import kube as kube_mod, labels as labels_mod, nri as nri_mod, podres, sinks, summary as summary_mod, watch
 from .options import READY_FILE, Options, default_installer
 
 __all__ = ["READY_FILE", "Agent", "Options", "default_installer"]
@@ -68,6 +68,7 @@ class Agent:
         self.events = sinks.Events(kube, self.log)
         self.labels = sinks.NodeLabels(kube, self.log, self.events, clock, opts.api_resync)
         self.ready_file = sinks.ReadyFile(opts.ready_file, self.log)
+        self.gone = podres.GonePods(opts.root, self.log)  # the kubelet's gone pods, for share = "unallocated"
         # what runs beside the loop
         self.watch: watch.UdevWatch | None = None
         self.pod_reporter: Any = None
@@ -115,9 +116,7 @@ class Agent:
         from ..config import cache_dir
         from ..probe import cache as probe_cache
 
-        key = probe_cache.fingerprint(
-            self.opts.root, self.opts.nvidia_driver_root
-        )  # before: a change meanwhile invalidates
+        key = probe_cache.fingerprint(self.opts.root, self.opts.nvidia_driver_root)  # before: a change then invalidates
         try:
             inv = self.probe(self.opts.root)
         except Exception as e:  # the probe never raises by design; if it does, change nothing
@@ -133,8 +132,7 @@ class Agent:
         self.summary = summary
         common = {"vendors": [v.vendor for v in inv.vendors if v.devices], "devices": sorted(summary["devices"]),
                   "driver_version": summary["drivers"]}  # fmt: skip
-        described = summary_mod.describe(inv)
-        warnings = list(bounded_warnings(inv.warnings))
+        described, warnings = summary_mod.describe(inv), list(bounded_warnings(inv.warnings))
         if change is None:
             ms = round((time.monotonic() - t0) * 1000, 1)
             self.log.info("inventory", reason=reason, message=described, **common, warnings=warnings, duration_ms=ms)
@@ -155,6 +153,7 @@ class Agent:
         node_labels = labels_mod.node_labels(inv, self.runtime_ready, self.opts.resolved_vendor_label())
         ok = self.cdi.write(inv) & self.nfd.write(node_labels)  # both written, whatever the first did
         self.labels.sync(node_labels)  # the API being away is logged and retried, never "not ready"
+        self.gone.update()
         for event, message, type_ in summary_mod.events(inv, summary, change) if changed else ():
             if event == "GPUUnusable":
                 self.log.warning("inventory.unusable", vendors=summary["unusable"])

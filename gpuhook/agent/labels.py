@@ -18,10 +18,12 @@ container picks (probe order: nvidia, amd, intel, accel, dxg: discrete before in
 One label outside gpuhook.dev/, for the node affinity users already write: the node config's
 vendor_label (default gpu.type; "" turns it off) = the primary vendor, set exactly when
 gpuhook.dev/accelerator names one (never on a CPU-only node, nor for a vendor whose userspace
-is missing). Which labels outside gpuhook.dev/ are the agent's is the API server's record,
-metadata.managedFields (the agent's field manager, AGENT_NAME): the agent removes such a
-label when it is no longer wanted (no GPU left, the key renamed or turned off), and never
-removes nor overwrites one that somebody else set (an operator's hand-made gpu.type).
+is missing). Which labels are the agent's is the API server's record, metadata.managedFields
+(the agent's field manager, AGENT_NAME): the agent removes a label it no longer wants only
+when it set it (a GPU gone, the key renamed or turned off), so an operator's own label stays
+(gpuhook.dev/pool, gpuhook.dev/install, a hand-made gpu.type). Under gpuhook.dev/ the
+agent's value of a key it computes is final (it overwrites another's); outside it, a key
+somebody else set is never overwritten.
 
 The API calls are gpuhook.agent.kube's (lightkube); this module only says what the labels are.
 """
@@ -36,8 +38,6 @@ from ..defaults import AGENT_NAME, NFD_FEATURES
 PREFIX = "gpuhook.dev/"
 ACCELERATOR = PREFIX + "accelerator"
 RUNTIME_READY = PREFIX + "runtime-ready"
-# labels under our prefix that the operator sets and the agent must never remove
-OPERATOR_LABELS = frozenset({PREFIX + "install"})
 NFD_FILE = os.path.basename(NFD_FEATURES)  # the agent's file in its --nfd-dir
 MAX_VALUE = 63
 
@@ -193,12 +193,12 @@ def owned_labels(node: dict, manager: str = AGENT_NAME) -> set[str]:
 
 def sync_node_labels(api, labels: dict[str, str]) -> NodeSync:
     """Make the Node's labels `labels`: one GET, and a merge patch only when something
-    differs. Under gpuhook.dev/ the agent's word is final (labels the node no longer has
-    are set to null, OPERATOR_LABELS kept). Outside it (vendor_label), only the agent's own
-    labels (owned_labels) change: a key somebody else set to another value is left as it is
-    (NodeSync.foreign), and an own label no longer wanted (no GPU left, the key renamed or
-    turned off) is removed in a patch of its own, so that an admission policy that no longer
-    allows that key (a rename) never holds back the others."""
+    differs. Only the agent's own labels (owned_labels) no longer in `labels` are removed:
+    under gpuhook.dev/ in that patch, outside it (vendor_label: no GPU left, the key renamed
+    or turned off) in a patch of its own, so that an admission policy that no longer allows
+    that key (a rename) never holds back the others. A label of `labels` is set under
+    gpuhook.dev/ whoever set it before; outside it, a key somebody else set to another value
+    is left as it is (NodeSync.foreign)."""
     from .kubeclient import KubeError
 
     node = api.get_node()
@@ -214,8 +214,9 @@ def sync_node_labels(api, labels: dict[str, str]) -> NodeSync:
             patch[k] = v
         else:
             foreign[k] = have[k]
-    removed = sorted(k for k in have if k.startswith(PREFIX) and k not in labels and k not in OPERATOR_LABELS)
-    stale = sorted(k for k in have if not k.startswith(PREFIX) and k not in labels and k in owned)
+    unwanted = sorted(k for k in have if k not in labels and k in owned)
+    removed = [k for k in unwanted if k.startswith(PREFIX)]
+    stale = [k for k in unwanted if not k.startswith(PREFIX)]
     patch.update({k: None for k in removed})
     if patch:
         api.patch_labels(patch)

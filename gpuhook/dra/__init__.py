@@ -6,7 +6,8 @@
   service (v1.DRAPlugin), prepare giving CDI ids of gpuhook's own CDI specs (cdi.py), the
   prepared claims in a checkpoint file that a restart keeps.
 - dra_pb2*.py / pluginregistration_pb2*.py: protoc's, from the kubelet's .proto files
-  beside them (regen.py).
+  beside them (regen.py); podresources_pb2*.py too, the agent's client of the kubelet's
+  pod-resources API (agent/podres.py).
 
 See docs/dra.md.
 """

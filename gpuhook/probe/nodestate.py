@@ -2,8 +2,9 @@
 (inventory.py), so that plan() itself reads no file and can be tested without one.
 
 read(inventory, config) reads only what the node config makes plan() ask for, on every create
-(never cached): the kubelet's checkpoint with share = "unallocated" (and the AMD partitions'
-render nodes when the checkpoint names one), the MPS pipe directory when the node names one
+(never cached): the kubelet's checkpoint with share = "unallocated" less the pods the agent
+found gone (GONE_FILE, when the checkpoint has an entry; and the AMD partitions' render nodes
+when the checkpoint names one), the MPS pipe directory when the node names one
 and has NVIDIA GPUs (probe/trusted.py checks it), the node's ldconfig and gpuhook-hook. The
 round robin of max-gpus is the one thing plan() asks the node for while it runs: its
 read-choose-write is one step under one lock (least_used), handed to plan() as RoundRobin.
@@ -15,6 +16,7 @@ imported only when a file is there to read.
 import os
 import stat as _stat
 
+from ..defaults import CACHE_DIR
 from ..inventory import Allocation, Inventory, NodeState
 from ..record import Record
 
@@ -23,6 +25,8 @@ if TYPE_CHECKING:
     from ..config import Config
 
 CHECKPOINT = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
+# the uids of the pods of CHECKPOINT that the agent found gone (agent/podres.py): {"gone": [uid]}
+GONE_FILE = CACHE_DIR + "/kubelet-gone-pods.json"
 PLATFORM = "/sys/devices/platform"
 XCP = "amdgpu_xcp"  # an AMD partition's platform device: amdgpu_xcp.<n> (ROCm's id: amdgpu_xcp_<n>)
 LDCONFIG_CANDIDATES = ("/sbin/ldconfig.real", "/sbin/ldconfig", "/usr/sbin/ldconfig")
@@ -47,7 +51,8 @@ def read(
     partitions: dict = {}
     if config.share == "unallocated":
         found, unknown = allocated_devices(inv.root)
-        allocations = tuple(found or ())
+        gone = gone_pods(inv.root) if found else frozenset()
+        allocations = tuple(a for a in found or () if a.pod not in gone)
         partitions = partitions_of(inv.root, allocations)
     mps_dir = mps_refused = None
     if config.mps_pipe_dir and any(v.vendor == "nvidia" and v.devices for v in inv.vendors):
@@ -112,6 +117,24 @@ def allocated_devices(root: str) -> "tuple[list[Allocation] | None, str | None]"
         return out, None
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         return None, f"{CHECKPOINT}: not a device manager checkpoint ({type(e).__name__})"
+
+
+def gone_pods(root: str) -> "frozenset[str]":
+    """The uids in <root>GONE_FILE: pods the kubelet's checkpoint may still list that the
+    agent found gone (a pod's uid is never used again, so that stays true). No file, or one
+    that cannot be read: none (their devices stay held back, the conservative side)."""
+    from .host import Host
+
+    data = Host(root).read_bytes(GONE_FILE, limit=4 << 20, quiet=True)
+    if data is None:
+        return frozenset()
+    from .. import fastjson
+
+    try:
+        uids = fastjson.loads(data)["gone"]
+    except (ValueError, KeyError, TypeError):
+        return frozenset()
+    return frozenset(u for u in uids if isinstance(u, str) and u) if isinstance(uids, list) else frozenset()
 
 
 def partitions_of(root: str, allocations: "tuple[Allocation, ...]") -> "dict[str, frozenset[str]]":

@@ -460,6 +460,24 @@ def test_the_agent_sets_changes_and_removes_gpu_type(control_plane, agent_api, a
         made(patch(cp, own, {"metadata": {"labels": {key: None}}}))
 
 
+def test_a_sync_removes_only_the_gpuhook_labels_the_agent_set(control_plane, agent_api):
+    """gpuhook's own label sync (labels.sync_node_labels) by the agent's token, on the real
+    apiserver's managedFields: a gpuhook.dev/ label an admin set stays, the agent's own that it
+    no longer wants goes."""
+    from gpuhook.agent import labels
+
+    cp, own = control_plane, f"/api/v1/nodes/{OWN_NODE}"
+    made(patch(cp, own, {"metadata": {"labels": {"gpuhook.dev/pool": "a"}}}))  # an admin's
+    try:
+        labels.sync_node_labels(agent_api, {"gpuhook.dev/accelerator": "nvidia", "gpuhook.dev/nvidia.count": "8"})
+        synced = labels.sync_node_labels(agent_api, {"gpuhook.dev/accelerator": "none"})
+        have = node_labels(cp, OWN_NODE)
+        assert "gpuhook.dev/nvidia.count" in synced.removed and "gpuhook.dev/pool" not in synced.removed, synced
+        assert have.get("gpuhook.dev/pool") == "a" and "gpuhook.dev/nvidia.count" not in have, have
+    finally:
+        made(patch(cp, own, {"metadata": {"labels": {"gpuhook.dev/pool": None, "gpuhook.dev/accelerator": None}}}))
+
+
 def overlay_policy(cp, tmp_path, value: str | None = None) -> dict:
     """The node policy after the kustomize patch node-restriction.yaml's header documents
     (its value replaced by `value` when given), built by the cluster's own kubectl."""

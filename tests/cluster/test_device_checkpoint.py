@@ -1,12 +1,14 @@
 """share = "unallocated" against the real kubelet's device manager: a device plugin of the tests'
 own (deviceplugin.py, over the kubelet's real gRPC API) advertises the NVIDIA node's 8 GPUs as
 nvidia.com/gpu, a pod takes 2, and a gpu-optional pod on that node gets exactly the other 6,
-read from the checkpoint the kubelet itself wrote. Once the 2-GPU pod is gone its GPUs are
-given again as soon as the kubelet's checkpoint no longer lists it: at the kubelet's next
-allocation, not at the deletion (see the test)."""
+read from the checkpoint the kubelet itself wrote. Once the 2-GPU pod is deleted its GPUs are
+given again within the agent's round (AGENT_ROUND), though the kubelet's checkpoint lists it
+until the kubelet next allocates: the agent found it gone through the kubelet's pod-resources
+API (gpuhook/agent/podres.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 
@@ -15,12 +17,23 @@ import yaml
 import node
 from containerd_harness import IMAGE_NAME
 from gpuhook import defaults
+from gpuhook.probe import nodestate
 
 NAMESPACE = "gh-checkpoint"
 # a node of this test's own: the kubelet keeps a gone pod's devices in its checkpoint until its
 # next allocation, which would hold GPUs back from the other tests' pods on a shared node
 NODE = node.NodeSpec("node-nvidia-ckpt", "nvidia", 5)
 LIST = "ls /dev | grep -E '^nvidia[0-9]+$' | sort"
+AGENT_ROUND = 30 + 1 + 30  # the DaemonSet's agent: --interval (30 s) + --debounce (1 s), and slack
+
+
+def gone_file(n: node.Node) -> list[str]:
+    """The uids the node's agent found gone (probe/nodestate.py GONE_FILE), [] before it wrote any."""
+    try:
+        with open(n.path(nodestate.GONE_FILE)) as f:
+            return json.load(f)["gone"]
+    except FileNotFoundError:
+        return []
 
 
 def pod(name: str, gpus: int | None = None, command: str = LIST) -> dict:
@@ -78,15 +91,19 @@ def test_gpu_optional_pod_gets_the_gpus_the_kubelet_did_not_allocate(gpuhook_ins
         print("the gpu-optional pod got:", sorted(seen), "held back:", sorted(two))
         assert seen == every - two and len(seen) == 6
         # the 2-GPU pod goes. The kubelet keeps its entry in the checkpoint until it next
-        # allocates (its device manager drops a gone pod's devices then, not at deletion): until
-        # then gpuhook, which reads the checkpoint, still holds those two back
+        # allocates (its device manager drops a gone pod's devices then, not at deletion); the
+        # agent finds it gone (the kubelet's pod-resources List, its pod directory) within its
+        # round, and the next gpu-optional pod gets every GPU though the checkpoint still lists it
         c.kubectl("delete", "pod", "-n", NAMESPACE, "takes-two", "--wait=true", "--timeout=90s")
         assert uid in nv.checkpoint()
+        c.wait(lambda: uid in gone_file(nv), AGENT_ROUND, "the agent found takes-two gone")
         c.kubectl("apply", "-f", "-", input=yaml.safe_dump(pod("optional-2")))
-        assert gpus_seen(c, "optional-2") == every - two
+        seen2 = gpus_seen(c, "optional-2")
+        print("after takes-two went:", sorted(seen2), "gone:", gone_file(nv))
+        assert seen2 == every and uid in nv.checkpoint()
         # the next allocation (a pod taking one GPU) rewrites the checkpoint without the gone pod:
         # the next gpu-optional pod gets every GPU but the new pod's one (the freed two among them,
-        # unless the new pod took one of those)
+        # unless the new pod took one of those), the new pod's held back though it is running
         c.kubectl("apply", "-f", "-", input=yaml.safe_dump(pod("takes-one", gpus=1, command="sleep 3600")))
         c.wait(lambda: status(c, "takes-one").get("status", {}).get("phase") == "Running", 120, "takes-one running")
         now = nv.checkpoint()

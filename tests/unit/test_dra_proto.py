@@ -19,7 +19,8 @@ def test_checked_in_modules_are_what_the_protos_give(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "ours, theirs", [("dra.proto", "dra/v1/api.proto"), ("pluginregistration.proto", "pluginregistration/v1/api.proto")]
+    "ours, theirs", [("dra.proto", "dra/v1/api.proto"), ("pluginregistration.proto", "pluginregistration/v1/api.proto"),
+     ("podresources.proto", "podresources/v1/api.proto")]
 )
 def test_the_protos_are_the_kubelets_own(ours, theirs):
     src = os.path.join(KUBELET, theirs)

@@ -826,7 +826,9 @@ def test_kustomization_builds_and_every_manifest_is_valid():
     vols = {v["name"]: v for v in pod["volumes"]}
     assert mounts["host"]["mountPath"] == "/host" and vols["host"]["hostPath"]["path"] == "/"
     assert mounts["udev"]["readOnly"] is True and vols["udev"]["hostPath"]["path"] == "/run/udev"
-    assert [e["name"] for e in c["env"]] == ["NODE_NAME"]
+    downward = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]}
+    assert downward == {"NODE_NAME": "spec.nodeName", "POD_NAMESPACE": "metadata.namespace",  # its own pod: podres.py
+                        "POD_NAME": "metadata.name"}
     lines = open(os.path.join(DAEMONSET, "daemonset.yaml")).read().splitlines()
     i = next(i for i, line in enumerate(lines) if line.strip() == "privileged: true")
     assert lines[i - 1].strip().startswith("#"), "privileged needs its reason beside it"

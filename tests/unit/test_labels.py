@@ -10,6 +10,7 @@ import pytest
 
 from conftest import INTEL, NV
 from gpuhook.agent import kube, kubeclient, labels
+from gpuhook.defaults import AGENT_NAME
 from gpuhook.inventory import Inventory
 from gpuhook.probe import probe
 from fakes.kubeapi import FakeAPI, write_kubeconfig
@@ -88,9 +89,10 @@ def test_nfd_file_is_rewritten_whole_and_only_on_change(tmp_path):
 def test_api_patch_sets_and_removes_labels(fake_api, tmp_path, tls):
     if tls and not shutil.which("openssl"):
         pytest.skip("no openssl to make a certificate")
-    api = fake_api(tls_dir=str(tmp_path) if tls else None,
-                   labels={"kubernetes.io/hostname": "node-1", "gpuhook.dev/accelerator.amd": "true",
-                           "gpuhook.dev/gpu.count": "1", "team": "ml", "gpuhook.dev/install": "true"})
+    api = fake_api(tls_dir=str(tmp_path) if tls else None, labels={"kubernetes.io/hostname": "node-1", "team": "ml"})
+    api.label(AGENT_NAME, {"gpuhook.dev/accelerator.amd": "true", "gpuhook.dev/gpu.count": "1"})  # an earlier round's
+    operators = {"gpuhook.dev/install": "true", "gpuhook.dev/pool": "a"}
+    api.label("kubectl-label", {**operators, "gpuhook.dev/gpu.model": "hand-made"})
     client = api.client()
     want = labels.node_labels(Inventory("/", (NV, INTEL)), runtime_ready=True)
     synced = labels.sync_node_labels(client, want)
@@ -98,8 +100,10 @@ def test_api_patch_sets_and_removes_labels(fake_api, tmp_path, tls):
     assert synced.uid == "uid-1234"
     assert synced.removed == ["gpuhook.dev/accelerator.amd"]
     assert patch["gpuhook.dev/accelerator.amd"] is None and patch["gpuhook.dev/gpu.count"] == "3"
+    assert patch["gpuhook.dev/gpu.model"] == want["gpuhook.dev/gpu.model"]  # a key it computes: its value
     have = api.labels
-    assert have.pop("gpuhook.dev/install") == "true"  # the operator's opt-out label is never removed
+    for k, v in operators.items():  # labels under gpuhook.dev/ that the agent did not set are never removed
+        assert have.pop(k) == v
     assert {k: v for k, v in have.items() if k.startswith("gpuhook.dev/")} == want
     assert have["team"] == "ml" and have["kubernetes.io/hostname"] == "node-1"  # not ours: untouched
     method, path, body, ctype = api.requests[-1]
@@ -112,7 +116,7 @@ def test_api_patch_sets_and_removes_labels(fake_api, tmp_path, tls):
     labels.sync_node_labels(client, labels.node_labels(Inventory("/", ()), runtime_ready=True))
     assert {k: v for k, v in api.labels.items() if k.startswith("gpuhook.dev/")} == {
         "gpuhook.dev/accelerator": "none", "gpuhook.dev/gpu.count": "0", "gpuhook.dev/runtime-ready": "true",
-        "gpuhook.dev/install": "true"}
+        **operators}
 
 
 def test_api_errors_are_one_line(fake_api, tmp_path):

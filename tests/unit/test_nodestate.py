@@ -53,6 +53,28 @@ def test_share_unallocated_reads_every_pods_allocations_and_the_partitions_they_
                                              "amdgpu_xcp.2": frozenset({"/dev/dri/renderD130"})}
 
 
+def gone(root: str, content) -> None:
+    path = os.path.join(root, nodestate.GONE_FILE.lstrip("/"))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(content if isinstance(content, str) else json.dumps(content))
+
+
+def test_the_pods_the_agent_found_gone_hold_nothing_back(tmp_path):
+    root = host(tmp_path, [("p", "nvidia.com/gpu", ["GPU-0"]), ("q", "nvidia.com/gpu", ["GPU-1", "GPU-2"])])
+    assert {a.pod for a in read(root).allocations} == {"p", "q"}  # no file: every entry held back
+    gone(root, {"gone": ["q", "long-gone"]})
+    assert read(root).allocations == (Allocation("nvidia.com/gpu", "GPU-0", "p"),)
+    assert read(root, share="all").allocations == ()  # not read where nothing is held back anyway
+
+
+@pytest.mark.parametrize("content", ["{not json", {"gone": "q"}, {"went": ["q"]}, [1], {"gone": [7]}])
+def test_a_gone_file_that_cannot_be_read_subtracts_nothing(tmp_path, content):
+    root = host(tmp_path, [("q", "nvidia.com/gpu", ["GPU-1"])])
+    gone(root, content)
+    assert read(root).allocations == (Allocation("nvidia.com/gpu", "GPU-1", "q"),)
+
+
 def test_an_unreadable_checkpoint_is_said_why(tmp_path):
     root = host(tmp_path)
     with open(os.path.join(root, nodestate.CHECKPOINT.lstrip("/")), "w") as f:
