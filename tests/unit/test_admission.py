@@ -17,13 +17,14 @@ yaml = pytest.importorskip("yaml", reason="PyYAML (pip install kubernetes-valida
 
 PATH = os.path.join(REPO, "daemonset", "gpu-optional-admission.yaml")
 NODE_POLICY = os.path.join(REPO, "daemonset", "node-restriction.yaml")
+SLICE_POLICY = os.path.join(REPO, "daemonset", "dra", "resourceslice-restriction.yaml")  # test_dra_admission.py
 AGENT = "system:serviceaccount:gpuhook-system:gpuhook"
 NODE_NAME = "authentication.kubernetes.io/node-name"
 
 
 def docs() -> list[dict]:
     out = []
-    for path in (PATH, NODE_POLICY):
+    for path in (PATH, NODE_POLICY, SLICE_POLICY):
         with open(path) as f:
             out += [d for d in yaml.safe_load_all(f) if d]
     return out
@@ -339,7 +340,7 @@ def test_the_manifests_are_valid_and_bound():
     policies = {d["metadata"]["name"] for d in all_docs if d["kind"] == "ValidatingAdmissionPolicy"}
     bindings = {d["spec"]["policyName"]: d for d in all_docs if d["kind"] == "ValidatingAdmissionPolicyBinding"}
     assert policies == set(bindings) == {"gpuhook-gpu-optional", LABEL, AGENT_POLICY, EVENTS_POLICY,
-                                         "gpuhook-own-node-labels"}
+                                         "gpuhook-own-node-labels", "gpuhook-own-resourceslices"}
     assert all(b["spec"]["validationActions"] == ["Deny"] for b in bindings.values())
     assert all(policy(p)["spec"]["failurePolicy"] == "Fail" for p in policies)
     with open(os.path.join(REPO, "daemonset", "kustomization.yaml")) as f:

@@ -111,12 +111,15 @@ def test_the_daemonset_runs_the_driver_where_the_kubelet_looks():
     assert host_of[PLUGINS_DIR] == PLUGINS_DIR and host_of[PLUGINS_REGISTRY] == PLUGINS_REGISTRY  # the kubelet's view
 
 
-def test_the_rbac_allows_the_calls_the_driver_makes():
+def test_the_rbac_allows_the_calls_the_driver_makes_and_no_other():
+    """list, apply (a patch; a create when the slice is new), delete ResourceSlices; get the
+    ResourceClaims it prepares (tests/cluster/test_dra_slices_real.py: these and no more)."""
     (role,) = [d for d in _docs() if d["kind"] == "ClusterRole"]
     allowed = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
-    assert {
+    assert allowed == {
         ("resourceslices", "list"),
+        ("resourceslices", "create"),
         ("resourceslices", "patch"),
         ("resourceslices", "delete"),
         ("resourceclaims", "get"),
-    } <= allowed
+    }
