@@ -304,3 +304,32 @@ def test_a_gpu_that_leaves_leaves_the_slice_and_its_pod_is_told(control_plane, n
     assert len(again["items"]) == 1
     no_errors(log)
 
+
+QUANTITIES = [fakehost.MI210_VRAM, fakehost.FLEX170_VRAM, 16 * 10**9, 1001 * 10**6, 10**9 + 1, 1023, 1024]
+
+
+def test_memory_capacity_comes_back_as_written(control_plane, dra_applied, agent_api, tmp_path):
+    """An AMD node's GPUs with their memory, published by the driver with the agent's token:
+    the API server gives back the capacity as written (slices.quantity is its canonical form),
+    and so does it for each quantity of the unit test's (a slice written as an admin)."""
+    cp = control_plane
+    gone(cp, slices.slice_name(OWN_NODE, 0))
+    fh = fakehost.FakeHost(str(tmp_path / "host"), mknod=False)
+    fakehost.amd(fh)
+    devices = publish.NodeDevices(fh.root, str(tmp_path / "cdi"), ldconfig=False, helper=False).refresh()
+    publish.SlicePublisher(agent_api, OWN_NODE).sync(devices)
+    got = cp.api("GET", f"{SLICES}/{slices.slice_name(OWN_NODE, 0)}").body["spec"]["devices"]
+    assert [d.get("capacity") for d in got] == [p.device.get("capacity") for p in devices]
+    assert got[0]["capacity"] == {"memory": {"value": "65520Mi"}}
+    gone(cp, slices.slice_name(OWN_NODE, 0))
+
+    body = a_slice(OTHER_NODE, "gh-quantities")
+    body["spec"]["devices"] = [
+        {"name": f"d{i}", "capacity": {"memory": {"value": slices.quantity(n)}}} for i, n in enumerate(QUANTITIES)
+    ]
+    r = cp.api("POST", SLICES, body)
+    assert r.status == 201, r
+    assert [d["capacity"]["memory"]["value"] for d in r.body["spec"]["devices"]] == [
+        slices.quantity(n) for n in QUANTITIES
+    ]
+    gone(cp, "gh-quantities")

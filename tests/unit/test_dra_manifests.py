@@ -51,11 +51,15 @@ def test_the_manifests_and_the_example_are_valid():
 
 
 @pytest.mark.parametrize(
-    "build", [fakehost.nvidia, fakehost.amd_mi300, fakehost.cpu_only], ids=["nvidia", "mi300", "cpu"]
+    "build",
+    [fakehost.nvidia, fakehost.amd_mi300, fakehost.cpu_only, fakehost.amd, fakehost.intel],
+    ids=["nvidia", "mi300", "cpu", "amd", "intel"],
 )
 def test_the_published_slices_are_valid(tmp_path, build):
     out = slices.resource_slices("node-1", _published(tmp_path, build), 1)
     assert _invalid(out) == []
+    if build in (fakehost.amd, fakehost.intel):  # the memory capacity too
+        assert any("capacity" in d for d in out[0]["spec"]["devices"])
     out[0]["spec"]["devices"][-1]["allowMultipleAlocations"] = True  # a field name the API does not have
     assert len(_invalid(out)) == 1
 

@@ -216,3 +216,34 @@ def test_the_agents_prune_leaves_the_none_spec(tmp_path):
         "kind": "gpuhook.dev/none",
         "devices": [{"name": "none", "containerEdits": {"env": ["GPUHOOK_ACCELERATOR=cpu"]}}],
     }
+
+
+def test_a_gpus_memory_is_its_capacity_where_the_kernel_says_it(tmp_path):
+    """AMD and Intel xe: capacity gpuhook.dev/memory, the bytes sysfs states, as a quantity;
+    NVIDIA (no file without NVML), i915 and `none`: no capacity at all."""
+    amd = published(_host(tmp_path / "amd", fakehost.amd))
+    assert [p.device.get("capacity") for p in amd] == [{"memory": {"value": "65520Mi"}}] * 2 + [None]
+    intel = published(_host(tmp_path / "intel", fakehost.intel))
+    assert [p.device.get("capacity") for p in intel] == [None, {"memory": {"value": "16Gi"}}, None]
+    nvidia = published(_host(tmp_path / "nvidia", fakehost.nvidia))
+    assert {str(p.device.get("capacity")) for p in nvidia} == {"None"}
+
+
+@pytest.mark.parametrize(
+    "n, text",
+    [
+        (fakehost.MI210_VRAM, "65520Mi"),
+        (fakehost.FLEX170_VRAM, "16Gi"),
+        (1024, "1Ki"),
+        (1 << 60, "1Ei"),
+        (1023, "1023"),
+        (1000, "1k"),
+        (16 * 10**9, "15625000Ki"),  # a multiple of 1024: binary, as the API server keeps it
+        (10**9 + 1, "1000000001"),
+        (1001 * 10**6, "1001M"),
+    ],
+)
+def test_memory_is_written_as_the_api_server_writes_it_back(n, text):
+    """The canonical form (resource.Quantity's): a slice read back equals the one written, so
+    a round has nothing to put back (tests/cluster/test_dra_slices_real.py asks the API server)."""
+    assert slices.quantity(n) == text
