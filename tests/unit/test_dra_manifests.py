@@ -127,3 +127,17 @@ def test_the_rbac_allows_the_calls_the_driver_makes_and_no_other():
         ("resourceslices", "delete"),
         ("resourceclaims", "get"),
     }
+
+
+def test_the_driver_and_the_agent_write_the_cdi_specs_alike():
+    """The two DaemonSets keep the same CDI directory of the node: the same --cdi-format and
+    --max-cdi-version, or they would rewrite each other's files every round."""
+    (agent,) = [d for d in load_yaml(os.path.join(REPO, "daemonset", "daemonset.yaml")) if d["kind"] == "DaemonSet"]
+    (dra,) = [d for d in _docs() if d["kind"] == "DaemonSet"]
+
+    def cdi_of(ds: dict) -> tuple:
+        c = next(c for c in ds["spec"]["template"]["spec"]["containers"] if c["command"] == ["gpuhook"])
+        args = build_parser().parse_args(c["args"])
+        return args.cdi_format, args.max_cdi_version
+
+    assert cdi_of(agent) == cdi_of(dra)
