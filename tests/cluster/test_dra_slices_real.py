@@ -9,7 +9,8 @@ node) and daemonset/dra/'s RBAC and admission policy applied with the cluster's 
 - the driver's own code (publish.SlicePublisher, service.Service over a fake host's GPUs):
   a slice edited by an admin is put back in one round; a GPU that leaves the node leaves the
   slice in one round, and the pod its claim is reserved for (status written as an admin, as
-  the scheduler would) gets a GPULost Event, which the agent's Event policy admits.
+  the scheduler would) gets a GPULost Event, which the agent's Event policy admits;
+- a GPU's memory capacity (slices.quantity) comes back from the API server as written.
 
 No kubelet: the Nodes are API objects (conftest.OWN_NODE, OTHER_NODE), the pods stay Pending.
 tests/cluster/test_dra_real.py runs the driver under real kubelets."""
@@ -47,7 +48,6 @@ NAMED = "gpuhook's ResourceSlices are named NODE-gpuhook.dev-NUMBER"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 GPU0 = "nvidia-gpu-00000000-1111-2222-3333-444444444444"
 GPU1 = "nvidia-gpu-00000001-1111-2222-3333-444444444445"
-APPLY = "application/apply-patch+yaml"
 
 
 def a_slice(node: str, name: str | None = None, driver_name: str = DRIVER) -> dict:

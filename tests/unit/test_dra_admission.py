@@ -1,16 +1,17 @@
 """daemonset/dra/resourceslice-restriction.yaml, evaluated with cel-python as
-test_admission.py evaluates the other policies: the driver's ServiceAccount writes the
-ResourceSlices `gpuhook dra` makes for its own node (slices.resource_slices) and no other:
-not another node's, not another driver's, not a pool or a name of another node, not without
-the node name of a bound token. tests/cluster/test_dra_slices_real.py sends the same requests
-to a real kube-apiserver, the judge where the two could disagree."""
+test_admission.py evaluates the other policies (tests/admission_cel.py): the driver's
+ServiceAccount writes the ResourceSlices `gpuhook dra` makes for its own node
+(slices.resource_slices) and no other: not another node's, not another driver's, not a pool
+or a name of another node, not without the node name of a bound token.
+tests/cluster/test_dra_slices_real.py sends the same requests to a real kube-apiserver, the
+judge where the two could disagree."""
 
 from __future__ import annotations
 
 import copy
 
 import pytest
-from test_admission import AGENT, admit, policy
+from admission_cel import AGENT, admit, policy
 
 from gpuhook.dra import DRIVER, slices
 
