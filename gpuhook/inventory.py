@@ -42,6 +42,9 @@ class Device(Record):
     partition, accel, dxg.
     index: position among this vendor's devices. id: stable id (NVIDIA UUID, PCI
     address, or node name). parent: a partition's physical GPU (PCI address).
+    memory: the GPU's own memory in bytes, as its kernel driver states it in sysfs
+    (probe/drm.py vram_bytes: AMD, Intel xe); None where no file says it (NVIDIA without
+    NVML, i915, integrated GPUs, partitions): never guessed.
     """
 
     vendor: str
@@ -53,6 +56,7 @@ class Device(Record):
     model: "str | None" = None
     driver: "str | None" = None
     parent: "str | None" = None
+    memory: "int | None" = None
 
     __slots__ = ()
 

@@ -23,6 +23,7 @@ CONSTRAINTS: dict[tuple[str, str], dict] = {
     ("Node", "major"): {"ge": 0},
     ("Node", "minor"): {"ge": 0},
     ("Device", "index"): {"ge": 0},
+    ("Device", "memory"): {"gt": 0},
 }
 
 

@@ -10,7 +10,7 @@ import os
 import sys
 
 from .. import defaults
-from .args import add_driver_root_arg, seconds, usage_error
+from .args import add_cdi_dir_args, add_driver_root_arg, max_cdi_version, seconds, usage_error
 
 
 def add_commands(sub) -> None:
@@ -81,12 +81,7 @@ def _add_node_args(sp) -> None:
 def _add_file_args(sp) -> None:
     """The files the agent writes."""
     sp.add_argument("--cdi-dir", metavar="DIR", help="CDI spec directory (default <root>/var/run/cdi; '' = none)")
-    sp.add_argument("--cdi-format", choices=("yaml", "json"), default="yaml")
-    sp.add_argument(
-        "--max-cdi-version",
-        metavar="VERSION",
-        help="the newest cdiVersion the node's runtimes read: newer fields are left out (default: what the specs need)",
-    )
+    add_cdi_dir_args(sp)
     sp.add_argument(
         "--nfd-dir",
         metavar="DIR",
@@ -191,7 +186,6 @@ def cmd_agent(args) -> int:
 def _options(args):
     """The agent's Options from the command line, checked: a UsageError for what cannot be used."""
     from ..agent.core import Options
-    from ..cdi import KNOWN_VERSIONS
     from .nri import ROOTFS_TEMPLATE_RULE, rootfs_template_ok
     from .args import driver_root
 
@@ -199,8 +193,7 @@ def _options(args):
         raise usage_error(f"--root {args.root}: not a directory")
     if args.interval <= 0:
         raise usage_error("--interval must be more than 0")
-    if args.max_cdi_version is not None and args.max_cdi_version not in KNOWN_VERSIONS:
-        raise usage_error(f"--max-cdi-version {args.max_cdi_version}: one of {', '.join(KNOWN_VERSIONS)}")
+    max_version = max_cdi_version(args)
     if args.context and not args.kubeconfig:
         raise usage_error("--context needs --kubeconfig")
     if not args.nri_socket.startswith("/"):
@@ -223,7 +216,7 @@ def _options(args):
         cdi_dir=args.cdi_dir,
         nfd_dir=args.nfd_dir,
         cdi_format=args.cdi_format,
-        cdi_max_version=args.max_cdi_version,
+        cdi_max_version=max_version,
         install=not args.no_install,
         once=args.once,
         ready_file=args.ready_file,

@@ -33,6 +33,36 @@ def add_driver_root_arg(sp) -> None:
     )
 
 
+CDI_FORMATS = ("yaml", "json")
+
+
+def add_max_cdi_version_arg(sp) -> None:
+    sp.add_argument(
+        "--max-cdi-version",
+        metavar="VERSION",
+        help="the newest cdiVersion the node's runtimes read (podman 4.3: 0.5.0): newer fields are left out "
+        "(default: what the specs need)",
+    )
+
+
+def add_cdi_dir_args(sp) -> None:
+    """--cdi-format and --max-cdi-version of the commands that keep the node's CDI directory:
+    the agent and `gpuhook dra` write the same files, so they take them from one definition
+    (their DaemonSets pass both the same: tests/unit/test_dra_manifests.py)."""
+    sp.add_argument("--cdi-format", choices=CDI_FORMATS, default="yaml", help="the CDI specs' format (default yaml)")
+    add_max_cdi_version_arg(sp)
+
+
+def max_cdi_version(args) -> str | None:
+    """--max-cdi-version, checked: one of cdi.KNOWN_VERSIONS, or None (what the specs need)."""
+    from ..cdi import KNOWN_VERSIONS
+
+    given = args.max_cdi_version
+    if given is not None and given not in KNOWN_VERSIONS:
+        raise UsageError(f"--max-cdi-version {given}: one of {', '.join(KNOWN_VERSIONS)}")
+    return given
+
+
 def seconds(text: str) -> float:
     """An argparse type: a number of seconds, 0 <= s < 1e6 (no nan, no inf)."""
     import argparse

@@ -34,14 +34,9 @@ def add_commands(sub) -> None:
     g.add_argument("--format", choices=("yaml", "json"), default="yaml", help="default yaml")
     g.add_argument("--kind", metavar="KIND", help="only this kind: gpuhook.dev/nvidia, or just nvidia, gpu...")
     g.add_argument("--ldconfig", metavar="PATH", help="the node's ldconfig for the ld-cache hook (found when unset)")
-    g.add_argument(
-        "--max-cdi-version",
-        metavar="VERSION",
-        help="the newest cdiVersion the node's runtimes read "
-        "(podman 4.3: 0.5.0): newer fields are left out (default: what the specs need)",
-    )
-    from .args import add_driver_root_arg
+    from .args import add_driver_root_arg, add_max_cdi_version_arg
 
+    add_max_cdi_version_arg(g)
     add_driver_root_arg(g)
     g.set_defaults(func=cmd_cdi_generate)
 

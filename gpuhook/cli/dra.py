@@ -26,6 +26,9 @@ def add_commands(sub) -> None:
     sp.add_argument(
         "--cdi-dir", metavar="DIR", help=f"where the CDI specs go (default <root>{CDI_DIR}, as the agent writes them)"
     )
+    from .args import add_cdi_dir_args
+
+    add_cdi_dir_args(sp)  # the agent's, for the same files: give both the same
     sp.add_argument("--ldconfig", metavar="PATH", help="the node's ldconfig for the ld-cache hook (found when unset)")
     sp.add_argument(
         "--plugins-dir",
@@ -89,7 +92,7 @@ def cmd_dra(args) -> int:
     from .. import log as logmod
     from ..defaults import CDI_DIR
     from ..dra import DRIVER, driver, publish, service
-    from .args import driver_root
+    from .args import driver_root, max_cdi_version
     from .cdi import hook_paths
 
     if not os.path.isdir(args.root):
@@ -105,12 +108,22 @@ def cmd_dra(args) -> int:
         raise usage_error("--interval must be more than 0")
     if args.context and not args.kubeconfig:
         raise usage_error("--context needs --kubeconfig")
+    max_version = max_cdi_version(args)
     api = _api(args)
     logmod.configure(fmt=args.log_format)
     log = logmod.get(front="dra", node=api.node)
     ldconfig, helper = hook_paths(args.root, args.spec_root, args.ldconfig)
     cdi_dir = args.cdi_dir or os.path.join(args.root, CDI_DIR.lstrip("/"))
-    devices = publish.NodeDevices(args.root, cdi_dir, args.spec_root, ldconfig, helper, driver_root(args, args.root))
+    devices = publish.NodeDevices(
+        args.root,
+        cdi_dir,
+        args.spec_root,
+        ldconfig,
+        helper,
+        driver_root(args, args.root),
+        cdi_format=args.cdi_format,
+        max_cdi_version=max_version,
+    )
     here = driver.plugin_dir(DRIVER, args.plugins_dir)
     checkpoint = driver.Checkpoint(os.path.join(here, driver.CHECKPOINT))
     drv = driver.Driver(

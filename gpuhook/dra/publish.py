@@ -30,8 +30,13 @@ class NodeDevices:
         ldconfig=None,
         helper=None,
         nvidia_driver_root: str = "auto",
+        *,
+        cdi_format: str = "yaml",
+        max_cdi_version: str | None = None,
     ):
         self.root = root
+        self.cdi_format = cdi_format  # the agent's --cdi-format and --max-cdi-version: the same files
+        self.max_cdi_version = max_cdi_version
         self.nvidia_driver_root = nvidia_driver_root
         self.cdi_dir = cdi_dir
         self.spec_root = spec_root
@@ -40,17 +45,20 @@ class NodeDevices:
         self.lock = threading.Lock()
         self.devices: tuple[slices.Published, ...] = ()
         self.warnings: tuple[str, ...] = ()
+        self.dropped: list[tuple[str, list[str]]] = []  # (kind, fields) left out for max_cdi_version
 
     def refresh(self) -> tuple[slices.Published, ...]:
         from ..probe import probe
 
         inv = probe(self.root, nvidia_driver_root=self.nvidia_driver_root)
-        all_specs = cdi.specs(inv, self.spec_root, self.ldconfig, helper=self.helper) + [cdi.none_spec()]
+        dropped: list = []
+        all_specs = cdi.specs(inv, self.spec_root, self.ldconfig, self.max_cdi_version, dropped, self.helper)
+        all_specs.append(cdi.none_spec())
         if self.cdi_dir:
-            cdi.write_dir(all_specs, self.cdi_dir)
+            cdi.write_dir(all_specs, self.cdi_dir, self.cdi_format)
         devices = slices.published(inv, cdi.device_ids(all_specs))
         with self.lock:
-            self.devices, self.warnings = devices, inv.warnings
+            self.devices, self.warnings, self.dropped = devices, inv.warnings, dropped
         return devices
 
     def table(self) -> dict[str, str]:

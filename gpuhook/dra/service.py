@@ -38,6 +38,7 @@ class Service:
         self.slices = publish.SlicePublisher(api, node, DRIVER)
         self.reported: set[tuple[str, str]] = set()  # (claim UID, device) told once per process
         self.stop = threading.Event()
+        self.left_out: dict[str, list[str]] = {}  # what --max-cdi-version left out, last said
 
     def round(self) -> None:
         """Probe, write the CDI specs and the slices, report claims that lost their GPU."""
@@ -46,6 +47,10 @@ class Service:
         except Exception as e:  # a probe or CDI failure: keep what was published, say why
             self.log.error("dra.probe.error", error=f"{type(e).__name__}: {e}")
             return
+        left_out = {kind: fields for kind, fields in self.devices.dropped}
+        if left_out and left_out != self.left_out:  # as the agent's cdi.capped, once per change
+            self.log.warning("dra.cdi.capped", max_version=self.devices.max_cdi_version, left_out=left_out)
+        self.left_out = left_out
         try:
             for line in self.slices.sync(published):
                 self.log.info("dra.slices", change=line, devices=len(published))

@@ -14,6 +14,9 @@ that has them: kind (gpu, partition, accel, dxg, or none), vendor (the vendor's 
 vendors.py; none for `none`), and, where the probe knows them, model, id, uuid and mig (NVIDIA:
 whether the GPU has MIG instances, which come with it), pciBusID, parent (a partition's GPU),
 index, driver (the kernel driver), driverVersion (a semantic version).
+
+Capacity (gpuhook.dev/<name>): memory, the GPU's own memory in bytes where its kernel driver
+states it (Device.memory: AMD, Intel xe), as a quantity in the form the API server writes back.
 """
 
 from __future__ import annotations
@@ -62,6 +65,25 @@ def _version(text: str | None) -> str | None:
     return ".".join(parts + ["0"] * (3 - len(parts)))
 
 
+def quantity(n: int) -> str:
+    """A whole number of bytes as a Kubernetes quantity in its canonical form, the one the API
+    server gives back (so a slice read back equals the one written): a multiple of 1024 with
+    the largest binary suffix that keeps it whole (68702699520 -> 65520Mi), else decimal with
+    the largest SI suffix (16000000000 -> 16G, 1000001 -> 1000001)."""
+    for base, suffixes in (
+        (1024, ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")),
+        (1000, ("", "k", "M", "G", "T", "P", "E")),
+    ):
+        if base == 1024 and (n < 1024 or n % 1024):
+            continue
+        i = 0
+        while n and n % base == 0 and i < len(suffixes) - 1:
+            n //= base
+            i += 1
+        return f"{n}{suffixes[i]}"
+    raise AssertionError("unreachable")  # the decimal form takes every number
+
+
 def _string(value: str) -> dict:
     return {"string": value[:MAX_VALUE]}
 
@@ -108,7 +130,10 @@ def published(inv: Inventory, cdi_ids: frozenset[str]) -> tuple[Published, ...]:
             if cdi_id not in cdi_ids:
                 continue
             name = device_name(v.vendor, d)
-            out.append(Published(name, cdi_id, {"name": name, "attributes": attributes(v, d)}))
+            device = {"name": name, "attributes": attributes(v, d)}
+            if d.memory:
+                device["capacity"] = {"memory": {"value": quantity(d.memory)}}
+            out.append(Published(name, cdi_id, device))
     out.append(none_device())
     return tuple(out)
 

@@ -20,7 +20,7 @@
 from .. import vendors
 from ..inventory import Device, Node, VendorInventory
 from .common import char_majors, device_node, first_major, parse_dev
-from .drm import DRM_MAJOR, DrmDevice, drm_devices
+from .drm import DRM_MAJOR, DrmDevice, drm_devices, vram_bytes
 from .host import Host
 
 VENDOR = vendors.by_module(__name__).name  # this probe's vendor, as the registry names it
@@ -135,6 +135,7 @@ def probe(host: Host) -> VendorInventory | None:
                     d.pci,
                     model(d.device_id),
                     "amdgpu",
+                    memory=vram_bytes(host, d),
                 )
             )
     if not devices:
@@ -180,6 +181,8 @@ def _kfd_devices(host: Host, kfd: list, drm: list, xcp: list, drm_major: int) ->
                 model(props.get("device_id")),
                 "amdgpu",
                 parent if partition else None,
+                # the GPU's memory: a partition's share of it is not in a file
+                vram_bytes(host, d) if d is not None and not partition else None,
             )
         )
     return devices, used

@@ -8,6 +8,11 @@ Per node: MAJOR:MINOR from the sysfs `dev` file, else 226 and the number in the 
 is /dev/dri/<name>, where a real device node wins. A node the kernel lists but /dev lacks is
 reported with present=False (runc creates it in the container).
 Connectors (card0-DP-1) and anything else in /sys/class/drm are ignored.
+
+A GPU's own memory (vram_bytes), where its driver states it in the device directory: amdgpu's
+mem_info_vram_total, xe's tile<N>/physical_vram_size_bytes (one per tile of a discrete GPU,
+summed). i915 has no such file (its local memory is told only through an ioctl), nor has an
+integrated GPU: None there.
 """
 
 from ..record import Record
@@ -87,3 +92,27 @@ def drm_devices(host: "Host", drm_major: int = DRM_MAJOR) -> "list[DrmDevice]":
         driver = target.rstrip("/").rpartition("/")[2] if target else ev.get("DRIVER")
         out.append(DrmDevice(pci, vendor, device, driver or None, sysfs, nodes["card"], nodes["render"]))
     return out
+
+
+def _bytes(host: "Host", path: str) -> "int | None":
+    text = host.read_text(path, quiet=True)
+    if text is None:
+        return None
+    value = text.strip()
+    if not value.isascii() or not value.isdigit() or int(value) == 0:
+        host.warn(f"{path}: not a size in bytes ({value[:40]!r}), memory not reported")
+        return None
+    return int(value)
+
+
+def vram_bytes(host: "Host", d: DrmDevice) -> "int | None":
+    """The memory of the GPU whose device directory is d.sysfs, in bytes, as its driver says
+    it; None when it says nothing (see the module's docstring)."""
+    if d.driver == "amdgpu":
+        return _bytes(host, d.sysfs + "/mem_info_vram_total")
+    if d.driver == "xe":
+        tiles = sorted(n for n in host.listdir(d.sysfs) if n.startswith("tile") and n[4:].isdigit())
+        sizes = [_bytes(host, f"{d.sysfs}/{t}/physical_vram_size_bytes") for t in tiles]
+        known = [n for n in sizes if n is not None]
+        return sum(known) if known and len(known) == len(sizes) else None
+    return None

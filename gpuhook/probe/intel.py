@@ -13,7 +13,7 @@ nodes: that GPU then gives containers nothing, and a warning says so.
 from .. import vendors
 from ..inventory import Device, VendorInventory
 from .common import char_majors, first_major, is_uint, numbered_names
-from .drm import DRM_MAJOR, drm_devices
+from .drm import DRM_MAJOR, drm_devices, vram_bytes
 from .host import Host
 
 VENDOR = vendors.by_module(__name__).name  # this probe's vendor, as the registry names it
@@ -66,6 +66,7 @@ def probe(host: Host) -> VendorInventory | None:
                 model,
                 d.driver,
                 parent,
+                None if parent else vram_bytes(host, d),  # a VF's share of the GPU's memory is not in a file
             )
         )
     return VendorInventory(VENDOR, tuple(devices)) if devices else None

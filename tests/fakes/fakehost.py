@@ -484,8 +484,14 @@ def bmc_only(fh: FakeHost) -> None:
     fh.drm_gpu("0000:03:00.0", 0x1A03, 0x2000, "ast", card=0, render=None)
 
 
-def amd(fh: FakeHost, gpus: int = 2) -> None:
-    """AMD node: KFD topology with one CPU node and `gpus` GPUs, each with card+render."""
+# a GPU's memory as its kernel driver states it (probe/drm.py vram_bytes)
+MI210_VRAM = 68702699520  # amdgpu's mem_info_vram_total of an Instinct MI210 (64 GiB HBM2e, 65520 MiB usable)
+FLEX170_VRAM = 17179869184  # xe's tile0/physical_vram_size_bytes of a Data Center GPU Flex 170 (16 GiB)
+
+
+def amd(fh: FakeHost, gpus: int = 2, vram: int | None = MI210_VRAM) -> None:
+    """AMD node: KFD topology with one CPU node and `gpus` GPUs, each with card+render and
+    amdgpu's mem_info_vram_total (`vram` bytes; None: no such file)."""
     fh.majors.update({"kfd": 235, "drm": DRM_MAJOR})
     fh.chardev("/dev/kfd", 235, 0, 0o660, gid=_group_gid("render"))
     topo = "/sys/class/kfd/kfd/topology/nodes"
@@ -496,7 +502,9 @@ def amd(fh: FakeHost, gpus: int = 2) -> None:
     for i in range(gpus):
         bus = 0x43 + 0x20 * i
         bdf = f"0000:{bus:02x}:00.0"
-        fh.drm_gpu(bdf, 0x1002, 0x740F, "amdgpu", card=i + 1, render=128 + i)
+        path = fh.drm_gpu(bdf, 0x1002, 0x740F, "amdgpu", card=i + 1, render=128 + i)
+        if vram is not None:
+            fh.file(path + "/mem_info_vram_total", f"{vram}\n")
         fh.file(
             f"{topo}/{i + 1}/properties",
             f"cpu_cores_count 0\nsimd_count 416\nvendor_id 4098\ndevice_id 29711\n"
@@ -506,11 +514,13 @@ def amd(fh: FakeHost, gpus: int = 2) -> None:
 
 
 def intel(fh: FakeHost, dgpu: bool = True) -> None:
-    """Intel iGPU (i915 at 00:02.0) plus optionally a discrete GPU (xe)."""
+    """Intel iGPU (i915 at 00:02.0: no memory file) plus optionally a discrete GPU (xe, one
+    tile with its physical_vram_size_bytes)."""
     fh.majors["drm"] = DRM_MAJOR
     fh.drm_gpu("0000:00:02.0", 0x8086, 0xA7A0, "i915", card=0, render=128)
     if dgpu:
-        fh.drm_gpu("0000:03:00.0", 0x8086, 0x56C0, "xe", card=1, render=129)
+        path = fh.drm_gpu("0000:03:00.0", 0x8086, 0x56C0, "xe", card=1, render=129)
+        fh.file(path + "/tile0/physical_vram_size_bytes", f"{FLEX170_VRAM}\n")
     fh.proc_devices()
 
 

@@ -1,8 +1,8 @@
 """daemonset/gpu-optional-admission.yaml and daemonset/node-restriction.yaml, evaluated: every CEL expression of the policies runs
 in a CEL implementation (cel-python) against pods that must be admitted and pods that must be
 refused, with the variables the API server gives a ValidatingAdmissionPolicy (object,
-oldObject, namespaceObject, request). The manifests are validated against the Kubernetes
-schemas (kubernetes-validate)."""
+oldObject, namespaceObject, request: tests/admission_cel.py). The manifests are validated
+against the Kubernetes schemas (kubernetes-validate)."""
 
 from __future__ import annotations
 
@@ -10,70 +10,10 @@ import os
 
 import pytest
 
+from admission_cel import AGENT, NODE_POLICY, admit, cel, docs, policy
 from conftest import REPO
 
-celpy = pytest.importorskip("celpy", reason="pip install cel-python (in the test extras)")
 yaml = pytest.importorskip("yaml", reason="PyYAML (pip install kubernetes-validate brings it)")
-
-PATH = os.path.join(REPO, "daemonset", "gpu-optional-admission.yaml")
-NODE_POLICY = os.path.join(REPO, "daemonset", "node-restriction.yaml")
-AGENT = "system:serviceaccount:gpuhook-system:gpuhook"
-NODE_NAME = "authentication.kubernetes.io/node-name"
-
-
-def docs() -> list[dict]:
-    out = []
-    for path in (PATH, NODE_POLICY):
-        with open(path) as f:
-            out += [d for d in yaml.safe_load_all(f) if d]
-    return out
-
-
-def policy(name: str) -> dict:
-    return next(d for d in docs() if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == name)
-
-
-_env = celpy.Environment()
-
-
-def cel(expr: str, act: dict):
-    return _env.program(_env.compile(expr)).evaluate(act)
-
-
-def admit(name: str, operation: str, obj: dict, old: dict | None = None, namespace: dict | None = None,
-          user: str = "alice", node: str | None = None, resource: str = "pods", spec: dict | None = None) -> list[str]:
-    """What the API server does with one request under one policy (`spec`: the policy's
-    spec as an overlay changed it): [] when admitted, else the message of the first failed
-    validation (messageExpression first), as kube-apiserver says it: it stops there
-    (tests/cluster/test_admission_real.py)."""
-    spec = spec or policy(name)["spec"]
-    rules = spec["matchConstraints"]["resourceRules"]
-    if not any(operation in r["operations"] and resource in r["resources"] for r in rules):
-        return []
-    # a rule's "pods" matches no subresource request ("pods/status" must be listed); the
-    # request's resource is "pods" all the same (the subresource is request.subResource)
-    resource = resource.partition("/")[0]
-    # a user with no extra has none at all (kube-apiserver: "no such key: extra")
-    user_info = {"username": user, **({"extra": {NODE_NAME: [node]}} if node else {})}
-    act = {k: celpy.json_to_cel(v) for k, v in {
-        "object": obj, "oldObject": old, "namespaceObject": namespace,
-        "request": {"operation": operation, "userInfo": user_info,
-                    "resource": {"group": "", "version": "v1", "resource": resource}}}.items()}
-    if spec.get("variables"):  # in order: each may use those before it
-        act["variables"] = celpy.celtypes.MapType()
-        for var in spec["variables"]:
-            act["variables"][celpy.celtypes.StringType(var["name"])] = cel(var["expression"], act)
-    for cond in spec.get("matchConditions", []):
-        result = cel(cond["expression"], act)
-        assert isinstance(result, celpy.celtypes.BoolType), (cond["name"], result)
-        if not result:
-            return []
-    for v in spec["validations"]:
-        result = cel(v["expression"], act)
-        assert isinstance(result, celpy.celtypes.BoolType), (v["expression"], result)  # an error is not a result
-        if not result:
-            return [str(cel(v["messageExpression"], act)) if "messageExpression" in v else " ".join(v["message"].split())]
-    return []
 
 
 def ns(name: str, labels: dict | None = None) -> dict:
@@ -339,7 +279,7 @@ def test_the_manifests_are_valid_and_bound():
     policies = {d["metadata"]["name"] for d in all_docs if d["kind"] == "ValidatingAdmissionPolicy"}
     bindings = {d["spec"]["policyName"]: d for d in all_docs if d["kind"] == "ValidatingAdmissionPolicyBinding"}
     assert policies == set(bindings) == {"gpuhook-gpu-optional", LABEL, AGENT_POLICY, EVENTS_POLICY,
-                                         "gpuhook-own-node-labels"}
+                                         "gpuhook-own-node-labels", "gpuhook-own-resourceslices"}
     assert all(b["spec"]["validationActions"] == ["Deny"] for b in bindings.values())
     assert all(policy(p)["spec"]["failurePolicy"] == "Fail" for p in policies)
     with open(os.path.join(REPO, "daemonset", "kustomization.yaml")) as f:

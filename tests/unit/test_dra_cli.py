@@ -40,6 +40,11 @@ def _gpuhook(*args: str, env: dict | None = None, **kw):
         (["--plugins-dir", "plugins"], "gpuhook: --plugins-dir plugins: not an absolute path"),
         (["--context", "x"], "gpuhook: --context needs --kubeconfig"),
         (
+            ["--max-cdi-version", "0.9.0"],
+            "gpuhook: --max-cdi-version 0.9.0: one of 0.3.0, 0.4.0, 0.5.0, 0.6.0, 0.7.0, 0.8.0",
+        ),
+        (["--cdi-format", "toml"], None),  # argparse's own usage error
+        (
             ["--kubeconfig", "/nonexistent"],
             "gpuhook: --kubeconfig /nonexistent: Configuration file /nonexistent not found",
         ),

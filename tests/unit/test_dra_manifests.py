@@ -51,11 +51,15 @@ def test_the_manifests_and_the_example_are_valid():
 
 
 @pytest.mark.parametrize(
-    "build", [fakehost.nvidia, fakehost.amd_mi300, fakehost.cpu_only], ids=["nvidia", "mi300", "cpu"]
+    "build",
+    [fakehost.nvidia, fakehost.amd_mi300, fakehost.cpu_only, fakehost.amd, fakehost.intel],
+    ids=["nvidia", "mi300", "cpu", "amd", "intel"],
 )
 def test_the_published_slices_are_valid(tmp_path, build):
     out = slices.resource_slices("node-1", _published(tmp_path, build), 1)
     assert _invalid(out) == []
+    if build in (fakehost.amd, fakehost.intel):  # the memory capacity too
+        assert any("capacity" in d for d in out[0]["spec"]["devices"])
     out[0]["spec"]["devices"][-1]["allowMultipleAlocations"] = True  # a field name the API does not have
     assert len(_invalid(out)) == 1
 
@@ -111,12 +115,29 @@ def test_the_daemonset_runs_the_driver_where_the_kubelet_looks():
     assert host_of[PLUGINS_DIR] == PLUGINS_DIR and host_of[PLUGINS_REGISTRY] == PLUGINS_REGISTRY  # the kubelet's view
 
 
-def test_the_rbac_allows_the_calls_the_driver_makes():
+def test_the_rbac_allows_the_calls_the_driver_makes_and_no_other():
+    """list, apply (a patch; a create when the slice is new), delete ResourceSlices; get the
+    ResourceClaims it prepares (tests/cluster/test_dra_slices_real.py: these and no more)."""
     (role,) = [d for d in _docs() if d["kind"] == "ClusterRole"]
     allowed = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
-    assert {
+    assert allowed == {
         ("resourceslices", "list"),
+        ("resourceslices", "create"),
         ("resourceslices", "patch"),
         ("resourceslices", "delete"),
         ("resourceclaims", "get"),
-    } <= allowed
+    }
+
+
+def test_the_driver_and_the_agent_write_the_cdi_specs_alike():
+    """The two DaemonSets keep the same CDI directory of the node: the same --cdi-format and
+    --max-cdi-version, or they would rewrite each other's files every round."""
+    (agent,) = [d for d in load_yaml(os.path.join(REPO, "daemonset", "daemonset.yaml")) if d["kind"] == "DaemonSet"]
+    (dra,) = [d for d in _docs() if d["kind"] == "DaemonSet"]
+
+    def cdi_of(ds: dict) -> tuple:
+        c = next(c for c in ds["spec"]["template"]["spec"]["containers"] if c["command"] == ["gpuhook"])
+        args = build_parser().parse_args(c["args"])
+        return args.cdi_format, args.max_cdi_version
+
+    assert cdi_of(agent) == cdi_of(dra)

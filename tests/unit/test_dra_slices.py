@@ -3,6 +3,8 @@ the fake hosts, as devices users select on, `none` on every node; kept in the AP
 
 from __future__ import annotations
 
+import json
+import os
 import re
 
 import pytest
@@ -216,3 +218,86 @@ def test_the_agents_prune_leaves_the_none_spec(tmp_path):
         "kind": "gpuhook.dev/none",
         "devices": [{"name": "none", "containerEdits": {"env": ["GPUHOOK_ACCELERATOR=cpu"]}}],
     }
+
+
+def test_a_gpus_memory_is_its_capacity_where_the_kernel_says_it(tmp_path):
+    """AMD and Intel xe: capacity gpuhook.dev/memory, the bytes sysfs states, as a quantity;
+    NVIDIA (no file without NVML), i915 and `none`: no capacity at all."""
+    amd = published(_host(tmp_path / "amd", fakehost.amd))
+    assert [p.device.get("capacity") for p in amd] == [{"memory": {"value": "65520Mi"}}] * 2 + [None]
+    intel = published(_host(tmp_path / "intel", fakehost.intel))
+    assert [p.device.get("capacity") for p in intel] == [None, {"memory": {"value": "16Gi"}}, None]
+    nvidia = published(_host(tmp_path / "nvidia", fakehost.nvidia))
+    assert {str(p.device.get("capacity")) for p in nvidia} == {"None"}
+
+
+@pytest.mark.parametrize(
+    "n, text",
+    [
+        (fakehost.MI210_VRAM, "65520Mi"),
+        (fakehost.FLEX170_VRAM, "16Gi"),
+        (1024, "1Ki"),
+        (1 << 60, "1Ei"),
+        (1023, "1023"),
+        (1000, "1k"),
+        (16 * 10**9, "15625000Ki"),  # a multiple of 1024: binary, as the API server keeps it
+        (10**9 + 1, "1000000001"),
+        (1001 * 10**6, "1001M"),
+    ],
+)
+def test_memory_is_written_as_the_api_server_writes_it_back(n, text):
+    """The canonical form (resource.Quantity's): a slice read back equals the one written, so
+    a round has nothing to put back (tests/cluster/test_dra_slices_real.py asks the API server)."""
+    assert slices.quantity(n) == text
+
+
+def test_node_devices_write_the_specs_as_the_agent_is_told_to(tmp_path):
+    """--cdi-format and --max-cdi-version, the agent's (cli/args.add_cdi_dir_args): JSON files,
+    capped at 0.3.0 with what was left out kept to be said; the same devices published."""
+    root = _host(tmp_path, lambda fh: fakehost.nvidia(fh, gpus=2))  # its library mounts have a type: 0.4.0
+    plain = publish.NodeDevices(root, str(tmp_path / "yaml"), ldconfig=False, helper=False)
+    node = publish.NodeDevices(
+        root, str(tmp_path / "json"), ldconfig=False, helper=False, cdi_format="json", max_cdi_version="0.3.0"
+    )
+    assert node.refresh() == plain.refresh()
+    files = sorted(os.listdir(tmp_path / "json"))
+    assert files and all(f.endswith(".json") for f in files)
+    versions = {json.load(open(tmp_path / "json" / f))["cdiVersion"] for f in files}
+    assert versions and versions == {"0.3.0"}
+    assert ("gpuhook.dev/nvidia", ["mount type"]) in node.dropped and plain.dropped == []
+    assert sorted(f.rsplit(".", 1)[0] for f in files) == sorted(
+        f.rsplit(".", 1)[0] for f in os.listdir(tmp_path / "yaml")
+    )
+
+
+def test_the_service_says_what_the_cap_left_out_once(tmp_path, api):
+    """As the agent's cdi.capped: a warning when what --max-cdi-version leaves out changes."""
+    from gpuhook.dra import driver, service
+
+    root = _host(tmp_path, lambda fh: fakehost.nvidia(fh, gpus=2))
+    devices = publish.NodeDevices(root, str(tmp_path / "cdi"), ldconfig=False, helper=False, max_cdi_version="0.3.0")
+    client = api.client()
+    drv = driver.Driver(
+        "node-1", driver.Checkpoint(str(tmp_path / "cp.json")), client.get_resource_claim, devices.table
+    )
+    lines: list = []
+
+    class Log:
+        def __getattr__(self, level):
+            return lambda event, **kw: lines.append((level, event, kw))
+
+    svc = service.Service("node-1", devices, drv, client, Log(), 1)
+    svc.round()
+    svc.round()
+    capped = [line for line in lines if line[1] == "dra.cdi.capped"]
+    assert capped == [
+        (
+            "warning",
+            "dra.cdi.capped",
+            {
+                "max_version": "0.3.0",
+                "left_out": {"gpuhook.dev/nvidia": ["mount type"], "gpuhook.dev/gpu": ["mount type"]},
+            },
+        )
+    ]
+    assert [line for line in lines if line[0] == "error"] == []
