@@ -95,6 +95,17 @@ def request(*, env: dict | None = None, annotations: dict | None = None, rootfs:
     return Request(dict(env or {}), dict(annotations or {}), rootfs, spec_devices, mounts, userns)
 
 
+def create_line(decision="injected", pod="trainer-0", ns="ml", uid="uid-trainer-0", ctr="app", **kw) -> dict:
+    """A create line of the node log as the agent reads it (test_podevents, test_follow_position)."""
+    rec = {"time": "2026-01-01T00:00:00.000Z", "event": "create", "container_id": "c" * 64, "decision": decision,
+           "pod_namespace": ns, "pod_name": pod, "pod_uid": uid, "container_name": ctr,
+           "vendors": ["nvidia"] if decision == "injected" else [], "duration_ms": 12.5}
+    if decision == "injected":
+        rec["devices"] = ["nvidia:GPU-0", "nvidia:GPU-1"]
+    rec.update(kw)
+    return rec
+
+
 def log_records(path: str) -> list[dict]:
     """The JSON lines of a gpuhook log (each create's line is written before the runtime runs)."""
     import json

@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 import os
 
+from conftest import create_line as create
 from gpuhook import log
 from gpuhook.agent import follow
-from test_podevents import create
 
 
 class Seen:

@@ -14,21 +14,12 @@ import urllib.request
 
 import pytest
 
-from conftest import REPO, needs_cri, wrapper_path
+from conftest import REPO, create_line as create, needs_cri, wrapper_path
 from fakes.front import prime
 from gpuhook.agent import core as agent_mod
 from gpuhook import log
 from gpuhook.agent import events, follow, podevents, sinks
 
-
-def create(decision="injected", pod="trainer-0", ns="ml", uid="uid-trainer-0", ctr="app", **kw) -> dict:
-    rec = {"time": "2026-01-01T00:00:00.000Z", "event": "create", "container_id": "c" * 64, "decision": decision,
-           "pod_namespace": ns, "pod_name": pod, "pod_uid": uid, "container_name": ctr,
-           "vendors": ["nvidia"] if decision == "injected" else [], "duration_ms": 12.5}
-    if decision == "injected":
-        rec["devices"] = ["nvidia:GPU-0", "nvidia:GPU-1"]
-    rec.update(kw)
-    return rec
 
 
 class Clock:
