@@ -19,7 +19,9 @@ annotations), PodReporter
   a Warning on the same pod: LdCacheNotUpdated (GPUHookFailed for another hook).
 
 A line's pod is trusted only as the triple (namespace, name, uid) that one GET found
-scheduled on this node: another line with the same uid but another namespace or name is
+scheduled on this node. A static pod's containers carry the UID the kubelet gave it (the hash of
+its manifest), not its mirror pod's in the API: the mirror pod (annotation MIRROR, set by the
+kubelet, whose value is that hash) is the line's pod, and the Event and label go to it. another line with the same uid but another namespace or name is
 looked up again (and refused). Budgets are per namespace, so that one tenant's creates never
 use up another's: Events (a token bucket: `burst`, then `rate` per second; past it they are
 dropped and counted) and pod lookups (`lookup_burst`, then `lookup_rate` per second; past it
@@ -48,6 +50,8 @@ POD_LABEL = labels_mod.ACCELERATOR  # gpuhook.dev/accelerator, on pods as on nod
 # put in a URL
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?\Z")
 _UID = re.compile(r"^[A-Za-z0-9-]{1,64}\Z")
+# a static pod's mirror in the API: the kubelet's annotation, valued the static pod's own UID
+MIRROR = "kubernetes.io/config.mirror"
 MAX_ENTRIES = 4096  # pods checked, lines refused, Events to aggregate, labels set
 MAX_NAMESPACES = 1024  # namespaces with a budget of their own
 MAX_EARLY_HOOKS = 256  # containers whose hook lines came before their create line (NRI's)
@@ -92,7 +96,7 @@ class PodReporter:
         self.labelled = Lru(MAX_ENTRIES)  # (namespace, name, uid) -> the label value it has
         self.containers = Lru(MAX_ENTRIES)  # container id -> its pod (from its create line)
         self.early_hooks = Lru(MAX_EARLY_HOOKS)  # container id -> hook lines before its create line
-        self.pods = Lru(MAX_ENTRIES)  # (namespace, name, uid) -> when it was found to be this node's
+        self.pods = Lru(MAX_ENTRIES)  # the line's (namespace, name, uid) found this node's -> the API's uid
         self.refused = Lru(MAX_ENTRIES)  # (namespace, name, uid) -> when it was found not to be
         # the records the API did not take yet: {"rec", "posted"} (posted: its Event is there)
         self.queue = RetryQueue(self._report, log, "pod events", clock, backoff, most, retries, node=self.node)
@@ -192,9 +196,10 @@ class PodReporter:
             )
             return
         reason, type_, message, accel = what
-        pod_key = (ns, name, uid)
-        if not self._is_ours(pod_key):
+        api_uid = self._api_uid((ns, name, uid))
+        if api_uid is None:
             return
+        pod_key = (ns, name, api_uid)
         if not job.get("posted"):  # a retry after the label's patch failed posts no second Event
             self._post(pod_key, rec.get("container_name"), reason, type_, message)
             job["posted"] = True
@@ -202,15 +207,17 @@ class PodReporter:
             self.kube.patch_pod_labels(ns, name, {POD_LABEL: accel})
             self.labelled.put(pod_key, accel)
 
-    def _is_ours(self, pod_key: tuple[str, str, str]) -> bool:
-        """Whether the API says the pod (namespace, name, uid) is this node's: a GET per pod
-        (remembered a while, within the namespace's lookup rate), never a second one for a
-        pod found not to be."""
+    def _api_uid(self, pod_key: tuple[str, str, str]) -> str | None:
+        """The API's UID of the line's pod (namespace, name, uid) if the API says it is this
+        node's (the same UID, or the mirror pod of the static pod of that UID), else None: a
+        GET per pod (remembered a while, within the namespace's lookup rate), never a second
+        one for a pod found not to be."""
         ns, name, uid = pod_key
         if pod_key in self.refused:
-            return False  # found not to be this node's: no second GET
-        if self.pods.get_fresh(pod_key) is not None:
-            return True
+            return None  # found not to be this node's: no second GET
+        known = self.pods.get_fresh(pod_key)
+        if known is not None:
+            return known
         if not self._take(
             self.lookups,
             ns,
@@ -221,7 +228,7 @@ class PodReporter:
             "this namespace's lines are dropped and counted until its rate allows",
         ):
             self.dropped_lookups += 1
-            return False
+            return None
         try:
             pod = self.kube.get_pod(ns, name)
         except kubeclient.KubeError as e:
@@ -229,7 +236,9 @@ class PodReporter:
                 raise
             pod = {}  # no such pod: the line is not trusted either
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
-        if meta.get("uid") != uid or spec.get("nodeName") != self.node:
+        annotations = meta.get("annotations") or {}
+        ours = uid in (meta.get("uid"), isinstance(annotations, dict) and annotations.get(MIRROR))
+        if not ours or not isinstance(meta.get("uid"), str) or spec.get("nodeName") != self.node:
             self.refused.put(pod_key, self.clock())
             self._once(
                 f"not-ours:{ns}",
@@ -239,9 +248,9 @@ class PodReporter:
                 pod=name,
                 why="not this node's pod (another uid or node): the line is not trusted",
             )
-            return False
-        self.pods.put(pod_key, self.clock())
-        return True
+            return None
+        self.pods.put(pod_key, meta["uid"])
+        return meta["uid"]
 
     def _post(self, pod_key: tuple[str, str, str], container, reason: str, type_: str, message: str) -> None:
         """The pod's Event, within its namespace's rate: posted the first time, its count

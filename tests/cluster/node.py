@@ -51,6 +51,7 @@ CNI_CONF = "10-gpuhook-cluster.conflist"
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 IMAGES = "/var/lib/gpuhook-images"  # the node's view of BASE/images (image tars to import)
 DAEMONS = ("containerd", "kubelet", "kube-proxy")
+STATIC_PODS = "/etc/kubernetes/manifests"  # the kubelet's staticPodPath: pods it runs with no API
 # The nodes' zone (their kubelets' --node-labels). The node lifecycle controller evicts per
 # zone, and stops evicting in a zone where more than 55 % of over two nodes are NotReady
 # (--unhealthy-zone-threshold; "partial disruption"): the Node objects with no kubelet that
@@ -256,7 +257,7 @@ class KubeletTimers:
 def kubelet_config(spec: NodeSpec, timers: KubeletTimers) -> str:
     """The KubeletConfiguration: cgroup v1 allowed (failCgroupV1: false, 1.35 and later), the
     cgroupfs driver under CGROUP/<node>, authentication and authorization through the apiserver,
-    no image GC, evictions only when the machine is truly out."""
+    no image GC, evictions only when the machine is truly out, static pods from STATIC_PODS."""
     import yaml
 
     return yaml.safe_dump({
@@ -275,6 +276,7 @@ def kubelet_config(spec: NodeSpec, timers: KubeletTimers) -> str:
                          "nodefs.inodesFree": "1%"},
         "localStorageCapacityIsolation": False, "maxPods": 30, "serializeImagePulls": False,
         "podPidsLimit": -1, "registerNode": True,
+        "staticPodPath": STATIC_PODS,
     }, sort_keys=False)
 
 
@@ -371,6 +373,7 @@ class Node:
             os.makedirs(os.path.dirname(up(rel)), exist_ok=True)
             shutil.copy2(src, up(rel))
         os.makedirs(up("opt/cni/bin"), exist_ok=True)
+        os.makedirs(up(STATIC_PODS), exist_ok=True)
         self._cgroups()
 
     def _cgroups(self) -> None:

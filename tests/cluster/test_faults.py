@@ -1,6 +1,6 @@
 """Faults on a real cluster (tests/cluster/node.py), each on the NVIDIA node with gpuhook as its
 DaemonSet installs it: the kubelet restarted mid-pod, containerd restarted, the agent's pod
-deleted, the apiserver unreachable from the node for 30 s. In each, what a gpu-optional pod
+deleted, the apiserver unreachable from the node for 30 s; and a static pod. In each, what a gpu-optional pod
 gets and what the operator sees (its gpuhook.dev/accelerator label, its Event): docs/agent.md
 and docs/runtime.md say the same.
 
@@ -263,3 +263,35 @@ def test_the_apiserver_unreachable_from_the_node_for_30_s(c):
     assert ok["after_failures"] == len(retries) and when(ok) >= t1 - 1, (ok, t1)
     assert cpu < 3.0, cpu
     assert e["series"]["count"] == 2
+
+
+def test_a_static_pods_report_goes_to_its_mirror_pod(c):
+    """A gpu-optional static pod (a manifest in the node's staticPodPath: the kubelet runs it with
+    no API): it gets its GPUs, and its Event and label go to its mirror pod in the API, although
+    its containers carry the kubelet's own UID for it (the manifest's hash), not the mirror's."""
+    n = c.nodes[NV.name]
+    body = pod("static")
+    body["spec"].update(restartPolicy="Always", volumes=[])
+    body["spec"]["containers"][0].update(
+        command=["sh", "-c", "ls /dev | grep -E '^nvidia[0-9]+$' | sort; sleep 3600"], volumeMounts=[])
+    manifest = n.path(os.path.join(node.STATIC_PODS, "gh-static.yaml"))
+    with open(manifest + ".tmp", "w") as f:
+        yaml.safe_dump(body, f)
+    os.rename(manifest + ".tmp", manifest)  # the kubelet never reads half a manifest
+    mirror = f"static-{NV.name}"
+    try:
+        def running():
+            p = get(c, mirror)
+            return p.get("kind") == "Pod" and p["status"].get("phase") == "Running"
+        c.wait(running, 120, "the static pod's mirror pod Running")
+        meta = get(c, mirror)["metadata"]
+        static_uid = meta["annotations"]["kubernetes.io/config.mirror"]
+        assert static_uid != meta["uid"]
+        (line,) = creates(c, mirror)
+        assert line["pod_uid"] == static_uid and line["decision"] == "injected", line
+        assert c.kubectl("logs", "-n", NAMESPACE, mirror).stdout.split() == GPUS
+        e = reported(c, mirror)
+        assert e["involvedObject"]["uid"] == meta["uid"], e
+    finally:
+        os.unlink(manifest)
+    c.wait(lambda: get(c, mirror).get("kind") != "Pod", 60, "the mirror pod gone with the manifest")

@@ -86,6 +86,27 @@ def test_lines_that_name_another_pod_are_not_trusted(fake_api, logs):
     assert len(skipped) == 3 and "not this node's pod" in skipped[0]["why"]
 
 
+
+def test_a_static_pods_line_is_reported_on_its_mirror_pod(fake_api, logs):
+    """A static pod's containers carry the kubelet's UID for it (its manifest's hash), which is
+    not its mirror pod's in the API: the mirror pod (kubernetes.io/config.mirror = that hash)
+    gets the Event, with its own UID, and the label. A pod of that name that is no mirror of
+    that UID is still refused."""
+    api = fake_api()
+    r = podevents.PodReporter(api.client(), log.get())
+    static = "6f1d2e3c4b5a69788796a5b4c3d2e1f0"  # the kubelet's: an md5 of the manifest
+    mirror = api.add_pod("kube-system", "infer-node-1", "uid-mirror")
+    mirror["metadata"]["annotations"] = {podevents.MIRROR: static, "kubernetes.io/config.hash": static}
+    r.handle(create(pod="infer-node-1", ns="kube-system", uid=static))
+    (event,) = api.pod_events()
+    assert event["involvedObject"]["uid"] == "uid-mirror" and event["reason"] == "GPUsInjected"
+    assert mirror["metadata"]["labels"]["gpuhook.dev/accelerator"] == "nvidia"
+    other = api.add_pod("kube-system", "not-a-mirror", "uid-other")
+    other["metadata"]["annotations"] = {podevents.MIRROR: "another-hash"}
+    r.handle(create(pod="not-a-mirror", ns="kube-system", uid=static))
+    assert len(api.pod_events()) == 1 and "gpuhook.dev/accelerator" not in other["metadata"]["labels"]
+    assert any(x["event"] == "pod.skipped" for x in logs())
+
 def test_rate_limit_drops_and_counts(fake_api, logs):
     api = fake_api()
     clock = Clock()
