@@ -22,9 +22,9 @@ generator writes nvidia.com/gpu=0 and nvidia.com/gpu=all, and two specs defining
 device make CDI registries reject both.
 
 cdiVersion is the lowest version that has every field a spec uses (what the CDI library's
-MinimumRequiredVersion does): 0.4.0 for mount types, 0.5.0 for a deviceNode hostPath,
-0.7.0 for additionalGids (group-only render/video nodes of AMD and Intel). Consumers
-reject the whole spec for a version they do not know (podman 4.3 reads up to 0.5.0), so a
+MinimumRequiredVersion does): 0.4.0 for mount types, 0.5.0 for a deviceNode hostPath or a
+device name that starts with a digit (an index, a PCI address), 0.7.0 for additionalGids
+(group-only render/video nodes of AMD and Intel). Consumers reject the whole spec for a version they do not know (podman 4.3 reads up to 0.5.0), so a
 spec never claims more than it needs, and `max_version` leaves newer fields out for such
 runtimes (cap_version; the caller is told which).
 
@@ -275,6 +275,11 @@ def cap_version(spec: dict, max_version: str, dropped: list | None = None) -> di
             for m in e.get("mounts", ()):
                 if m.pop("type", None):
                     lost.append("mount type")
+    if _v(max_version) < (0, 5, 0):
+        named = [d for d in spec["devices"] if d["name"][:1].isdigit()]
+        if named:
+            lost.append("device names starting with a digit")
+            spec["devices"] = [d for d in spec["devices"] if d not in named]
     if _v(max_version) < (0, 6, 0):
         spec.pop("annotations", None)
         for d in spec["devices"]:
@@ -305,6 +310,8 @@ def required_version(spec: dict) -> str:
         if _v(v) > _v(need):
             need = v
 
+    if any(d.get("name", "")[:1].isdigit() for d in spec.get("devices", ())):
+        bump("0.5.0")  # a device name starting with a digit: "0", "0000-43-00.0"
     for e in editss:
         if any("type" in m for m in e.get("mounts", ())):
             bump("0.4.0")

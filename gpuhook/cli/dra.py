@@ -127,7 +127,12 @@ def cmd_dra(args) -> int:
     here = driver.plugin_dir(DRIVER, args.plugins_dir)
     checkpoint = driver.Checkpoint(os.path.join(here, driver.CHECKPOINT))
     drv = driver.Driver(
-        api.node, checkpoint, api.get_resource_claim, devices.table, lambda msg: log.warning("dra.prepare", error=msg)
+        api.node,
+        checkpoint,
+        api.get_resource_claim,
+        devices.table,
+        lambda msg: log.warning("dra.prepare", error=msg),
+        lambda event, **fields: log.info(event, **fields),
     )
     svc = service.Service(api.node, devices, drv, api, log, args.interval)
     svc.round()  # the devices known (and published) before the kubelet can ask

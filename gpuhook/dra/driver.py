@@ -37,6 +37,9 @@ SERVICES = ("v1.DRAPlugin",)  # the DRA services served (the kubelet's drapbv1.D
 DRA_SOCKET = "dra.sock"
 CHECKPOINT = "checkpoint.json"
 PREPARING, PREPARED = "preparing", "prepared"
+# what Driver.note is told (the driver's log events), and where an answer came from
+PREPARE_CALLED, PREPARE_ANSWERED = "dra.prepare.called", "dra.prepare.answered"
+SOURCE_CHECKPOINT, SOURCE_ALLOCATION, SOURCE_RECORD = "checkpoint", "allocation", "record"
 
 
 def plugin_dir(driver: str = DRIVER, base: str = PLUGINS_DIR) -> str:
@@ -130,7 +133,11 @@ class Driver:
     """Prepare and unprepare, by claim UID, over the checkpoint.
 
     claims(namespace, name) -> the ResourceClaim (the API); devices() -> {device name: CDI id}
-    of the devices this node publishes now."""
+    of the devices this node publishes now. note(event, **fields), when given, is told of each
+    prepare call as it starts (PREPARE_CALLED) and of each answer (PREPARE_ANSWERED, with
+    `source`: SOURCE_CHECKPOINT when answered from a prepared record, else what the devices
+    were prepared from: SOURCE_ALLOCATION read from the API now, SOURCE_RECORD a record left
+    "preparing")."""
 
     def __init__(
         self,
@@ -139,24 +146,34 @@ class Driver:
         claims: Callable[[str, str], dict],
         devices: Callable[[], dict[str, str]],
         warn: Callable[[str], None] | None = None,
+        note: Callable[..., None] | None = None,
     ):
         self.node = node
         self.checkpoint = checkpoint
         self.claims = claims
         self.devices = devices
         self.warn = warn or (lambda msg: None)
+        self.note = note or (lambda event, **fields: None)
         self.lock = threading.Lock()  # one prepare or unprepare at a time in this process (the file lock: across them)
 
     def prepare(self, namespace: str, name: str, uid: str) -> list[dict]:
         """The devices of one claim: [{request, pool, device, cdi_ids, shareID?}]; ClaimError."""
+        claim = f"{namespace}/{name}"
+        self.note(PREPARE_CALLED, claim=claim, uid=uid)
+        source, devices = self._prepare(namespace, name, uid)
+        self.note(PREPARE_ANSWERED, claim=claim, uid=uid, source=source, devices=[d["device"] for d in devices])
+        return devices
+
+    def _prepare(self, namespace: str, name: str, uid: str) -> tuple[str, list[dict]]:
         with self.lock, self.checkpoint.locked():
             have = self.checkpoint.load()
             entry = have.get(uid)
             if entry and entry.get("state") == PREPARED:
-                return entry["devices"]
+                return SOURCE_CHECKPOINT, entry["devices"]
             if entry and entry.get("state") == PREPARING:
-                results = entry["allocated"]
+                source, results = SOURCE_RECORD, entry["allocated"]
             else:
+                source = SOURCE_ALLOCATION
                 try:
                     claim = self.claims(namespace, name)
                 except Exception as e:  # the API's one line (KubeError) or a lookup that failed
@@ -175,7 +192,7 @@ class Driver:
                 devices.append(dict(r, cdi_ids=[cdi_id]))
             have[uid] = {"state": PREPARED, "namespace": namespace, "name": name, "devices": devices}
             self.checkpoint.save(have)
-            return devices
+            return source, devices
 
     def unprepare(self, uid: str) -> None:
         with self.lock, self.checkpoint.locked():

@@ -589,6 +589,7 @@ def intel_sriov(fh: FakeHost, vfs: int = 2, vf_driver: str = "xe") -> None:
 
 SCENARIOS = {
     "nvidia": lambda fh: nvidia(fh),
+    "nvidia-2": lambda fh: nvidia(fh, gpus=2),
     "amd": lambda fh: amd(fh),
     "intel": lambda fh: intel(fh),
     "nvidia+intel": lambda fh: [nvidia(fh, gpus=2), intel(fh, dgpu=False)],  # type: ignore[func-returns-value]

@@ -511,7 +511,8 @@ def test_capped_specs_are_logged(tmp_path, logs):
     specs, _ = read_state(tmp_path)
     assert {s["cdiVersion"] for s in specs.values()} <= {"0.3.0", "0.4.0"}  # no hostPath under the fake root
     (capped,) = [r for r in logs() if r["event"] == "cdi.capped"]
-    assert capped["left_out"]["gpuhook.dev/intel"] == ["hostPath"] and capped["level"] == "warning"
+    assert capped["left_out"]["gpuhook.dev/intel"] == ["device names starting with a digit", "hostPath"]
+    assert capped["level"] == "warning"
 
 
 def test_agent_from_a_workstation_with_a_kubeconfig(tmp_path, make_host):

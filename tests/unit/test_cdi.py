@@ -116,8 +116,12 @@ def test_cpu_only_node_has_no_spec():
 
 def test_the_lowest_version_that_has_the_fields():
     specs = by_kind(cdi.specs(INV))
-    assert specs["gpuhook.dev/nvidia"]["cdiVersion"] == "0.4.0"  # mount types
-    assert specs["gpuhook.dev/intel"]["cdiVersion"] == "0.3.0"   # nothing newer
+    # device names that start with a digit (the indexes "0", "1"...: CDI's requiresV050, which
+    # containerd's CDI registry enforces; tests/cluster/test_dra_real.py found it)
+    assert specs["gpuhook.dev/nvidia"]["cdiVersion"] == "0.5.0"
+    assert specs["gpuhook.dev/intel"]["cdiVersion"] == "0.5.0"
+    assert cdi.required_version({"kind": "a.b/c", "devices": [{"name": "0", "containerEdits": {}}]}) == "0.5.0"
+    assert cdi.required_version({"kind": "a.b/c", "devices": [{"name": "all", "containerEdits": {}}]}) == "0.3.0"
     # under a fake host, device nodes get a hostPath (0.5.0): what podman 4.3 still reads
     fake = by_kind(cdi.specs(INV._replace(root="/h"), spec_root="/h"))
     assert fake["gpuhook.dev/nvidia"]["cdiVersion"] == "0.5.0"
@@ -163,7 +167,7 @@ def test_capped_for_older_consumers(make_host):
     assert full["gpuhook.dev/amd"]["cdiVersion"] == "0.7.0"
     dropped = []
     capped = by_kind(cdi.specs(inv, max_version="0.5.0", dropped=dropped))
-    assert capped["gpuhook.dev/amd"]["cdiVersion"] == "0.4.0" or capped["gpuhook.dev/amd"]["cdiVersion"] == "0.3.0"
+    assert capped["gpuhook.dev/amd"]["cdiVersion"] == "0.5.0"  # its devices' names are PCI addresses
     assert "additionalGids" not in json.dumps(capped)
     assert dropped == [("gpuhook.dev/amd", ["additionalGids"]), ("gpuhook.dev/gpu", ["additionalGids"])]
     assert by_kind(cdi.specs(inv, max_version="0.7.0")) == full
@@ -172,6 +176,7 @@ def test_capped_for_older_consumers(make_host):
     # a fake host's hostPath goes too below 0.5.0: runtimes take type/major/minor
     (s,) = cdi.specs(Inventory("/h", (INTEL,)), spec_root="/h", max_version="0.4.0")[:1]
     assert s["cdiVersion"] == "0.3.0" and "hostPath" not in json.dumps(s)
+    assert [d["name"] for d in s["devices"]] == ["all"]  # "0" and the PCI names need 0.5.0
 
 
 @pytest.mark.parametrize("spec,error", [
@@ -368,7 +373,7 @@ def test_cdi_generate_command(make_host, tmp_path):
     r = gpuhook("cdi", "generate", "--root", root, "--output-dir", str(out), config=NO_CONFIG)
     assert r.returncode == 0, r.stderr
     assert sorted(os.listdir(out)) == ["gpuhook.dev-gpu.yaml", "gpuhook.dev-intel.yaml", "gpuhook.dev-nvidia.yaml"]
-    assert "gpuhook.dev/nvidia (cdiVersion 0.4.0): 0, GPU-" in r.stdout
+    assert "gpuhook.dev/nvidia (cdiVersion 0.5.0): 0, GPU-" in r.stdout
     nv = load_yaml((out / "gpuhook.dev-nvidia.yaml").read_text())
     assert nv["kind"] == "gpuhook.dev/nvidia" and len(nv["devices"]) == 5
     r = gpuhook("cdi", "generate", "--root", root, "--output", "-", "--format", "json", "--kind", "intel", config=NO_CONFIG)

@@ -140,7 +140,13 @@ def test_the_driver_running(tmp_path):
         assert not os.path.exists(reg) and not os.path.exists(f"{base}/plugins/{DRIVER}/dra.sock")
         claims = json.load(open(f"{base}/plugins/{DRIVER}/{driver.CHECKPOINT}"))["claims"]
         assert list(claims) == ["claim-1"]  # the kubelet unprepares; a stop does not
-        events = [json.loads(line)["event"] for line in err.splitlines()]
+        records = [json.loads(line) for line in err.splitlines()]
+        events = [r["event"] for r in records]
         assert "dra.serving" in events and "dra.gpu.lost" in events and events[-1] == "dra.stopped"
+        prepares = [(r["event"], r["claim"], r["uid"], r.get("source")) for r in records if "uid" in r]
+        assert prepares[:2] == [
+            (driver.PREPARE_CALLED, "ml/trainer-gpu", "claim-1", None),
+            (driver.PREPARE_ANSWERED, "ml/trainer-gpu", "claim-1", driver.SOURCE_ALLOCATION),
+        ]
     finally:
         shutil.rmtree(base, ignore_errors=True)

@@ -406,3 +406,35 @@ def test_a_checkpoint_lock_held_too_long_is_the_claims_error(tmp_path, monkeypat
         d = driver.Driver(NODE, cp, lambda ns, name: {}, dict)
         with pytest.raises(OSError, match=r"checkpoint.json.lock: held by another process for 0.2 s"):
             d.prepare("ns", "c", "uid-1")
+
+
+def test_each_prepare_is_noted_with_where_its_answer_came_from(tmp_path):
+    """What the driver logs (the cluster test counts these across a driver killed and
+    restarted): each call as it starts, each answer with its source: the allocation read from
+    the API, a record left "preparing", or the checkpoint's prepared record (nothing done)."""
+    cp = driver.Checkpoint(str(tmp_path / driver.CHECKPOINT))
+    claim = {
+        "metadata": {"namespace": "ns", "name": "c", "uid": "uid-1"},
+        "status": {"allocation": {"devices": {"results": [_result(GPU0)]}}},
+    }
+    notes: list[tuple[str, dict]] = []
+    d = driver.Driver(NODE, cp, lambda ns, name: claim, {GPU0: GPU0_CDI}.copy, note=lambda e, **f: notes.append((e, f)))
+    d.prepare("ns", "c", "uid-1")
+    d.prepare("ns", "c", "uid-1")
+    cp.save({"uid-2": {"state": driver.PREPARING, "namespace": "ns", "name": "c2", "allocated": [_result(GPU0)]}})
+    d.prepare("ns", "c2", "uid-2")
+    called = {"claim": "ns/c", "uid": "uid-1"}
+    answered = dict(called, devices=[GPU0])
+    assert notes == [
+        (driver.PREPARE_CALLED, called),
+        (driver.PREPARE_ANSWERED, dict(answered, source=driver.SOURCE_ALLOCATION)),
+        (driver.PREPARE_CALLED, called),
+        (driver.PREPARE_ANSWERED, dict(answered, source=driver.SOURCE_CHECKPOINT)),
+        (driver.PREPARE_CALLED, {"claim": "ns/c2", "uid": "uid-2"}),
+        (driver.PREPARE_ANSWERED, {"claim": "ns/c2", "uid": "uid-2", "devices": [GPU0], "source": driver.SOURCE_RECORD}),
+    ]
+    with pytest.raises(driver.ClaimError):  # a claim that fails: called, never answered
+        driver.Driver(NODE, cp, lambda ns, name: {}, dict, note=lambda e, **f: notes.append((e, f))).prepare(
+            "ns", "x", "uid-3"
+        )
+    assert notes[-1] == (driver.PREPARE_CALLED, {"claim": "ns/x", "uid": "uid-3"})

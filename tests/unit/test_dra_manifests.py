@@ -113,6 +113,11 @@ def test_the_daemonset_runs_the_driver_where_the_kubelet_looks():
     paths = {v["name"]: v["hostPath"]["path"] for v in ds["spec"]["template"]["spec"]["volumes"]}
     host_of = {m["mountPath"]: paths[m["name"]] for m in c["volumeMounts"]}
     assert host_of[PLUGINS_DIR] == PLUGINS_DIR and host_of[PLUGINS_REGISTRY] == PLUGINS_REGISTRY  # the kubelet's view
+    # the host's network: the API reached without the pod network (tests/cluster/test_dra_real.py
+    # found a driver on the pod network that could not reach the apiserver, so no node had `none`)
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert "ports" not in c
 
 
 def test_the_rbac_allows_the_calls_the_driver_makes_and_no_other():
