@@ -11,15 +11,15 @@ with the CDI ids of gpuhook's CDI specs (`devices`: the node's published devices
 which containerd injects: a GPU's id names that GPU exactly (gpuhook.dev/<vendor>=<id>, the
 vendor's spec-wide edits with it), `none` names gpuhook.dev/none=none (only the env).
 
-Prepared claims are kept in a checkpoint file (JSON, written whole with write_atomic), by
-claim UID:
-  1. "preparing": the allocation read from the API, before anything is resolved;
-  2. "prepared": the devices and their CDI ids, what the kubelet was answered.
-A prepare of a UID already prepared answers from the checkpoint (no API call, nothing done
-again); one left "preparing" (the driver killed in between) is prepared again from its
-recorded allocation: the same devices, once. A restart keeps every prepared claim: the kubelet
-asks again and gets the same answer. Unprepare removes the UID; a UID that is not there is
-already unprepared (no error).
+Prepared claims are kept in a checkpoint file (JSON, written whole with write_atomic, once per
+prepare), by claim UID: the devices and their CDI ids, what the kubelet was answered. Preparing
+does nothing on the node but that write (the CDI specs are the node's, not a claim's), so a
+driver killed before it prepared nothing: the kubelet's retry reads the allocation again and
+prepares it once. A prepare of a UID already prepared answers from the checkpoint (no API call,
+nothing done again). A restart keeps every prepared claim: the kubelet asks again and gets the
+same answer. Unprepare removes the UID; a UID that is not there is already unprepared (no
+error). A record of another state (an earlier version's "preparing") is not an answer: that
+claim is read from the API again.
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ PLUGIN_TYPE = "DRAPlugin"  # pluginregistration v1's constant for DRA drivers
 SERVICES = ("v1.DRAPlugin",)  # the DRA services served (the kubelet's drapbv1.DRAPluginService)
 DRA_SOCKET = "dra.sock"
 CHECKPOINT = "checkpoint.json"
-PREPARING, PREPARED = "preparing", "prepared"
+PREPARED = "prepared"
 # what Driver.note is told (the driver's log events), and where an answer came from
 PREPARE_CALLED, PREPARE_ANSWERED = "dra.prepare.called", "dra.prepare.answered"
-SOURCE_CHECKPOINT, SOURCE_ALLOCATION, SOURCE_RECORD = "checkpoint", "allocation", "record"
+SOURCE_CHECKPOINT, SOURCE_ALLOCATION = "checkpoint", "allocation"
 
 
 def plugin_dir(driver: str = DRIVER, base: str = PLUGINS_DIR) -> str:
@@ -135,9 +135,8 @@ class Driver:
     claims(namespace, name) -> the ResourceClaim (the API); devices() -> {device name: CDI id}
     of the devices this node publishes now. note(event, **fields), when given, is told of each
     prepare call as it starts (PREPARE_CALLED) and of each answer (PREPARE_ANSWERED, with
-    `source`: SOURCE_CHECKPOINT when answered from a prepared record, else what the devices
-    were prepared from: SOURCE_ALLOCATION read from the API now, SOURCE_RECORD a record left
-    "preparing")."""
+    `source`: SOURCE_CHECKPOINT when answered from a prepared record, SOURCE_ALLOCATION when
+    prepared from the allocation read from the API now)."""
 
     def __init__(
         self,
@@ -170,29 +169,21 @@ class Driver:
             entry = have.get(uid)
             if entry and entry.get("state") == PREPARED:
                 return SOURCE_CHECKPOINT, entry["devices"]
-            if entry and entry.get("state") == PREPARING:
-                source, results = SOURCE_RECORD, entry["allocated"]
-            else:
-                source = SOURCE_ALLOCATION
-                try:
-                    claim = self.claims(namespace, name)
-                except Exception as e:  # the API's one line (KubeError) or a lookup that failed
-                    raise ClaimError(f"ResourceClaim {namespace}/{name}: {e}") from None
-                results = allocated(claim, uid, self.node)
-                have[uid] = {"state": PREPARING, "namespace": namespace, "name": name, "allocated": results}
-                self.checkpoint.save(have)
+            try:
+                claim = self.claims(namespace, name)
+            except Exception as e:  # the API's one line (KubeError) or a lookup that failed
+                raise ClaimError(f"ResourceClaim {namespace}/{name}: {e}") from None
+            results = allocated(claim, uid, self.node)
             table = self.devices()
             devices = []
             for r in results:
                 cdi_id = table.get(r["device"])
-                if cdi_id is None:  # nothing was prepared: no record left to outlive a claim the kubelet gives up on
-                    have.pop(uid, None)
-                    self.checkpoint.save(have)
+                if cdi_id is None:  # nothing prepared, nothing recorded
                     raise ClaimError(f"device {r['device']} is not on node {self.node} (any more)")
                 devices.append(dict(r, cdi_ids=[cdi_id]))
             have[uid] = {"state": PREPARED, "namespace": namespace, "name": name, "devices": devices}
             self.checkpoint.save(have)
-            return source, devices
+            return SOURCE_ALLOCATION, devices
 
     def unprepare(self, uid: str) -> None:
         with self.lock, self.checkpoint.locked():

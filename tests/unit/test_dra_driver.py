@@ -269,26 +269,30 @@ def test_a_gpu_that_disappears_after_prepare_stays_prepared_for_its_claim(plugin
 
 # -- the driver killed in the middle of a prepare -------------------------------------------
 
-# the driver in a process of its own that stops (a marker file, then a long sleep) right after
-# its checkpoint's save number save_no, where the test kills it with SIGKILL
+# the driver in a process of its own that stops (a marker file, then a long sleep) right before
+# or right after its checkpoint's save (`when`), where the test kills it with SIGKILL
 CHILD = r"""
 import os, sys, time
 from gpuhook.agent.kube import KubeAPI
 from gpuhook.dra import driver
 from gpuhook.dra.publish import NodeDevices
 
-base, url, token, node, host, save_no = sys.argv[1:7]
+base, url, token, node, host, when = sys.argv[1:7]
 nd = NodeDevices(host, os.path.join(base, "cdi"), ldconfig=False, helper=False)
 nd.refresh()
 saves = []
 real_save = driver.Checkpoint.save
 
+def stop():
+    open(os.path.join(base, "stopped"), "w").close()
+    time.sleep(3600)
+
 def save(self, claims):
+    if when == "before":
+        stop()
     real_save(self, claims)
-    saves.append(1)
-    if len(saves) == int(save_no):
-        open(os.path.join(base, "stopped"), "w").close()
-        time.sleep(3600)
+    if when == "after":
+        stop()
 
 driver.Checkpoint.save = save
 kube = KubeAPI(url, token, node)
@@ -300,13 +304,12 @@ server.wait_for_termination()
 """
 
 
-@pytest.mark.parametrize(
-    "save_no, state", [(1, driver.PREPARING), (2, driver.PREPARED)], ids=["between the steps", "after the last step"]
-)
-def test_killed_during_a_prepare_the_retry_prepares_once(base, api, host, save_no, state):
+@pytest.mark.parametrize("when, state", [("before", None), ("after", driver.PREPARED)],
+                         ids=["before its checkpoint", "after its checkpoint"])
+def test_killed_during_a_prepare_the_retry_prepares_once(base, api, host, when, state):
     api.add_claim("ns", "c", "uid-1", [_result(GPU0)])
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, base, api.url, api.token, NODE, host, str(save_no)],
+        [sys.executable, "-c", CHILD, base, api.url, api.token, NODE, host, when],
         cwd=REPO,
     )
     try:
@@ -317,8 +320,9 @@ def test_killed_during_a_prepare_the_retry_prepares_once(base, api, host, save_n
         t = threading.Thread(target=lambda: lost.append(_error_of(lambda: k.prepare(("ns", "c", "uid-1"), timeout=30))))
         t.start()
         wait_for(lambda: os.path.exists(os.path.join(base, "stopped")))
-        cp = json.load(open(os.path.join(base, "plugins", DRIVER, driver.CHECKPOINT)))
-        assert cp["claims"]["uid-1"]["state"] == state
+        path = os.path.join(base, "plugins", DRIVER, driver.CHECKPOINT)
+        cp = json.load(open(path)) if os.path.exists(path) else {"claims": {}}
+        assert cp["claims"].get("uid-1", {}).get("state") == state
         os.kill(child.pid, signal.SIGKILL)
         child.wait(10)
         t.join(30)
@@ -335,7 +339,8 @@ def test_killed_during_a_prepare_the_retry_prepares_once(base, api, host, save_n
     try:
         got = k.prepare(("ns", "c", "uid-1"))["uid-1"]
         assert got.error == "" and [list(d.cdi_device_ids) for d in got.devices] == [[GPU0_CDI]]
-        assert len([r for r in api.requests if "resourceclaims" in r[1]]) == gets  # from the record, not read again
+        # from the checkpoint's record, not read again; nothing recorded: read again, once
+        assert len([r for r in api.requests if "resourceclaims" in r[1]]) == gets + (state is None)
         claims = json.load(open(p.checkpoint.path))["claims"]
         assert list(claims) == ["uid-1"] and claims["uid-1"]["state"] == driver.PREPARED
         assert [d["device"] for d in claims["uid-1"]["devices"]] == [GPU0]  # once
@@ -411,7 +416,8 @@ def test_a_checkpoint_lock_held_too_long_is_the_claims_error(tmp_path, monkeypat
 def test_each_prepare_is_noted_with_where_its_answer_came_from(tmp_path):
     """What the driver logs (the cluster test counts these across a driver killed and
     restarted): each call as it starts, each answer with its source: the allocation read from
-    the API, a record left "preparing", or the checkpoint's prepared record (nothing done)."""
+    the API, or the checkpoint's prepared record (nothing done); a record of another state (an
+    earlier version's "preparing") is no answer: read from the API."""
     cp = driver.Checkpoint(str(tmp_path / driver.CHECKPOINT))
     claim = {
         "metadata": {"namespace": "ns", "name": "c", "uid": "uid-1"},
@@ -421,7 +427,9 @@ def test_each_prepare_is_noted_with_where_its_answer_came_from(tmp_path):
     d = driver.Driver(NODE, cp, lambda ns, name: claim, {GPU0: GPU0_CDI}.copy, note=lambda e, **f: notes.append((e, f)))
     d.prepare("ns", "c", "uid-1")
     d.prepare("ns", "c", "uid-1")
-    cp.save({"uid-2": {"state": driver.PREPARING, "namespace": "ns", "name": "c2", "allocated": [_result(GPU0)]}})
+    cp.save({**cp.load(), "uid-2": {"state": "preparing", "namespace": "ns", "name": "c2", "allocated": []}})
+    claim = {"metadata": {"namespace": "ns", "name": "c2", "uid": "uid-2"},
+             "status": {"allocation": {"devices": {"results": [_result(GPU0)]}}}}
     d.prepare("ns", "c2", "uid-2")
     called = {"claim": "ns/c", "uid": "uid-1"}
     answered = dict(called, devices=[GPU0])
@@ -431,7 +439,8 @@ def test_each_prepare_is_noted_with_where_its_answer_came_from(tmp_path):
         (driver.PREPARE_CALLED, called),
         (driver.PREPARE_ANSWERED, dict(answered, source=driver.SOURCE_CHECKPOINT)),
         (driver.PREPARE_CALLED, {"claim": "ns/c2", "uid": "uid-2"}),
-        (driver.PREPARE_ANSWERED, {"claim": "ns/c2", "uid": "uid-2", "devices": [GPU0], "source": driver.SOURCE_RECORD}),
+        (driver.PREPARE_ANSWERED, {"claim": "ns/c2", "uid": "uid-2", "devices": [GPU0],
+                                   "source": driver.SOURCE_ALLOCATION}),
     ]
     with pytest.raises(driver.ClaimError):  # a claim that fails: called, never answered
         driver.Driver(NODE, cp, lambda ns, name: {}, dict, note=lambda e, **f: notes.append((e, f))).prepare(
