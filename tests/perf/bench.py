@@ -262,13 +262,19 @@ def nri(args, tmp: str) -> int:
           f"{row['ms']['noop hook']:.2f} ({row['added']['noop hook']:+.2f})")
     print(f"  the NRI plugin after serving, MiB: resident {mem['rss']}, peak {mem['hwm']}; "
           f"its own time per create (its log lines' duration_ms, median): {mem['plugin_ms']} ms")
-    if args.json:
-        data = json.load(open(args.json)) if os.path.exists(args.json) else {"rows": {}}
-        data["rows"][NRI_ROW] = row
-        data["nri_plugin_mib"] = mem
-        with open(args.json, "w") as f:
-            json.dump(data, f, indent=1)
+    _add_to_json(args.json, NRI_ROW, row, "nri_plugin_mib", mem)
     return 0 if ok else 1
+
+
+def _add_to_json(path: str | None, name: str, row: dict, key: str, extra: dict) -> None:
+    """One row measured on its own (NRI, DRA) put into --json's file beside what is there."""
+    if not path:
+        return
+    data = json.load(open(path)) if os.path.exists(path) else {"rows": {}}
+    data["rows"][name] = row
+    data[key] = extra
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
 
 
 def dra(args, tmp: str) -> int:
@@ -289,12 +295,7 @@ def dra(args, tmp: str) -> int:
           f"the same through specs with no hooks {side('no hook')}; runc given the same device and mounts by CRI, no "
           f"CDI {side('same')}; a `none` claim {side('none')}, of which the prepare call {prep['none']:.2f}")
     print(f"  gpuhook dra after serving, MiB: resident {mem['rss']}, peak {mem['hwm']}")
-    if args.json:
-        data = json.load(open(args.json)) if os.path.exists(args.json) else {"rows": {}}
-        data["rows"][DRA_ROW] = row
-        data["dra_driver"] = mem
-        with open(args.json, "w") as f:
-            json.dump(data, f, indent=1)
+    _add_to_json(args.json, DRA_ROW, row, "dra_driver", mem)
     return 0 if ok else 1
 
 

@@ -45,7 +45,7 @@ for d in (os.path.join(REPO, "tests"), HERE):
     if d not in sys.path:
         sys.path.insert(0, d)
 
-from bench_nri import PAUSE_S, Side, memory  # noqa: E402
+from bench_nri import PAUSE_S, Side, memory, on_sid_node  # noqa: E402
 
 ROW = "DRA 1-GPU claim create+start"
 NODE = "bench-node"
@@ -119,23 +119,12 @@ class ClaimSide:
 
 def dra_row(rounds: int, tmp: str) -> tuple[dict, dict]:
     """(the row, the driver's memory in MiB and its prepare time)."""
-    import debroot
-    from sid_node import MUST_HAVE, PACKAGES, RELEASE
-
-    with debroot.ensure(RELEASE, PACKAGES, must_have=MUST_HAVE) as sid, \
-            debroot.overlay(sid, os.path.join(tmp, "sid-dra")) as node:
-        made: list = []
-        disk = tempfile.mkdtemp(prefix="gpuhook-bench-dra-", dir="/var/tmp")  # the kubelet's plugins dir is on disk
-        try:
+    disk = tempfile.mkdtemp(prefix="gpuhook-bench-dra-", dir="/var/tmp")  # the kubelet's plugins dir is on disk
+    try:
+        with on_sid_node(tmp, "sid-dra") as (node, made):
             return _measure(rounds, tmp, disk, node, made)
-        finally:
-            for ctd, client in reversed(made):
-                try:
-                    client.remove_all()
-                    client.close()
-                finally:
-                    ctd.cleanup()
-            shutil.rmtree(disk, ignore_errors=True)
+    finally:
+        shutil.rmtree(disk, ignore_errors=True)
 
 
 def _containerd(tmp: str, node: str, cdi_dir: str, image_tar: str, stubs, made: list):

@@ -21,6 +21,7 @@ resident memory (VmRSS) and high-water mark (VmHWM) after serving every round.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -82,14 +83,22 @@ def memory(pid: int) -> dict:
 
 def nri_row(rounds: int, tmp: str) -> tuple[dict, dict]:
     """(the row, the plugin's memory in MiB)."""
+    with on_sid_node(tmp, "sid") as (node, made):
+        return _measure(rounds, tmp, node, made)
+
+
+@contextlib.contextmanager
+def on_sid_node(tmp: str, name: str):
+    """(sid's root overlaid under tmp/name, a list to append (containerd, CRI client) to): every containerd
+    appended is emptied of its containers and stopped on the way out, the last started first."""
     import debroot
     from sid_node import MUST_HAVE, PACKAGES, RELEASE
 
     with debroot.ensure(RELEASE, PACKAGES, must_have=MUST_HAVE) as sid, \
-            debroot.overlay(sid, os.path.join(tmp, "sid")) as node:
+            debroot.overlay(sid, os.path.join(tmp, name)) as node:
         made: list = []
         try:
-            return _measure(rounds, tmp, node, made)
+            yield node, made
         finally:
             for ctd, client in reversed(made):
                 try:
