@@ -224,30 +224,57 @@ class Outage:
         self.cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", "--ignore-not-found", check=False)
 
 
-def replay(cluster: node.Cluster, out=sys.stdout) -> Outage:
-    """The whole outage (the module doc); the Outage with its timeline. Raises NodeError or
-    AssertionError with what went wrong."""
+# The moments replay() stops at for a test's checks, in order.
+DEPLOYED, NVIDIA_FAILED, AMD_FAILED, NVIDIA_BACK = "deployed", "NVIDIA failed", "AMD failed", "NVIDIA back"
+
+
+def replay(cluster: node.Cluster, out=sys.stdout, check=None) -> Outage:
+    """The whole outage (the module doc); the Outage with its timeline. `check(outage, moment)`,
+    when given, is called at each moment above (what `make cluster-demo` shows is what the
+    test checks). Raises NodeError or AssertionError with what went wrong."""
     o = Outage(cluster, out)
     stubs = tempfile.mkdtemp(prefix="gh-dp-")
+
+    def at(moment: str) -> None:
+        if check is not None:
+            check(o, moment)
+
     try:
         print(f"{'t':>8}  {'node':12} {'pod':36} {'accel':10} what", file=out)
         o.prepare(stubs)
         o.deploy()
+        at(DEPLOYED)
         o.fail(node.NVIDIA)
         o.wait_node(node.NVIDIA, ready=False)
         o.wait_worker_off({node.NVIDIA.name})
         o.mistake_message = o.mistake_pending()
+        at(NVIDIA_FAILED)
         o.fail(node.AMD)
         o.wait_node(node.AMD, ready=False)
         o.wait_worker_off({node.NVIDIA.name, node.AMD.name})
+        at(AMD_FAILED)
         o.recover(node.NVIDIA)
         o.wait_node(node.NVIDIA, ready=True)
         o.new = o.new_worker_pod()
+        at(NVIDIA_BACK)
         o.recover(node.AMD)
         o.wait_node(node.AMD, ready=True)
     finally:
         o.close()
     return o
+
+
+def summary(o: Outage) -> list[str]:
+    """What the timeline comes to: each failure's time to the replacement running, and the
+    mistake's reason for staying Pending."""
+    lines = []
+    for failed, to in ((node.NVIDIA, node.AMD), (node.AMD, node.CPU)):
+        fail = next(s.t for s in o.steps if s.node == failed.name and s.what.startswith("node fails"))
+        first = next(s for s in o.steps if s.what == "running" and s.t > fail and s.node == to.name)
+        lines.append(f"the {failed.host.upper()} node failed at {fail:.1f} s: the worker's replacement ran on "
+                     f"{first.node} ({first.accelerator}) {first.t - fail:.1f} s later")
+    lines.append(f"the mistake's pod (nvidia.com/gpu: 1) stayed Pending: {o.mistake_message.split('. preemption')[0]}")
+    return lines
 
 
 def main() -> int:
@@ -292,12 +319,8 @@ def main() -> int:
     finally:
         shutil.rmtree(base, ignore_errors=True)
     print()
-    for failed, to in ((node.NVIDIA, node.AMD), (node.AMD, node.CPU)):
-        fail = next(s.t for s in o.steps if s.node == failed.name and s.what.startswith("node fails"))
-        first = next(s for s in o.steps if s.what == "running" and s.t > fail and s.node == to.name)
-        print(f"the {failed.host.upper()} node failed at {fail:.1f} s: the worker's replacement ran on {first.node} "
-              f"({first.accelerator}) {first.t - fail:.1f} s later")
-    print(f"the mistake's pod (nvidia.com/gpu: 1) stayed Pending: {o.mistake_message.split('. preemption')[0]}")
+    for line in summary(o):
+        print(line)
     print(f"cluster-demo: {time.monotonic() - began:.0f} s in all")
     return 0
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 import time
 
 import cluster_demo as demo
@@ -66,57 +65,57 @@ def test_three_nodes_and_gpuhook_installed_by_its_daemonset(gpuhook_installed):
 
 
 def test_the_seeds_outage(gpuhook_installed):
+    """`make cluster-demo`'s replay, checked at each of its moments; its timeline and summary
+    are what this test prints."""
     c = gpuhook_installed
-    o = demo.Outage(c)
-    try:
-        o.prepare(tempfile.mkdtemp(prefix="gh-dp-"))
-        o.deploy()
-        placed = {p["spec"]["nodeName"]: (p, acc) for p, acc in o.running(demo.WORKER)}
-        print("placed:", {n: (p["metadata"]["name"], acc) for n, (p, acc) in placed.items()})
-        assert node.NVIDIA.name in placed, placed
-        pod, acc = placed[node.NVIDIA.name]
-        assert acc == "nvidia"
-        ls = c.kubectl("exec", "-n", demo.NAMESPACE, pod["metadata"]["name"], "--", "sh", "-c", "ls /dev/nvidia*").stdout
-        # all the GPUs but those the kubelet allocated to other pods, the mistake's among them
-        # (share = "unallocated", the default: gpuhook reads the kubelet's checkpoint)
-        allocated = c.nodes[node.NVIDIA.name].checkpoint()
-        mistake = next(p for p, _ in o.running(demo.MISTAKE))["metadata"]["uid"]
-        held = {o.plugin.devices[i] for ids in allocated.values() for i in ids}
-        assert len(allocated[mistake]) == 1 and "/dev/nvidiactl" in ls, (allocated, ls)
-        assert set(re.findall(r"/dev/nvidia[0-9]+", ls)) == set(o.plugin.devices.values()) - held, (allocated, ls)
-        started = time.monotonic()
-        o.fail(node.NVIDIA)
-        o.wait_node(node.NVIDIA, ready=False)
-        live = o.wait_worker_off({node.NVIDIA.name})
-        took = time.monotonic() - started
-        print(f"the NVIDIA node failed: its worker's replacement ran {took:.1f} s later")
-        # the replacement went where gpu.type still says a GPU is (beside the AMD node's own replica)
-        assert [(p["spec"]["nodeName"], acc) for p, acc in live] == [(node.AMD.name, "amd")] * len(live), live
-        ls = c.kubectl("exec", "-n", demo.NAMESPACE, live[0][0]["metadata"]["name"], "--", "ls", "/dev/dri").stdout
-        assert "renderD128" in ls, ls
-        # the mistake's pod: Pending, and the scheduler says why
-        msg = o.mistake_pending()
-        print("the mistake's pod:", msg)
-        assert "Insufficient nvidia.com/gpu" in msg
-        o.fail(node.AMD)
-        o.wait_node(node.AMD, ready=False)
-        live = o.wait_worker_off({node.NVIDIA.name, node.AMD.name})
-        assert [(p["spec"]["nodeName"], acc) for p, acc in live] == [(node.CPU.name, "none: running on CPU")] * len(live)
-        for p, _ in live:
-            ls = c.kubectl("exec", "-n", demo.NAMESPACE, p["metadata"]["name"], "--", "sh", "-c",
-                           "ls /dev; ls /dev/dri /dev/kfd 2>&1 || true").stdout
-            assert "nvidia" not in ls and "renderD" not in ls, ls
-        # the NVIDIA node comes back (the AMD node still down): a new replica goes there, not to
-        # the CPU node (the manifest's preference ranks NVIDIA and AMD alike, so only one is back)
-        o.recover(node.NVIDIA)
-        o.wait_node(node.NVIDIA, ready=True)
-        p, acc = o.new_worker_pod()
-        assert (p["spec"]["nodeName"], acc) == (node.NVIDIA.name, "nvidia")
-        o.recover(node.AMD)
-        o.wait_node(node.AMD, ready=True)
-        assert [s for s in o.steps if s.what.startswith("pending: ")], "the mistake's Pending went on the timeline"
-    finally:
-        o.close()
+
+    def check(o: demo.Outage, moment: str) -> None:
+        live = o.running(demo.WORKER)
+        if moment == demo.DEPLOYED:
+            placed = {p["spec"]["nodeName"]: (p, acc) for p, acc in live}
+            assert node.NVIDIA.name in placed, placed
+            pod, acc = placed[node.NVIDIA.name]
+            assert acc == "nvidia"
+            ls = c.kubectl("exec", "-n", demo.NAMESPACE, pod["metadata"]["name"], "--", "sh", "-c",
+                           "ls /dev/nvidia*").stdout
+            # all the GPUs but those the kubelet allocated to other pods, the mistake's among them
+            # (share = "unallocated", the default: gpuhook reads the kubelet's checkpoint)
+            allocated = c.nodes[node.NVIDIA.name].checkpoint()
+            mistake = next(p for p, _ in o.running(demo.MISTAKE))["metadata"]["uid"]
+            held = {o.plugin.devices[i] for ids in allocated.values() for i in ids}
+            assert len(allocated[mistake]) == 1 and "/dev/nvidiactl" in ls, (allocated, ls)
+            assert set(re.findall(r"/dev/nvidia[0-9]+", ls)) == set(o.plugin.devices.values()) - held, (allocated, ls)
+        elif moment == demo.NVIDIA_FAILED:
+            # the replacement went where gpu.type still says a GPU is (beside the AMD node's own replica)
+            assert [(p["spec"]["nodeName"], acc) for p, acc in live] == [(node.AMD.name, "amd")] * len(live), live
+            ls = c.kubectl("exec", "-n", demo.NAMESPACE, live[0][0]["metadata"]["name"], "--", "ls", "/dev/dri").stdout
+            assert "renderD128" in ls, ls
+            # the mistake's pod: Pending, and the scheduler says why
+            assert "Insufficient nvidia.com/gpu" in o.mistake_message, o.mistake_message
+        elif moment == demo.AMD_FAILED:
+            assert [(p["spec"]["nodeName"], acc) for p, acc in live] == [(node.CPU.name, "none: running on CPU")] * len(
+                live
+            )
+            for p, _ in live:
+                ls = c.kubectl("exec", "-n", demo.NAMESPACE, p["metadata"]["name"], "--", "sh", "-c",
+                               "ls /dev; ls /dev/dri /dev/kfd 2>&1 || true").stdout
+                assert "nvidia" not in ls and "renderD" not in ls, ls
+        elif moment == demo.NVIDIA_BACK:
+            # the NVIDIA node back (the AMD node still down): a new replica goes there, not to the
+            # CPU node (the manifest's preference ranks NVIDIA and AMD alike, so only one is back)
+            p, acc = o.new
+            assert (p["spec"]["nodeName"], acc) == (node.NVIDIA.name, "nvidia")
+        seen.append(moment)
+
+    seen: list[str] = []
+    o = demo.replay(c, check=check)
+    assert seen == [demo.DEPLOYED, demo.NVIDIA_FAILED, demo.AMD_FAILED, demo.NVIDIA_BACK]
+    assert [s for s in o.steps if s.what.startswith("pending: ")], "the mistake's Pending went on the timeline"
+    lines = demo.summary(o)
+    print("\n".join(lines))
+    assert lines[0].startswith(f"the NVIDIA node failed at 0.0 s: the worker's replacement ran on {node.AMD.name} (amd)")
+    assert f"replacement ran on {node.CPU.name} (none: running on CPU)" in lines[1], lines
+    assert "Insufficient nvidia.com/gpu" in lines[2], lines
 
 
 @requires(is_root(), "needs root (a PID namespace, cgroups)")
