@@ -98,7 +98,7 @@ class DevicePlugin:
         import grpc
 
         if self.server is not None:
-            self.server.stop(0)
+            self.server.stop(0).wait()
         path = os.path.join(self.dir, self.name)
         if os.path.exists(path):
             os.unlink(path)
@@ -146,6 +146,6 @@ class DevicePlugin:
     def stop(self) -> None:
         self._stop.set()
         if self.server is not None:
-            self.server.stop(0)
+            self.server.stop(0).wait()
         if self._watch is not None:
             self._watch.join(5)

@@ -50,6 +50,10 @@ class FakeAPI:
         if tls_dir:
             self._serve_tls(tls_dir, client_ca)
         self.port = self.server.server_address[1]
+        # never blocked in accept: with a connection gone before the accept (taken by a stray
+        # thread of another test polling a recycled fd number), serve_forever would wait there for
+        # ever and close() with it; on a timeout it goes back to its loop (accepted sockets block)
+        self.server.socket.settimeout(1)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 

@@ -45,6 +45,11 @@ class Runtime:
             self.peers.append(conn)
 
     def close(self) -> None:
+        # shut first: that ends the accept the thread waits in (a close alone leaves it waiting
+        # on the closed socket for ever, a stray thread the rest of the suite runs beside)
+        self.sock.shutdown(socket.SHUT_RDWR)
+        self.thread.join(5)
+        assert not self.thread.is_alive(), "the runtime's accept did not end"
         self.sock.close()
         for p in self.peers:
             p.close()

@@ -50,7 +50,9 @@ class Plugin:
         )
 
     def stop(self):
-        self.server.stop(None)
+        # wait for gRPC's own threads: one still polling a closed listener takes the next socket
+        # given that fd number (the fake API's, in the next test) and accepts its connections
+        self.server.stop(None).wait()
 
 
 class Kubelet:

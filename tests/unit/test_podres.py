@@ -109,7 +109,7 @@ class Node:
 
     def close(self) -> None:
         if self.kubelet is not None:
-            self.kubelet.server.stop(None)
+            self.kubelet.server.stop(None).wait()  # its fds closed before the next test makes its own
         shutil.rmtree(self.root)
 
 
