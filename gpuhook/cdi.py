@@ -24,8 +24,8 @@ device make CDI registries reject both.
 cdiVersion is the lowest version that has every field a spec uses (what the CDI library's
 MinimumRequiredVersion does): 0.4.0 for mount types, 0.5.0 for a deviceNode hostPath or a
 device name that starts with a digit (an index, a PCI address), 0.7.0 for additionalGids
-(group-only render/video nodes of AMD and Intel). Consumers reject the whole spec for a version they do not know (podman 4.3 reads up to 0.5.0), so a
-spec never claims more than it needs, and `max_version` leaves newer fields out for such
+(group-only render/video nodes of AMD and Intel). Consumers reject the whole spec for a
+version they do not know (podman 4.3 reads up to 0.5.0), so a spec never claims more than it needs, and `max_version` leaves newer fields out for such
 runtimes (cap_version; the caller is told which).
 
 Hooks: plan()'s createContainer hooks take the container's rootfs, unknown to a CDI spec:
@@ -276,10 +276,9 @@ def cap_version(spec: dict, max_version: str, dropped: list | None = None) -> di
                 if m.pop("type", None):
                     lost.append("mount type")
     if _v(max_version) < (0, 5, 0):
-        named = [d for d in spec["devices"] if d["name"][:1].isdigit()]
-        if named:
+        if any(_digit_named(d) for d in spec["devices"]):
             lost.append("device names starting with a digit")
-            spec["devices"] = [d for d in spec["devices"] if d not in named]
+            spec["devices"] = [d for d in spec["devices"] if not _digit_named(d)]
     if _v(max_version) < (0, 6, 0):
         spec.pop("annotations", None)
         for d in spec["devices"]:
@@ -300,6 +299,11 @@ def _v(s: str) -> tuple[int, ...]:
     return tuple(int(x) for x in s.split("."))
 
 
+def _digit_named(device: dict) -> bool:
+    """A device name starting with a digit ("0", "0000-43-00.0"): CDI allows it from 0.5.0."""
+    return device.get("name", "")[:1].isdigit()
+
+
 def required_version(spec: dict) -> str:
     """The lowest cdiVersion that has every field `spec` uses."""
     need = "0.3.0"
@@ -310,8 +314,8 @@ def required_version(spec: dict) -> str:
         if _v(v) > _v(need):
             need = v
 
-    if any(d.get("name", "")[:1].isdigit() for d in spec.get("devices", ())):
-        bump("0.5.0")  # a device name starting with a digit: "0", "0000-43-00.0"
+    if any(_digit_named(d) for d in spec.get("devices", ())):
+        bump("0.5.0")
     for e in editss:
         if any("type" in m for m in e.get("mounts", ())):
             bump("0.4.0")

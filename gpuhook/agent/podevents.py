@@ -19,10 +19,11 @@ annotations), PodReporter
   a Warning on the same pod: LdCacheNotUpdated (GPUHookFailed for another hook).
 
 A line's pod is trusted only as the triple (namespace, name, uid) that one GET found
-scheduled on this node. A static pod's containers carry the UID the kubelet gave it (the hash of
-its manifest), not its mirror pod's in the API: the mirror pod (annotation MIRROR, set by the
-kubelet, whose value is that hash) is the line's pod, and the Event and label go to it. another line with the same uid but another namespace or name is
-looked up again (and refused). Budgets are per namespace, so that one tenant's creates never
+scheduled on this node: another line with the same uid but another namespace or name is
+looked up again (and refused). A static pod's containers carry the UID the kubelet gave it
+(the hash of its manifest), not its mirror pod's in the API: the mirror pod (annotation
+MIRROR, set by the kubelet, whose value is that hash) is the line's pod, and the Event and
+label go to it. Budgets are per namespace, so that one tenant's creates never
 use up another's: Events (a token bucket: `burst`, then `rate` per second; past it they are
 dropped and counted) and pod lookups (`lookup_burst`, then `lookup_rate` per second; past it
 the line is dropped and counted). Every map is bounded (least recently used out first): the

@@ -6,9 +6,9 @@ files to the result.
 
 The .proto files are the kubelet's own, byte for byte (Apache-2.0, k8s.io/kubelet v0.37.2):
 dra.proto is pkg/apis/dra/v1/api.proto, pluginregistration.proto is
-pkg/apis/pluginregistration/v1/api.proto, podresources.proto is pkg/apis/podresources/v1/api.proto
-(the agent's client of the kubelet's pod-resources API, agent/podres.py). They are renamed because protobuf's default pool
-holds one file per name (CRI's is an api.proto too) and compiled from the repository's root,
+pkg/apis/pluginregistration/v1/api.proto, podresources.proto is
+pkg/apis/podresources/v1/api.proto (the agent's client of the kubelet's pod-resources API,
+agent/podres.py). They are renamed because protobuf's default pool holds one file per name (CRI's is an api.proto too) and compiled from the repository's root,
 so that the generated modules import each other as gpuhook.dra.*.
 """
 

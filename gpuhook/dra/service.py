@@ -47,7 +47,7 @@ class Service:
         except Exception as e:  # a probe or CDI failure: keep what was published, say why
             self.log.error("dra.probe.error", error=f"{type(e).__name__}: {e}")
             return
-        left_out = {kind: fields for kind, fields in self.devices.dropped}
+        left_out = dict(self.devices.dropped)
         if left_out and left_out != self.left_out:  # as the agent's cdi.capped, once per change
             self.log.warning("dra.cdi.capped", max_version=self.devices.max_cdi_version, left_out=left_out)
         self.left_out = left_out

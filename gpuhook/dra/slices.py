@@ -70,18 +70,15 @@ def quantity(n: int) -> str:
     server gives back (so a slice read back equals the one written): a multiple of 1024 with
     the largest binary suffix that keeps it whole (68702699520 -> 65520Mi), else decimal with
     the largest SI suffix (16000000000 -> 16G, 1000001 -> 1000001)."""
-    for base, suffixes in (
-        (1024, ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")),
-        (1000, ("", "k", "M", "G", "T", "P", "E")),
-    ):
-        if base == 1024 and (n < 1024 or n % 1024):
-            continue
-        i = 0
-        while n and n % base == 0 and i < len(suffixes) - 1:
-            n //= base
-            i += 1
-        return f"{n}{suffixes[i]}"
-    raise AssertionError("unreachable")  # the decimal form takes every number
+    if n >= 1024 and n % 1024 == 0:
+        base, suffixes = 1024, ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+    else:
+        base, suffixes = 1000, ("", "k", "M", "G", "T", "P", "E")
+    i = 0
+    while n and n % base == 0 and i < len(suffixes) - 1:
+        n //= base
+        i += 1
+    return f"{n}{suffixes[i]}"
 
 
 def _string(value: str) -> dict:
